@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything krab needs to build, test and benchmark, from Debian 12 packages only.
+# Idempotent: packages already present are not fetched again. Needs root (or sudo).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) with c10d + Gloo
+  libopenblas0-pthread                # switches libblas.so.3 to OpenBLAS: ~30x faster matmul
+  libopenmpi-dev openmpi-bin          # MPI backend
+  libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libgtest-dev libgmock-dev
+  dataset-fashion-mnist               # the demo's data
+  python3-torch                       # the peer for benchmarks and the torch.load check
+  iproute2                            # network-namespace tests
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

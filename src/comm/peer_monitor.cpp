@@ -1,0 +1,108 @@
+#include "comm/peer_monitor.h"
+
+#include <condition_variable>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace krab::comm {
+
+PeerMonitor::PeerMonitor(std::function<StorePtr()> connect, int rank, int size,
+                         std::chrono::milliseconds period)
+    : connect_(std::move(connect)), rank_(rank), size_(size), period_(period) {
+  thread_ = std::thread([this] { run(); });
+}
+
+PeerMonitor::~PeerMonitor() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerMonitor::enter(int64_t seq, const char* op) {
+  op_.store(op);
+  seq_.store(seq);
+}
+
+std::string PeerMonitor::record() const {
+  return str_cat(beat_.load(), " ", seq_.load(), " ", op_.load());
+}
+
+void PeerMonitor::run() {
+  // The monitor must never take the process down: a store that went away (the launcher
+  // exited) just ends the heartbeats; the training thread sees its own errors.
+  try {
+    store_ = connect_();
+    const std::string key = str_cat("hb/", rank_);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      beat_.fetch_add(1);
+      const std::string r = record();
+      lock.unlock();
+      store_->set(key, std::vector<uint8_t>(r.begin(), r.end()));
+      lock.lock();
+      cv_.wait_for(lock, period_, [this] { return stop_.load(); });
+    }
+  } catch (...) {
+  }
+}
+
+namespace {
+
+struct Record {
+  bool present = false;
+  int64_t beat = -1;
+  int64_t seq = -1;
+  std::string op;
+};
+
+std::vector<Record> read_all(c10d::Store& store, int size) {
+  std::vector<Record> out(size);
+  for (int r = 0; r < size; ++r) {
+    const std::string key = str_cat("hb/", r);
+    try {
+      if (!store.check({key})) continue;
+      auto v = store.get(key);
+      std::istringstream in(std::string(v.begin(), v.end()));
+      in >> out[r].beat >> out[r].seq >> out[r].op;
+      out[r].present = true;
+    } catch (...) {
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<PeerMonitor::PeerState> PeerMonitor::diagnose() {
+  std::vector<PeerState> states(size_);
+  for (int r = 0; r < size_; ++r) states[r].rank = r;
+  try {
+    StorePtr store = connect_();
+    auto first = read_all(*store, size_);
+    std::this_thread::sleep_for(period_ * 3);
+    auto second = read_all(*store, size_);
+    for (int r = 0; r < size_; ++r) {
+      states[r].reported = second[r].present;
+      states[r].alive = r == rank_ || (second[r].present && second[r].beat != first[r].beat);
+      states[r].seq = second[r].seq;
+      states[r].op = second[r].op;
+    }
+    states[rank_].seq = seq_.load();
+  } catch (...) {
+    // The store itself is gone: nothing can be said about the others.
+  }
+  return states;
+}
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+}  // namespace krab::comm

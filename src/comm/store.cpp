@@ -1,0 +1,123 @@
+#include "comm/store.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstring>
+#include <thread>
+
+#include "core/errors.h"
+
+namespace krab::comm {
+
+std::string Endpoint::to_string() const { return str_cat(host, ":", port); }
+
+Endpoint parse_endpoint(const std::string& text, const std::string& what) {
+  auto colon = text.rfind(':');
+  KRAB_CHECK_ARG(colon != std::string::npos && colon > 0 && colon + 1 < text.size(), what,
+                 " must be HOST:PORT, got '", text, "'");
+  Endpoint e;
+  e.host = text.substr(0, colon);
+  if (e.host.size() > 2 && e.host.front() == '[' && e.host.back() == ']')
+    e.host = e.host.substr(1, e.host.size() - 2);
+  const std::string port = text.substr(colon + 1);
+  char* end = nullptr;
+  long p = std::strtol(port.c_str(), &end, 10);
+  KRAB_CHECK_ARG(end && *end == '\0' && p >= 1 && p <= 65535, what, ": port '", port,
+                 "' is not a number in 1..65535");
+  e.port = static_cast<int>(p);
+  return e;
+}
+
+namespace {
+
+// True when something already listens on host:port. TCPStore's own bind error is a long
+// c10 message; users need one line that names the port.
+bool port_in_use(const std::string& host, int port) {
+  if (port == 0) return false;
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
+                errno == EADDRINUSE;
+  ::close(fd);
+  return in_use;
+}
+
+}  // namespace
+
+StoreServer::StoreServer(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  KRAB_CHECK_ARG(!port_in_use(host, port), "rendezvous port ", port,
+                 " is already in use (pick another with --rdzv HOST:PORT)");
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = true;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  try {
+    store_ = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    throw InvalidArgument(str_cat("cannot host the rendezvous store on ", host, ":", port, ": ",
+                                  std::string(e.what()).substr(0, 200)));
+  }
+}
+
+StoreServer::~StoreServer() = default;
+
+int StoreServer::port() const { return store_->getPort(); }
+
+StorePtr StoreServer::store() const { return store_; }
+
+StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(at.port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = timeout;
+  // TCPStore's client retries its connect until the timeout; its exception text is long and
+  // names no option, so it is replaced by one line.
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(at.host, opts);
+  } catch (const std::exception& e) {
+    throw Timeout(str_cat("cannot reach the rendezvous store at ", at.to_string(), " within ",
+                          timeout.count() / 1000.0, " s"));
+  }
+}
+
+StorePtr prefixed(const std::string& prefix, StorePtr base) {
+  return c10::make_intrusive<c10d::PrefixStore>(prefix, std::move(base));
+}
+
+std::string local_address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), "9", &hints, &res) != 0 || res == nullptr)
+    throw InvalidArgument(str_cat("cannot resolve rendezvous host '", host, "'"));
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  std::string out = "127.0.0.1";
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      char buf[INET_ADDRSTRLEN];
+      if (::inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf))) out = buf;
+    }
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+}  // namespace krab::comm

@@ -1,0 +1,256 @@
+// The registry of every krab configuration key, and the renderer for docs/config.md.
+//
+// To add a knob: add one line below (in the section where a reader of docs/config.md would look
+// for it), regenerate docs/config.md (see the header render_markdown() writes), and read the
+// value with Config::get_*. Nothing else needs to know about it. Keys shared by several
+// models or datasets say in their doc which one uses them.
+#include <algorithm>
+#include <charconv>
+#include <iterator>
+#include <sstream>
+
+#include "core/config.h"
+#include "core/errors.h"
+
+namespace krab::core {
+namespace {
+
+using Bound = std::optional<double>;
+constexpr std::nullopt_t kNone = std::nullopt;
+
+KeySpec int_key(std::string key, std::string def, std::string doc, Bound min, Bound max = kNone) {
+  return {std::move(key), KeyType::kInt, std::move(def), std::move(doc), {}, min, max};
+}
+KeySpec float_key(std::string key, std::string def, std::string doc, Bound min,
+                  Bound max = kNone) {
+  return {std::move(key), KeyType::kFloat, std::move(def), std::move(doc), {}, min, max};
+}
+KeySpec bool_key(std::string key, std::string def, std::string doc) {
+  return {std::move(key), KeyType::kBool, std::move(def), std::move(doc), {}, kNone, kNone};
+}
+KeySpec string_key(std::string key, std::string def, std::string doc,
+                   std::vector<std::string> choices = {}) {
+  return {std::move(key), KeyType::kString, std::move(def), std::move(doc), std::move(choices),
+          kNone, kNone};
+}
+
+std::vector<KeySpec> build_registry() {
+  return {
+      string_key("name", "",
+                 "Job name, used in `checkpoint.dir` and reports; empty means the job file's "
+                 "stem (`jobs/mnist.yaml` gives `mnist`)."),
+
+      string_key("model.name", "cnn",
+                 "Network to train: `mlp` (multi-layer perceptron), `cnn` (small convolutional "
+                 "net for images) or `gpt` (decoder-only transformer for text).",
+                 {"mlp", "cnn", "gpt"}),
+      int_key("model.hidden", "128", "Hidden-layer width of the `mlp`.", 1),
+      int_key("model.layers", "2", "Number of `gpt` decoder blocks.", 1),
+      int_key("model.width", "128", "Embedding width of the `gpt` (d_model).", 8),
+      int_key("model.heads", "4",
+              "Attention heads of the `gpt`; must divide `model.width` (checked when the model "
+              "is built).",
+              1),
+      int_key("model.context", "64", "Context length of the `gpt`, in tokens.", 2),
+
+      string_key("data.name", "fashion-mnist",
+                 "Dataset: `fashion-mnist` (28x28 grey images, 10 classes), `synthetic` "
+                 "(generated classification data) or `text` (a character-level corpus).",
+                 {"fashion-mnist", "synthetic", "text"}),
+      string_key("data.path", "/usr/share/datasets/fashion-mnist",
+                 "Dataset directory for `fashion-mnist`, or the corpus file for `text`; unused "
+                 "by `synthetic`."),
+      int_key("data.batch_size", "64",
+              "Samples in each worker's batch; the global batch is this times "
+              "`parallel.workers`.",
+              1),
+      bool_key("data.normalize", "true",
+               "For `fashion-mnist`, standardise pixels with mean 0.286 and std 0.353."),
+      int_key("data.synthetic_samples", "8192",
+              "Samples generated for `synthetic`, train and test splits together.", 1),
+      int_key("data.synthetic_features", "32", "Input features of each `synthetic` sample.", 1),
+      int_key("data.synthetic_classes", "4", "Number of classes in `synthetic` data.", 2),
+      float_key("data.test_fraction", "0.1",
+                "Share of `synthetic` or `text` data held out as the test split.", 0, 0.9),
+
+      int_key("train.steps", "0", "Optimizer steps to run; 0 runs `train.epochs` epochs instead.",
+              0),
+      int_key("train.epochs", "1", "Passes over the training split when `train.steps` is 0.", 0),
+      int_key("train.seed", "0",
+              "Seed for initialisation and data order; the same seed gives the same global "
+              "batches whatever the number of workers.",
+              0),
+      string_key("train.optimizer.name", "sgd", "Optimizer: `sgd`, `adam` or `adamw`.",
+                 {"sgd", "adam", "adamw"}),
+      float_key("train.optimizer.lr", "0.05", "Learning rate.", 0),
+      float_key("train.optimizer.momentum", "0.9", "Momentum of `sgd` (0 = plain SGD).", 0, 1),
+      float_key("train.optimizer.weight_decay", "0",
+                "Weight decay: an L2 penalty for `sgd` and `adam`, decoupled for `adamw`.", 0),
+      int_key("train.eval_every", "0",
+              "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
+      int_key("train.grad_accum", "1",
+              "Batches whose gradients are accumulated before each optimizer step.", 1),
+      int_key("train.threads_per_worker", "1", "CPU threads each worker's tensor ops may use.",
+              1),
+      int_key("train.log_every", "0",
+              "Print a log line every N steps; 0 shows only the progress bar.", 0),
+
+      int_key("parallel.workers", "4", "Number of worker processes (model replicas).", 1),
+      string_key("parallel.strategy", "dp",
+                 "How work is split: `dp` is synchronous data parallel (every worker holds the "
+                 "whole model; gradients are averaged each step).",
+                 {"dp"}),
+      float_key("parallel.bucket_mb", "25",
+                "Size in MiB of the gradient buckets reduced together; 0 gives every gradient "
+                "tensor a bucket of its own.",
+                0),
+
+      string_key("comm.backend", "gloo",
+                 "Collective backend: `gloo` (TCP) or `mpi` (needs krab built with MPI).",
+                 {"gloo", "mpi"}),
+      float_key("comm.timeout_s", "60",
+                "Seconds a collective or rendezvous may block before it fails with a timeout.",
+                0.1),
+      bool_key("comm.debug_checks", "false",
+               "Check before each collective that every rank calls the same op with the same "
+               "sizes (slower; for debugging)."),
+      string_key("comm.iface", "",
+                 "Network interface (e.g. `eth0`) or local address Gloo binds to; empty picks "
+                 "the address that routes to the rendezvous host."),
+
+      string_key("checkpoint.dir", "runs/{name}",
+                 "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
+      int_key("checkpoint.every_steps", "0",
+              "Write a checkpoint every N steps; 0 writes one only at the end.", 0),
+      bool_key("checkpoint.resume", "false",
+               "Resume from the newest checkpoint in `checkpoint.dir`, if there is one."),
+      int_key("checkpoint.keep", "2",
+              "Number of most recent step directories kept; older ones are deleted.", 1),
+  };
+}
+
+// One line under each section's heading in docs/config.md.
+struct SectionDoc {
+  const char* name;  // "" = keys at the top level of the file
+  const char* doc;
+};
+constexpr SectionDoc kSections[] = {
+    {"", "Keys at the top level of the job file."},
+    {"model", "Which network to train, and its shape."},
+    {"data", "Where the samples come from and how they are batched."},
+    {"train", "The training loop; `train.optimizer` is a nested mapping inside `train`."},
+    {"parallel", "How the work is split across workers."},
+    {"comm", "How workers talk to each other."},
+    {"checkpoint", "Saving and resuming."},
+};
+
+constexpr const char* kExampleJob = R"(name: mnist-dp
+model:
+  name: cnn
+data:
+  name: fashion-mnist
+  batch_size: 64
+train:
+  epochs: 2
+  optimizer:
+    name: sgd
+    lr: 0.05
+    momentum: 0.9
+parallel:
+  workers: 4
+checkpoint:
+  every_steps: 500
+)";
+
+std::string section_of(const std::string& key) {
+  size_t dot = key.find('.');
+  return dot == std::string::npos ? "" : key.substr(0, dot);
+}
+
+std::string format_number(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
+}
+
+// Table cells cannot contain a raw '|'.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string allowed(const KeySpec& spec) {
+  if (!spec.choices.empty()) {
+    std::string out;
+    for (size_t i = 0; i < spec.choices.size(); ++i)
+      out += (i ? ", `" : "`") + spec.choices[i] + "`";
+    return out;
+  }
+  if (spec.type == KeyType::kBool) return "true, false";
+  if (spec.min && spec.max) return format_number(*spec.min) + " to " + format_number(*spec.max);
+  if (spec.min) return ">= " + format_number(*spec.min);
+  if (spec.max) return "<= " + format_number(*spec.max);
+  return "any";
+}
+
+}  // namespace
+
+const std::vector<KeySpec>& registry() {
+  static const std::vector<KeySpec> keys = build_registry();
+  return keys;
+}
+
+std::string render_markdown() {
+  std::ostringstream md;
+  md << "<!-- Generated by krab::core::render_markdown() from the registry in "
+        "src/core/config_keys.cpp.\n"
+        "     Do not edit by hand: change the registry, then regenerate with\n"
+        "     KRAB_REGENERATE_DOCS=1 build/tests/core/core_config_test "
+        "--gtest_filter='*Docs*' -->\n\n"
+        "# Job configuration\n\n"
+        "A krab job is a YAML file whose top level is a mapping of sections. Every key is "
+        "optional: an\nempty file trains with the defaults below. For example:\n\n"
+        "```yaml\n"
+     << kExampleJob
+     << "```\n\n"
+        "Run it with `krab train job.yaml`. Any key can be overridden on the command line with\n"
+        "`--set key=value` (for example `--set train.optimizer.lr=0.1`); overrides win over the "
+        "file.\nA key may also be written dotted inside the file (`train.optimizer.lr: 0.1`).\n\n"
+        "Values are checked as the job is read, and an error names the file, line and key:\n\n"
+        "- **int**: a whole number (`3`, `-1`); `1.5` is rejected.\n"
+        "- **float**: a decimal number (`1`, `0.05`, `1e-3`).\n"
+        "- **bool**: `true`/`false`, `yes`/`no` or `on`/`off`.\n"
+        "- **string**: any text, quoted or not; where choices are listed, one of them.\n\n"
+        "Bounds are inclusive. A key krab does not know is an error (with a suggestion when a "
+        "known key\nis close), never silently ignored.\n";
+
+  // Sections in the order the registry first mentions them, so a key is never left out of the
+  // docs; a new section must come with a line in kSections.
+  const auto& keys = registry();
+  std::vector<std::string> sections;
+  for (const KeySpec& spec : keys)
+    if (std::find(sections.begin(), sections.end(), section_of(spec.key)) == sections.end())
+      sections.push_back(section_of(spec.key));
+  for (const std::string& section : sections) {
+    const SectionDoc* doc = std::find_if(std::begin(kSections), std::end(kSections),
+                                         [&](const SectionDoc& d) { return section == d.name; });
+    KRAB_CHECK(doc != std::end(kSections), "config section '", section,
+               "' has no line in kSections");
+    md << "\n## " << (section.empty() ? std::string("Top level") : "`" + section + "`")
+       << "\n\n"
+       << doc->doc << "\n\n"
+       << "| Key | Type | Default | Allowed | Description |\n"
+       << "|-----|------|---------|---------|-------------|\n";
+    for (const KeySpec& spec : keys) {
+      if (section_of(spec.key) != section) continue;
+      std::string def = spec.type == KeyType::kString ? "\"" + spec.default_value + "\""
+                                                      : spec.default_value;
+      md << "| `" << spec.key << "` | " << type_name(spec.type) << " | `" << cell(def) << "` | "
+         << cell(allowed(spec)) << " | " << cell(spec.doc) << " |\n";
+    }
+  }
+  return md.str();
+}
+
+}  // namespace krab::core

@@ -1,0 +1,67 @@
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "core/errors.h"
+#include "data/dataset.h"
+
+namespace krab::data {
+namespace {
+
+constexpr int64_t kVocab = 256;  // one token per byte value
+
+std::string read_bytes(const std::string& path) {
+  KRAB_CHECK_ARG(std::filesystem::is_regular_file(path), "text file '", path, "' does not exist");
+  std::ifstream in(path, std::ios::binary);
+  KRAB_CHECK_ARG(in.good(), "cannot open text file '", path, "'");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(str_cat("reading text file '", path, "' failed"));
+  return bytes;
+}
+
+}  // namespace
+
+DataSplits load_text(const std::string& path, int64_t context, double test_fraction) {
+  KRAB_CHECK_ARG(context >= 1, "text context must be >= 1, got ", context);
+  KRAB_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0,
+                 "test fraction must be in [0, 1), got ", test_fraction);
+  const std::string bytes = read_bytes(path);
+
+  // Windows of context + 1 bytes: the extra byte is the last position's target, so inputs and
+  // targets of one window are the same bytes shifted by one.
+  const int64_t window = context + 1;
+  const int64_t windows = static_cast<int64_t>(bytes.size()) / window;
+  KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", bytes.size(), " bytes; context ",
+                 context, " needs at least ", 2 * window, " (two windows of context + 1 bytes)");
+
+  int64_t n_test = 0;
+  if (test_fraction > 0.0) {
+    n_test = std::llround(static_cast<double>(windows) * test_fraction);
+    n_test = std::min(std::max<int64_t>(n_test, 1), windows - 1);
+  }
+  const int64_t n_train = windows - n_test;
+
+  // Bytes are read as unsigned: a char >= 0x80 is a token in [128, 256), not a negative one.
+  at::Tensor all =
+      torch::from_blob(const_cast<char*>(bytes.data()), {windows, window}, torch::kUInt8)
+          .to(torch::kInt64);
+  at::Tensor inputs = all.narrow(1, 0, context);
+  at::Tensor targets = all.narrow(1, 1, context);
+
+  DataSplits splits;
+  splits.train = {inputs.narrow(0, 0, n_train).contiguous(),
+                  targets.narrow(0, 0, n_train).contiguous()};
+  if (n_test > 0) {
+    splits.test = TensorDataset{inputs.narrow(0, n_train, n_test).contiguous(),
+                                targets.narrow(0, n_train, n_test).contiguous()};
+  }
+  splits.input_shape = {context};
+  splits.num_classes = kVocab;
+  splits.language_model = true;
+  return splits;
+}
+
+}  // namespace krab::data

@@ -1,0 +1,16 @@
+// Internal to models/: one builder per architecture, called by make_model after it has checked
+// the spec fields common to all. Each builder checks what is specific to its model and throws
+// InvalidArgument naming the config key at fault.
+#pragma once
+
+#include <memory>
+
+#include "models/model.h"
+
+namespace krab::models::detail {
+
+std::shared_ptr<Model> make_mlp(const ModelSpec& spec);
+std::shared_ptr<Model> make_cnn(const ModelSpec& spec);
+std::shared_ptr<Model> make_gpt(const ModelSpec& spec);
+
+}  // namespace krab::models::detail

@@ -1,0 +1,71 @@
+// The image / feature classifiers: mlp and cnn (shapes documented in model.h).
+#include <torch/torch.h>
+
+#include "core/errors.h"
+#include "models/builders.h"
+
+namespace krab::models::detail {
+namespace {
+
+namespace F = torch::nn::functional;
+
+class Mlp : public Model {
+ public:
+  Mlp(int64_t in, int64_t hidden, int64_t classes)
+      : fc1_(register_module("fc1", torch::nn::Linear(in, hidden))),
+        fc2_(register_module("fc2", torch::nn::Linear(hidden, hidden))),
+        fc3_(register_module("fc3", torch::nn::Linear(hidden, classes))) {}
+
+  at::Tensor forward(const at::Tensor& inputs) override {
+    at::Tensor x = inputs.flatten(1);
+    x = torch::relu(fc1_->forward(x));
+    x = torch::relu(fc2_->forward(x));
+    return fc3_->forward(x);
+  }
+
+ private:
+  torch::nn::Linear fc1_, fc2_, fc3_;
+};
+
+class Cnn : public Model {
+ public:
+  Cnn(int64_t channels, int64_t height, int64_t width, int64_t classes)
+      : conv1_(register_module(
+            "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, 32, 3).padding(1)))),
+        conv2_(register_module("conv2",
+                               torch::nn::Conv2d(torch::nn::Conv2dOptions(32, 64, 3).padding(1)))),
+        // Each 2x2 pool floors the spatial size, as PyTorch's MaxPool2d does.
+        fc1_(register_module("fc1", torch::nn::Linear(64 * (height / 4) * (width / 4), 128))),
+        fc2_(register_module("fc2", torch::nn::Linear(128, classes))) {}
+
+  at::Tensor forward(const at::Tensor& inputs) override {
+    at::Tensor x = F::max_pool2d(torch::relu(conv1_->forward(inputs)), F::MaxPool2dFuncOptions(2));
+    x = F::max_pool2d(torch::relu(conv2_->forward(x)), F::MaxPool2dFuncOptions(2));
+    x = torch::relu(fc1_->forward(x.flatten(1)));
+    return fc2_->forward(x);
+  }
+
+ private:
+  torch::nn::Conv2d conv1_, conv2_;
+  torch::nn::Linear fc1_, fc2_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_mlp(const ModelSpec& spec) {
+  KRAB_CHECK_ARG(spec.hidden >= 1, "model.hidden must be >= 1, got ", spec.hidden);
+  int64_t in = 1;
+  for (int64_t d : spec.input_shape) in *= d;
+  return std::make_shared<Mlp>(in, spec.hidden, spec.num_classes);
+}
+
+std::shared_ptr<Model> make_cnn(const ModelSpec& spec) {
+  const auto& s = spec.input_shape;
+  KRAB_CHECK_ARG(s.size() == 3 && s[1] >= 4 && s[2] >= 4,
+                 "model 'cnn' needs images of shape {channels, height, width} with height and "
+                 "width >= 4; the data has shape ",
+                 at::IntArrayRef(s), " (use 'mlp' for flat features)");
+  return std::make_shared<Cnn>(s[0], s[1], s[2], spec.num_classes);
+}
+
+}  // namespace krab::models::detail

@@ -1,0 +1,40 @@
+#include "models/model.h"
+
+#include <torch/torch.h>
+
+#include "core/errors.h"
+#include "models/builders.h"
+
+namespace krab::models {
+
+at::Tensor Model::loss(const at::Tensor& logits, const at::Tensor& targets) {
+  // Flattening makes one rule serve [B, C] and [B, T, V] logits alike.
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}),
+                                              targets.reshape({-1}));
+}
+
+std::pair<int64_t, int64_t> Model::correct(const at::Tensor& logits, const at::Tensor& targets) {
+  const at::Tensor hits = logits.argmax(-1).eq(targets);
+  return {hits.sum().item<int64_t>(), hits.numel()};
+}
+
+std::shared_ptr<Model> make_model(const ModelSpec& spec) {
+  KRAB_CHECK_ARG(!spec.input_shape.empty(), "model '", spec.name,
+                 "': input shape is empty (set it from the dataset)");
+  for (int64_t d : spec.input_shape) {
+    KRAB_CHECK_ARG(d >= 1, "model '", spec.name, "': input shape has a dimension of ", d);
+  }
+  KRAB_CHECK_ARG(spec.num_classes >= 2, "model.num_classes must be >= 2, got ", spec.num_classes);
+  if (spec.name == "mlp") return detail::make_mlp(spec);
+  if (spec.name == "cnn") return detail::make_cnn(spec);
+  if (spec.name == "gpt") return detail::make_gpt(spec);
+  throw InvalidArgument(str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt"));
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const at::Tensor& p : module.parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace krab::models

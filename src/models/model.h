@@ -1,0 +1,80 @@
+// The model zoo: the networks krab trains, behind one interface and one factory.
+//
+// Every model is a torch::nn::Module whose parameters are registered under stable names
+// ("conv1.weight", "blocks.0.attn.qkv.weight", ...), so checkpoints, gradient buckets and
+// tensor-parallel plans can refer to them. Models contain no dropout and no batch norm: both
+// would make a worker's result depend on how the global batch was split (batch statistics) or
+// on extra random state, breaking the determinism contract (ARCHITECTURE.md).
+//
+// Initial weights come from torch's global generator (LibTorch's module defaults, and for gpt
+// normal(0, 0.02)); call torch::manual_seed(seed) before make_model for reproducible weights.
+// The data-parallel engine broadcasts rank 0's weights anyway.
+//
+// Models:
+//   mlp  flatten -> fc1 Linear(in, hidden) -> ReLU -> fc2 Linear(hidden, hidden) -> ReLU
+//        -> fc3 Linear(hidden, classes). Any input_shape; in = its product.
+//   cnn  conv1 Conv2d(C, 32, 3, pad 1) -> ReLU -> MaxPool 2 -> conv2 Conv2d(32, 64, 3, pad 1)
+//        -> ReLU -> MaxPool 2 -> flatten -> fc1 Linear(64 * (H/4) * (W/4), 128) -> ReLU
+//        -> fc2 Linear(128, classes). input_shape {C, H, W} with H, W >= 4. This is PyTorch's
+//        common small CNN, the one the peer benchmark (PyTorch DDP) trains; on 28x28
+//        single-channel input it has 421,642 parameters.
+//   gpt  decoder-only transformer over tokens in [0, num_classes): tok_emb Embedding(vocab,
+//        width) + pos_emb Embedding(context, width); `layers` pre-LN blocks
+//          blocks.i.ln1 -> blocks.i.attn (qkv Linear(width, 3 width), causal softmax attention
+//          over `heads` heads, proj Linear(width, width)) -> residual add;
+//          blocks.i.ln2 -> blocks.i.mlp (fc Linear(width, 4 width) -> GELU -> proj
+//          Linear(4 width, width)) -> residual add;
+//        then ln_f LayerNorm and head Linear(width, vocab, no bias). Linear and embedding
+//        weights are normal(0, 0.02), the residual projections (attn.proj, mlp.proj) scaled
+//        by 1/sqrt(2 layers) as in GPT-2; biases zero. input_shape {T} with T <= context.
+//
+// Thread safety: as for any torch module — concurrent forwards on one model are fine, training
+// one model from several threads is not.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace krab::models {
+
+struct ModelSpec {
+  std::string name;                  // mlp | cnn | gpt
+  std::vector<int64_t> input_shape;  // per example, from data::DataSplits::input_shape
+  int64_t num_classes = 10;          // classes, or the vocabulary size for gpt
+  int64_t hidden = 128;              // mlp hidden width
+  int64_t layers = 2;                // gpt blocks
+  int64_t width = 128;               // gpt embedding width
+  int64_t heads = 4;                 // gpt attention heads; must divide width
+  int64_t context = 64;              // gpt longest sequence (position embedding size)
+};
+
+class Model : public torch::nn::Module {
+ public:
+  // Logits. Classifiers: inputs [B, ...input_shape] float -> [B, classes]. gpt: tokens
+  // [B, T] int64 with T <= context -> [B, T, vocab] (InvalidArgument when T > context).
+  virtual at::Tensor forward(const at::Tensor& inputs) = 0;
+
+  // Mean cross-entropy over all predictions: logits [..., C] against targets [...] of class
+  // indices (for gpt the mean over all B*T positions).
+  virtual at::Tensor loss(const at::Tensor& logits, const at::Tensor& targets);
+
+  // {number of argmax predictions equal to the target, number of predictions}, for accuracy.
+  virtual std::pair<int64_t, int64_t> correct(const at::Tensor& logits, const at::Tensor& targets);
+};
+
+// Builds the model `spec.name` names. InvalidArgument, naming the config key, for: an unknown
+// name (the message lists "mlp, cnn, gpt"); an input_shape the model cannot take (cnn needs
+// {C, H, W} with H, W >= 4; gpt needs {T}); a non-positive size; heads not dividing width
+// (names model.heads and model.width); a gpt input length above spec.context.
+std::shared_ptr<Model> make_model(const ModelSpec& spec);
+
+// Total number of elements over module.parameters() (trainable and frozen).
+int64_t parameter_count(const torch::nn::Module& module);
+
+}  // namespace krab::models

@@ -1,0 +1,186 @@
+#include "train/checkpoint.h"
+
+#include <torch/serialize.h>
+#include <torch/torch.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/fs.h"
+
+namespace krab::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kMagic[8] = {'K', 'R', 'A', 'B', 'C', 'K', 'P', 'T'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = 8 + 4 + 8 + 4;
+
+template <typename T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+template <typename T>
+T get(const std::string& in, size_t at) {
+  T v;
+  std::memcpy(&v, in.data() + at, sizeof(v));
+  return v;
+}
+
+uint32_t crc(const char* data, size_t n) {
+  uLong c = crc32(0L, Z_NULL, 0);
+  // zlib's length is uInt: feed large payloads in pieces.
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+}  // namespace
+
+std::string model_signature(const torch::nn::Module& module) {
+  std::ostringstream os;
+  for (const auto& item : module.named_parameters()) os << item.key() << ":" << item.value().sizes() << ";";
+  return os.str();
+}
+
+std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
+                              torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  archive.write("meta.step", c10::IValue(meta.step));
+  archive.write("meta.model_name", c10::IValue(meta.model_name));
+  archive.write("meta.signature", c10::IValue(meta.signature));
+  archive.write("meta.global_batch", c10::IValue(meta.global_batch));
+  archive.write("meta.seed", c10::IValue(meta.seed));
+  torch::serialize::OutputArchive model_archive;
+  module.save(model_archive);
+  archive.write("model", model_archive);
+  torch::serialize::OutputArchive optim_archive;
+  optimizer.save(optim_archive);
+  archive.write("optimizer", optim_archive);
+  archive.write("rng", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+
+  std::string payload;
+  archive.save_to([&payload](const void* buf, size_t n) {
+    payload.append(static_cast<const char*>(buf), n);
+    return n;
+  });
+  std::string out;
+  out.reserve(kHeaderBytes + payload.size());
+  out.append(kMagic, sizeof(kMagic));
+  put<uint32_t>(out, kVersion);
+  put<uint64_t>(out, payload.size());
+  put<uint32_t>(out, crc(payload.data(), payload.size()));
+  out += payload;
+  return out;
+}
+
+CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& source,
+                                 const CheckpointMeta& expect, torch::nn::Module& module,
+                                 torch::optim::Optimizer& optimizer) {
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+    throw CorruptData(str_cat("checkpoint '", source, "' is not a krab checkpoint (bad header)"));
+  const auto version = get<uint32_t>(bytes, 8);
+  if (version != kVersion)
+    throw CorruptData(str_cat("checkpoint '", source, "' has format version ", version,
+                              "; this krab reads version ", kVersion));
+  const auto length = get<uint64_t>(bytes, 12);
+  const auto want_crc = get<uint32_t>(bytes, 20);
+  if (bytes.size() - kHeaderBytes != length)
+    throw CorruptData(str_cat("checkpoint '", source, "' is truncated or padded: header says ",
+                              length, " payload bytes, file has ", bytes.size() - kHeaderBytes));
+  if (crc(bytes.data() + kHeaderBytes, length) != want_crc)
+    throw CorruptData(str_cat("checkpoint '", source, "' failed its CRC-32 check (corrupt)"));
+
+  torch::serialize::InputArchive archive;
+  try {
+    archive.load_from(bytes.data() + kHeaderBytes, length);
+  } catch (const std::exception& e) {
+    throw CorruptData(str_cat("checkpoint '", source, "' cannot be parsed"));
+  }
+  CheckpointMeta meta;
+  c10::IValue v;
+  archive.read("meta.step", v);
+  meta.step = v.toInt();
+  archive.read("meta.model_name", v);
+  meta.model_name = v.toStringRef();
+  archive.read("meta.signature", v);
+  meta.signature = v.toStringRef();
+  archive.read("meta.global_batch", v);
+  meta.global_batch = v.toInt();
+  archive.read("meta.seed", v);
+  meta.seed = v.toInt();
+
+  if (meta.model_name != expect.model_name || meta.signature != expect.signature)
+    throw InvalidArgument(str_cat("checkpoint '", source, "' was written for model '",
+                                  meta.model_name, "' with different parameters; this job's model "
+                                  "is '", expect.model_name, "' (model.* keys must match)"));
+  if (meta.global_batch != expect.global_batch)
+    throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
+                                  meta.global_batch, "; this job's global batch is ",
+                                  expect.global_batch, " (workers x data.batch_size x "
+                                  "train.grad_accum must match to resume)"));
+  torch::serialize::InputArchive model_archive, optim_archive;
+  archive.read("model", model_archive);
+  module.load(model_archive);
+  archive.read("optimizer", optim_archive);
+  optimizer.load(optim_archive);
+  at::Tensor rng;
+  archive.read("rng", rng, /*is_buffer=*/true);
+  at::detail::getDefaultCPUGenerator().set_state(rng);
+  return meta;
+}
+
+std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,
+                            int keep) {
+  const std::string name = step_dir_name(step);
+  const std::string state = (fs::path(run_dir) / name / "state.krab").string();
+  core::write_file_atomic(state, bytes);
+  core::write_file_atomic((fs::path(run_dir) / "latest").string(), name + "\n");
+  // Prune old step directories, newest `keep` stay (names sort by step).
+  std::vector<std::string> steps;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(run_dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("step-", 0) == 0)
+      steps.push_back(e.path().filename().string());
+  std::sort(steps.begin(), steps.end());
+  for (size_t i = 0; i + keep < steps.size(); ++i)
+    if (steps[i] != name) fs::remove_all(fs::path(run_dir) / steps[i], ec);
+  return state;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const std::string pointer = (fs::path(run_dir) / "latest").string();
+  if (!core::path_exists(pointer)) return std::nullopt;
+  std::string name = core::read_file(pointer);
+  while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
+  if (name.find('/') != std::string::npos || name.rfind("step-", 0) != 0)
+    throw CorruptData(str_cat("'", pointer, "' does not name a step directory"));
+  const std::string state = (fs::path(run_dir) / name / "state.krab").string();
+  if (!core::path_exists(state))
+    throw CorruptData(str_cat("'", pointer, "' points to '", state, "', which is missing"));
+  return state;
+}
+
+void save_model_pt(const std::string& path, const torch::nn::Module& module) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : module.named_parameters()) dict.insert(item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers()) dict.insert(item.key(), item.value().detach());
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  core::write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
+}
+
+}  // namespace krab::train

@@ -1,0 +1,61 @@
+// Checkpoints: everything needed to continue a run exactly where it stopped.
+//
+// Layout of a run directory:
+//   runs/NAME/step-00000100/state.krab   model + optimizer + step + RNG + model signature
+//   runs/NAME/latest                     text: the name of the newest complete step directory
+//   runs/NAME/model.pt                   final parameters, name -> tensor, for Python torch.load
+//
+// state.krab = header (magic "KRABCKPT", format version, payload length, CRC-32 of the
+// payload) + a LibTorch archive. Files are written atomically (temp, fsync, rename) and
+// `latest` moves only after the step directory is complete, so a crash mid-write leaves the
+// previous checkpoint in force. Loading verifies magic, length and CRC before parsing, and
+// compares the model signature (parameter names and shapes) with the job's model: a corrupt,
+// truncated or foreign checkpoint is refused with CorruptData / InvalidArgument, never loaded.
+//
+// The data position is the global step: the sampler is a pure function of (seed, step), so a
+// resumed run sees exactly the batches the uninterrupted run would have seen.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace krab::train {
+
+struct CheckpointMeta {
+  int64_t step = 0;          // optimizer steps completed
+  std::string model_name;    // "cnn", ...
+  std::string signature;     // see model_signature()
+  int64_t global_batch = 0;  // the determinism contract needs the same global batch on resume
+  int64_t seed = 0;
+};
+
+// "name:shape;name:shape;..." over the module's parameters, in registration order.
+std::string model_signature(const torch::nn::Module& module);
+
+// Serialises the full state to bytes (header + archive).
+std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
+                              torch::optim::Optimizer& optimizer);
+
+// Verifies and loads. `source` names the file in messages. Throws CorruptData when the bytes
+// fail their checks, InvalidArgument when the checkpoint belongs to another model or global
+// batch size.
+CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& source,
+                                 const CheckpointMeta& expect, torch::nn::Module& module,
+                                 torch::optim::Optimizer& optimizer);
+
+// Writes step directory + moves `latest`; prunes all but the newest `keep` step directories.
+// Returns the state file's path.
+std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,
+                            int keep);
+
+// Path of the state file `latest` points to, or nullopt if the run has no checkpoint.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+
+// Writes the parameters as a name -> tensor dict readable by Python's torch.load.
+void save_model_pt(const std::string& path, const torch::nn::Module& module);
+
+}  // namespace krab::train

@@ -1,0 +1,204 @@
+// Gloo backend tests. Tier 1: ranks as threads in one process over a loopback TCPStore (fast,
+// TSan-able). Tier 2: ranks as processes (this binary re-executed with --child), for a peer
+// that really dies.
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include "comm/factory.h"
+#include "core/errors.h"
+#ifdef KRAB_HAVE_SUITE
+#include "collective_suite.h"
+#endif
+
+extern char** environ;
+
+namespace krab::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<Communicator> join(int rank, int size, int port, std::chrono::milliseconds timeout,
+                                   bool debug = false) {
+  WorldInfo w;
+  w.rank = rank;
+  w.size = size;
+  w.rendezvous = {"127.0.0.1", port};
+  Options o;
+  o.timeout = timeout;
+  o.debug_checks = debug;
+  return make_communicator("gloo", w, o);
+}
+
+// Runs fn(rank, comm) on `size` threads, each with its own communicator.
+template <typename Fn>
+void run_ranks(int size, Fn fn, std::chrono::milliseconds timeout = 20s, bool debug = false) {
+  StoreServer server("127.0.0.1", 0, timeout);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      auto comm = join(r, size, server.port(), timeout, debug);
+      fn(r, *comm);
+    });
+  for (auto& t : threads) t.join();
+}
+
+#ifdef KRAB_HAVE_SUITE
+class GlooSuite : public ::testing::TestWithParam<int> {};
+TEST_P(GlooSuite, CollectiveSuite) {
+  run_ranks(GetParam(), [](int, Communicator& c) { krab::testing::run_collective_suite(c); });
+}
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooSuite, ::testing::Values(1, 2, 3, 4));
+#endif
+
+TEST(Gloo, AllreduceMatchesClosedForm) {
+  run_ranks(3, [](int r, Communicator& c) {
+    auto t = torch::full({1000}, static_cast<float>(r + 1));
+    c.allreduce(t, ReduceOp::kSum)->wait();
+    EXPECT_TRUE(torch::allclose(t, torch::full({1000}, 6.0f)));
+    auto a = torch::full({5}, static_cast<double>(r));
+    c.allreduce(a, ReduceOp::kAvg)->wait();
+    EXPECT_TRUE(torch::allclose(a, torch::full({5}, 1.0, torch::kFloat64)));
+  });
+}
+
+TEST(Gloo, TrafficMeterFollowsRingModel) {
+  const int W = 4;
+  run_ranks(W, [](int, Communicator& c) {
+    auto t = torch::ones({1 << 16});
+    c.allreduce(t)->wait();
+    const uint64_t n = t.nbytes();
+    EXPECT_EQ(c.traffic().bytes_sent[static_cast<int>(OpKind::kAllreduce)],
+              2 * (W - 1) * n / W);
+  });
+}
+
+TEST(Gloo, TimeoutNamesOpSequenceAndAbsentRank) {
+  std::atomic<int> timeouts{0};
+  run_ranks(
+      3,
+      [&](int r, Communicator& c) {
+        auto t = torch::ones({16});
+        c.allreduce(t)->wait();  // #0: everybody
+        if (r == 2) {
+          std::this_thread::sleep_for(2500ms);  // never joins #1 in time
+          return;
+        }
+        try {
+          c.allreduce(t)->wait();  // #1
+          ADD_FAILURE() << "allreduce #1 should have timed out on rank " << r;
+        } catch (const Timeout& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("allreduce #1"), std::string::npos) << m;
+          EXPECT_NE(m.find("rank 2 never joined"), std::string::npos) << m;
+          ++timeouts;
+        }
+      },
+      1000ms);
+  EXPECT_EQ(timeouts.load(), 2);
+}
+
+TEST(Gloo, DebugChecksReportShapeMismatch) {
+  std::atomic<int> mismatches{0};
+  run_ranks(
+      2,
+      [&](int r, Communicator& c) {
+        auto t = torch::ones({r == 0 ? 8 : 9});
+        try {
+          c.allreduce(t)->wait();
+        } catch (const Error& e) {
+          const std::string m = e.what();
+          EXPECT_NE(m.find("collective mismatch at #0"), std::string::npos) << m;
+          ++mismatches;
+        }
+      },
+      3000ms, /*debug=*/true);
+  EXPECT_EQ(mismatches.load(), 2);
+}
+
+TEST(Gloo, SplitFormsIndependentGroups) {
+  run_ranks(4, [](int r, Communicator& c) {
+    auto sub = c.split(r % 2, r);
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->size(), 2);
+    EXPECT_EQ(sub->rank(), r / 2);
+    auto t = torch::full({3}, static_cast<float>(r));
+    sub->allreduce(t)->wait();
+    const float expect = (r % 2 == 0) ? 0 + 2 : 1 + 3;
+    EXPECT_TRUE(torch::allclose(t, torch::full({3}, expect)));
+  });
+}
+
+// ---- processes: a peer that dies ----
+
+std::string self_exe() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return std::string(buf, n > 0 ? n : 0);
+}
+
+pid_t spawn_child(const std::vector<std::string>& args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
+  return pid;
+}
+
+TEST(Gloo, DeadPeerIsNamedByTheSurvivors) {
+  StoreServer server("127.0.0.1", 0, 20s);
+  const int W = 3;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < W; ++r)
+    pids.push_back(spawn_child({self_exe(), "--child-deadpeer", std::to_string(r),
+                                std::to_string(W), std::to_string(server.port())}));
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  for (int r = 0; r < W; ++r) {
+    int status = 0;
+    while (::waitpid(pids[r], &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t p : pids) ::kill(p, SIGKILL);
+        FAIL() << "rank " << r << " hung after its peer died";
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    ASSERT_TRUE(WIFEXITED(status));
+    // rank 2 exits 9 on purpose; the survivors exit 0 only if they saw PeerLost naming rank 2.
+    EXPECT_EQ(WEXITSTATUS(status), r == 2 ? 9 : 0) << "rank " << r;
+  }
+}
+
+int child_deadpeer(int rank, int size, int port) {
+  auto comm = join(rank, size, port, 10s);
+  auto t = torch::ones({1024});
+  comm->allreduce(t)->wait();
+  if (rank == 2) ::_exit(9);
+  try {
+    for (int i = 0; i < 100; ++i) comm->allreduce(t)->wait();
+  } catch (const PeerLost& e) {
+    const std::string m = e.what();
+    if (m.find("rank 2") != std::string::npos) return 0;
+    std::fprintf(stderr, "rank %d: PeerLost without the rank: %s\n", rank, m.c_str());
+    return 3;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: wrong error: %s\n", rank, e.what());
+    return 4;
+  }
+  return 5;
+}
+
+}  // namespace
+}  // namespace krab::comm
+
+int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--child-deadpeer")
+    return krab::comm::child_deadpeer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
