@@ -37,8 +37,8 @@ const Index& index() {
     const auto& keys = registry();
     for (size_t i = 0; i < keys.size(); ++i) {
       const std::string& key = keys[i].key;
-      KRAB_CHECK(!key.empty() && out.key_to_index.emplace(key, i).second,
-                 "registry key '", key, "' is empty or duplicated");
+      KRAB_CHECK(!key.empty() && out.key_to_index.emplace(key, i).second, "registry key '", key,
+                 "' is empty or duplicated");
       for (size_t dot = key.find('.'); dot != std::string::npos; dot = key.find('.', dot + 1))
         out.sections[key.substr(0, dot)].push_back(key);
     }
@@ -110,7 +110,8 @@ std::string unknown_key_message(const std::string& key) {
     if (last_component(spec.key) == last_component(key)) same_leaf.push_back(spec.key);
   }
   if (closest) return msg + "; did you mean '" + *closest + "'?";
-  if (!same_leaf.empty()) return msg + "; did you mean '" + join(same_leaf, "' or '") + "'?";
+  if (same_leaf.size() == 1) return msg + "; did you mean '" + same_leaf[0] + "'?";
+  if (!same_leaf.empty()) return msg + "; did you mean one of '" + join(same_leaf, "', '") + "'?";
   size_t dot = key.rfind('.');
   if (dot != std::string::npos) {
     auto it = index().sections.find(key.substr(0, dot));
@@ -130,7 +131,7 @@ Value parse_int(const KeySpec& spec, const std::string& text, const std::string&
   // from_chars takes no leading '+'; we accept one because YAML and humans both write it.
   std::string_view digits = text;
   if (!digits.empty() && digits[0] == '+') digits.remove_prefix(1);
-  bool sign_ok = digits.empty() || digits[0] != '+' && (digits[0] != '-' || digits == text);
+  bool sign_ok = digits.empty() || (digits[0] != '+' && (digits[0] != '-' || digits == text));
   int64_t v = 0;
   auto res = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (sign_ok && res.ec == std::errc::result_out_of_range)
@@ -157,11 +158,10 @@ Value parse_float(const KeySpec& spec, const std::string& text, const std::strin
 
 Value parse_bool(const KeySpec& spec, const std::string& text, const std::string& where) {
   static const std::unordered_map<std::string, bool> kWords = {
-      {"true", true},   {"True", true},   {"TRUE", true},   {"yes", true},
-      {"Yes", true},    {"YES", true},    {"on", true},     {"On", true},
-      {"ON", true},     {"false", false}, {"False", false}, {"FALSE", false},
-      {"no", false},    {"No", false},    {"NO", false},    {"off", false},
-      {"Off", false},   {"OFF", false}};
+      {"true", true},   {"True", true},   {"TRUE", true}, {"yes", true}, {"Yes", true},
+      {"YES", true},    {"on", true},     {"On", true},   {"ON", true},  {"false", false},
+      {"False", false}, {"FALSE", false}, {"no", false},  {"No", false}, {"NO", false},
+      {"off", false},   {"Off", false},   {"OFF", false}};
   auto it = kWords.find(text);
   if (it == kWords.end())
     fail(where, spec.key + ": expected a bool (true/false, yes/no, on/off), got '" + text + "'");
@@ -177,22 +177,22 @@ Value parse_value(const KeySpec& spec, const std::string& text, const std::strin
     case KeyType::kString:
       if (!spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end())
-        fail(where, spec.key + ": must be one of " + join(spec.choices, ", ") + "; got '" + text +
-                        "'");
+        fail(where,
+             spec.key + ": must be one of " + join(spec.choices, ", ") + "; got '" + text + "'");
       return text;
     case KeyType::kInt:
     case KeyType::kFloat:
       break;
   }
-  Value v = spec.type == KeyType::kInt ? parse_int(spec, text, where)
-                                       : parse_float(spec, text, where);
-  double x = spec.type == KeyType::kInt ? static_cast<double>(std::get<int64_t>(v))
-                                        : std::get<double>(v);
+  Value v =
+      spec.type == KeyType::kInt ? parse_int(spec, text, where) : parse_float(spec, text, where);
+  double x =
+      spec.type == KeyType::kInt ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
   bool low = spec.min && x < *spec.min;
   bool high = spec.max && x > *spec.max;
   if (low || high) {
-    std::string range = spec.min && spec.max
-                            ? "between " + format_float(*spec.min) + " and " + format_float(*spec.max)
+    std::string range = spec.min && spec.max ? "between " + format_float(*spec.min) + " and " +
+                                                   format_float(*spec.max)
                         : spec.min ? ">= " + format_float(*spec.min)
                                    : "<= " + format_float(*spec.max);
     fail(where, spec.key + ": must be " + range + ", got " + text);
@@ -213,10 +213,14 @@ size_t resolve_assignment_key(const std::string& key, const std::string& where) 
 
 const char* type_name(KeyType type) {
   switch (type) {
-    case KeyType::kInt: return "int";
-    case KeyType::kFloat: return "float";
-    case KeyType::kBool: return "bool";
-    case KeyType::kString: return "string";
+    case KeyType::kInt:
+      return "int";
+    case KeyType::kFloat:
+      return "float";
+    case KeyType::kBool:
+      return "bool";
+    case KeyType::kString:
+      return "string";
   }
   return "?";
 }
@@ -236,8 +240,10 @@ class ConfigParser {
   void run(const YAML::Node& root) {
     if (!root || root.IsNull()) return;  // empty document: all defaults
     if (!root.IsMap())
-      fail(where(root.Mark()), "the top level must be a mapping of sections (e.g. 'train: "
-                               "{epochs: 1}'), got " + describe(root));
+      fail(where(root.Mark()),
+           "the top level must be a mapping of sections (e.g. 'train: "
+           "{epochs: 1}'), got " +
+               describe(root));
     walk_mapping(root, "");
   }
 

@@ -42,12 +42,11 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace krab::core {
 
@@ -58,13 +57,13 @@ const char* type_name(KeyType type);
 
 // One configuration knob.
 struct KeySpec {
-  std::string key;                    // dotted path, e.g. "train.optimizer.lr"
+  std::string key;  // dotted path, e.g. "train.optimizer.lr"
   KeyType type;
-  std::string default_value;          // as text, parsed by type ("" allowed for strings)
-  std::string doc;                    // one sentence for docs/config.md
-  std::vector<std::string> choices;   // for strings: allowed values (empty = any)
-  std::optional<double> min;          // numeric lower bound (inclusive), if any
-  std::optional<double> max;          // numeric upper bound (inclusive), if any
+  std::string default_value;         // as text, parsed by type ("" allowed for strings)
+  std::string doc;                   // one sentence for docs/config.md
+  std::vector<std::string> choices;  // for strings: allowed values (empty = any)
+  std::optional<double> min;         // numeric lower bound (inclusive), if any
+  std::optional<double> max;         // numeric upper bound (inclusive), if any
 };
 
 // All keys, in documentation order. Keys are unique and no key is a prefix section of another
@@ -98,8 +97,7 @@ class Config {
   // neither the file nor an override sets `name`, it becomes the file's stem ("jobs/mnist.yaml"
   // -> "mnist"); that derived value does not count as is_set(). A missing, unreadable or
   // non-regular file throws InvalidArgument naming the path.
-  static Config load_file(const std::string& path,
-                          const std::vector<std::string>& overrides = {});
+  static Config load_file(const std::string& path, const std::vector<std::string>& overrides = {});
 
   // Typed getters. An unknown key or a getter that does not match the key's type is a
   // programming error and throws krab::Error (not InvalidArgument). get_float also accepts int

@@ -11,8 +11,7 @@ BucketPlan plan_buckets(const std::vector<int64_t>& numel, int64_t element_bytes
   int64_t filled = 0;  // bytes in the open bucket
   for (int64_t i = n - 1; i >= 0; --i) {
     const int64_t bytes = numel[i] * element_bytes;
-    const bool open_is_full = !plan.buckets.empty() && bucket_bytes > 0 &&
-                              filled > 0 && filled + bytes > bucket_bytes;
+    const bool open_is_full = !plan.buckets.empty() && filled > 0 && filled + bytes > bucket_bytes;
     if (plan.buckets.empty() || open_is_full) {
       plan.buckets.emplace_back();
       plan.bucket_numel.push_back(0);

@@ -22,7 +22,7 @@ struct BucketPlan {
 };
 
 // `numel[i]` is parameter i's element count, `element_bytes` the size of one element.
-// bucket_bytes <= 0 puts every parameter in one bucket.
+// bucket_bytes <= 0 gives every parameter a bucket of its own.
 BucketPlan plan_buckets(const std::vector<int64_t>& numel, int64_t element_bytes,
                         int64_t bucket_bytes);
 

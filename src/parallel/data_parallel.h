@@ -38,7 +38,7 @@ struct Node;
 namespace krab::parallel {
 
 struct DataParallelOptions {
-  double bucket_mb = 25.0;  // bucket cap in MiB; <= 0 means one bucket
+  double bucket_mb = 25.0;  // bucket cap in MiB; 0 = one bucket per parameter
   bool broadcast_initial_state = true;
 };
 

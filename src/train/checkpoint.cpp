@@ -140,7 +140,8 @@ CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& so
   optimizer.load(optim_archive);
   at::Tensor rng;
   archive.read("rng", rng, /*is_buffer=*/true);
-  at::detail::getDefaultCPUGenerator().set_state(rng);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng);
   return meta;
 }
 

@@ -61,7 +61,7 @@ TEST(Gloo, AllreduceMatchesClosedForm) {
     auto t = torch::full({1000}, static_cast<float>(r + 1));
     c.allreduce(t, ReduceOp::kSum)->wait();
     EXPECT_TRUE(torch::allclose(t, torch::full({1000}, 6.0f)));
-    auto a = torch::full({5}, static_cast<double>(r));
+    auto a = torch::full({5}, static_cast<double>(r), torch::kFloat64);
     c.allreduce(a, ReduceOp::kAvg)->wait();
     EXPECT_TRUE(torch::allclose(a, torch::full({5}, 1.0, torch::kFloat64)));
   });

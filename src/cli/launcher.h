@@ -1,0 +1,59 @@
+// Process model of `krab train`: who spawns whom and how ranks are numbered.
+//
+// Three ways to be started:
+//  1. Plain `krab train JOB.yaml` (or with --nnodes/--node-rank/--nproc-per-node/--rdzv, like
+//     torchrun): this process is the *launcher*. Node 0's launcher hosts the rendezvous store;
+//     each launcher spawns its local workers (re-executing this binary) with torchrun-style
+//     RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT and
+//     KRAB_WORKER=1, then watches them: the first worker that fails makes the launcher stop
+//     the others (SIGTERM, then SIGKILL after a grace period), name the rank, and exit non-zero.
+//     Workers die with their launcher (PR_SET_PDEATHSIG), so nothing is left behind.
+//  2. As a worker of (1): KRAB_WORKER=1.
+//  3. Under another launcher: torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), mpirun
+//     (OMPI_COMM_WORLD_RANK/SIZE) or Slurm (SLURM_PROCID/SLURM_NTASKS): this process is one
+//     worker; rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/store.h"
+
+namespace krab::cli {
+
+struct LaunchFlags {
+  int nnodes = 1;
+  int node_rank = 0;
+  int nproc_per_node = 0;  // 0 = parallel.workers / nnodes
+  std::string rdzv;        // HOST:PORT; "" = 127.0.0.1 with a free port (single node only)
+};
+
+enum class Role { kLauncher, kWorker };
+
+struct LaunchPlan {
+  Role role = Role::kLauncher;
+  int world_size = 1;
+  int rank = 0;            // worker role
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  int nproc_per_node = 1;
+  comm::Endpoint rendezvous;
+  bool host_store = false;  // this process hosts the TCPStore
+};
+
+// Decides the role from the flags, the job's parallel.workers and the environment. Pure;
+// throws InvalidArgument naming the flag or variable at fault.
+LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
+                       const std::map<std::string, std::string>& env);
+
+std::map<std::string, std::string> current_environment();
+
+// Spawns plan.nproc_per_node workers running `argv` (the worker command line), supervises
+// them, and returns the exit code for the launcher: 0 when all succeeded; otherwise the first
+// failing worker's code (2 for bad input) or 1, after stopping the others.
+int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& argv,
+                        double grace_seconds);
+
+}  // namespace krab::cli

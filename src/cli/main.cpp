@@ -1,0 +1,134 @@
+// krab command line: `krab train JOB.yaml [--set key=value ...] [--report FILE]`.
+//
+// Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
+// the key, file or value; 1 runtime failure (a worker died, a timeout), naming the rank.
+#include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "cli/launcher.h"
+#include "comm/factory.h"
+#include "comm/store.h"
+#include "core/config.h"
+#include "core/errors.h"
+#include "train/trainer.h"
+
+namespace {
+
+using namespace krab;
+
+struct TrainArgs {
+  std::string job;
+  std::vector<std::string> sets;
+  std::string report;
+  cli::LaunchFlags launch;
+};
+
+int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
+  core::Config config = core::Config::load_file(args.job, args.sets);
+  const auto env = cli::current_environment();
+  const cli::LaunchPlan plan =
+      cli::plan_launch(args.launch, static_cast<int>(config.get_int("parallel.workers")), env);
+  const bool mpi = config.get_string("comm.backend") == "mpi";
+
+  if (plan.role == cli::Role::kLauncher) {
+    KRAB_CHECK_ARG(!mpi, "comm.backend 'mpi' needs the job started by mpirun "
+                         "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
+    train::preflight(config, plan.world_size);
+    if (!args.report.empty()) {
+      // Fail now, not after training, if the report cannot be written.
+      std::filesystem::path dir = std::filesystem::path(args.report).parent_path();
+      KRAB_CHECK_ARG(dir.empty() || std::filesystem::is_directory(dir), "--report: directory '",
+                     dir.string(), "' does not exist");
+    }
+    cli::LaunchPlan p = plan;
+    std::unique_ptr<comm::StoreServer> server;
+    const auto timeout = std::chrono::milliseconds(
+        static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
+    if (p.host_store) {
+      server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
+      p.rendezvous.port = server->port();
+    }
+    std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
+                 args.job.c_str(), p.world_size,
+                 args.launch.nnodes > 1 ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str() : "",
+                 config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
+                 p.rendezvous.to_string().c_str());
+    const int code = cli::spawn_and_supervise(p, argv, 5.0);
+    if (code == 0 && p.node_rank == 0) {
+      const std::string dir = train::run_directory(config);
+      std::fprintf(stderr, "krab: checkpoint %s/model.pt\n", dir.c_str());
+      if (!args.report.empty()) std::fprintf(stderr, "krab: report %s\n", args.report.c_str());
+    }
+    return code;
+  }
+
+  // Worker.
+  std::unique_ptr<comm::StoreServer> server;
+  comm::WorldInfo world;
+  world.rank = plan.rank;
+  world.size = plan.world_size;
+  world.rendezvous = plan.rendezvous;
+  world.iface = config.get_string("comm.iface");
+  if (plan.host_store && !mpi)
+    server = std::make_unique<comm::StoreServer>(
+        "0.0.0.0", plan.rendezvous.port,
+        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)));
+  train::WorkerOptions options;
+  options.report_path = args.report;
+  auto report = train::run_worker(config, world, options);
+  if (plan.rank == 0 && report.contains("test_accuracy"))
+    std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",
+                 report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
+                 report["samples_per_sec"].get<double>());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"krab — distributed training of neural networks"};
+  app.require_subcommand(1);
+  TrainArgs args;
+  auto* train = app.add_subcommand("train", "Train the model a job file describes");
+  train->add_option("job", args.job, "Job file (YAML); see docs/config.md")->required();
+  train->add_option("--set", args.sets, "Override a key: --set train.steps=100 (repeatable)");
+  train->add_option("--report", args.report, "Write a JSON report of the run to FILE");
+  train->add_option("--nnodes", args.launch.nnodes, "Number of machines (default 1)");
+  train->add_option("--node-rank", args.launch.node_rank, "This machine's index, 0..nnodes-1");
+  train->add_option("--nproc-per-node", args.launch.nproc_per_node,
+                    "Workers on this machine (default parallel.workers / nnodes)");
+  train->add_option("--rdzv", args.launch.rdzv,
+                    "Rendezvous HOST:PORT, hosted by node 0 (default 127.0.0.1, a free port)");
+  auto* config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  const bool worker = std::getenv("KRAB_WORKER") != nullptr;
+  const std::string who = worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
+                                 : std::string("krab");
+  try {
+    if (config_doc->parsed()) {
+      std::cout << krab::core::render_markdown();
+      return 0;
+    }
+    std::vector<std::string> pass(argv, argv + argc);
+    return run_train(args, pass);
+  } catch (const krab::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
+    return e.exit_code();
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
+    return 1;
+  }
+}

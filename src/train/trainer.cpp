@@ -1,0 +1,306 @@
+#include "train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/errors.h"
+#include "core/fs.h"
+#include "core/progress.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "models/model.h"
+#include "parallel/data_parallel.h"
+#include "train/checkpoint.h"
+
+namespace krab::train {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+data::DataSplits load_data(const core::Config& c) {
+  const std::string& name = c.get_string("data.name");
+  if (name == "fashion-mnist")
+    return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
+  if (name == "synthetic")
+    return data::make_synthetic(c.get_int("data.synthetic_samples"),
+                                c.get_int("data.synthetic_features"),
+                                c.get_int("data.synthetic_classes"),
+                                c.get_float("data.test_fraction"),
+                                static_cast<uint64_t>(c.get_int("train.seed")));
+  if (name == "text")
+    return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
+                           c.get_float("data.test_fraction"));
+  throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
+}
+
+models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
+  models::ModelSpec s;
+  s.name = c.get_string("model.name");
+  s.input_shape = d.input_shape;
+  s.num_classes = d.num_classes;
+  s.hidden = c.get_int("model.hidden");
+  s.layers = c.get_int("model.layers");
+  s.width = c.get_int("model.width");
+  s.heads = c.get_int("model.heads");
+  s.context = c.get_int("model.context");
+  KRAB_CHECK_ARG(!d.language_model || s.name == "gpt", "model.name '", s.name,
+                 "' cannot train on data.name 'text' (use model.name: gpt)");
+  KRAB_CHECK_ARG(d.language_model || s.name != "gpt", "model.name 'gpt' needs data.name: text");
+  return s;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
+                                                        torch::nn::Module& m) {
+  const std::string& name = c.get_string("train.optimizer.name");
+  const double lr = c.get_float("train.optimizer.lr");
+  const double wd = c.get_float("train.optimizer.weight_decay");
+  if (name == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        m.parameters(), torch::optim::SGDOptions(lr)
+                            .momentum(c.get_float("train.optimizer.momentum"))
+                            .weight_decay(wd));
+  if (name == "adam")
+    return std::make_unique<torch::optim::Adam>(m.parameters(),
+                                                torch::optim::AdamOptions(lr).weight_decay(wd));
+  if (name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(m.parameters(),
+                                                 torch::optim::AdamWOptions(lr).weight_decay(wd));
+  throw InvalidArgument(str_cat("train.optimizer.name: unknown optimizer '", name, "'"));
+}
+
+int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
+                    int64_t accum) {
+  if (c.get_int("train.steps") > 0) return c.get_int("train.steps");
+  return c.get_int("train.epochs") * (sampler.steps_per_epoch() / accum);
+}
+
+// Rank 0's bytes reach every rank (checkpoint resume without a shared file system).
+std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
+  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+  comm.broadcast(len, 0)->wait();
+  auto buf = torch::empty({len.item<int64_t>()}, torch::kUInt8);
+  if (comm.rank() == 0) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
+  comm.broadcast(buf, 0)->wait();
+  return std::string(static_cast<const char*>(buf.data_ptr()), buf.numel());
+}
+
+// Accuracy on rank `rank`'s shard of the test split, summed over ranks.
+double evaluate(models::Model& model, const data::TensorDataset& test, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  const int64_t n = test.size();
+  const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
+  int64_t correct = 0, total = 0;
+  for (int64_t i = lo; i < hi; i += 512) {
+    const int64_t len = std::min<int64_t>(512, hi - i);
+    auto logits = model.forward(test.inputs.narrow(0, i, len));
+    auto [c, t] = model.correct(logits, test.targets.narrow(0, i, len));
+    correct += c;
+    total += t;
+  }
+  auto counts = torch::tensor({static_cast<double>(correct), static_cast<double>(total)},
+                              torch::kFloat64);
+  comm.allreduce(counts)->wait();
+  return counts[1].item<double>() > 0 ? counts[0].item<double>() / counts[1].item<double>() : 0;
+}
+
+std::string human(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f" : "%.1f", v);
+  return buf;
+}
+
+}  // namespace
+
+std::string run_directory(const core::Config& c) {
+  std::string dir = c.get_string("checkpoint.dir");
+  std::string name = c.get_string("name").empty() ? "job" : c.get_string("name");
+  for (auto at = dir.find("{name}"); at != std::string::npos; at = dir.find("{name}"))
+    dir.replace(at, 6, name);
+  return dir;
+}
+
+void preflight(const core::Config& c, int workers) {
+  KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
+  auto d = load_data(c);
+  const int64_t global = workers * c.get_int("data.batch_size");
+  KRAB_CHECK_ARG(global <= d.train.size(), "data.batch_size ", c.get_int("data.batch_size"),
+                 " x ", workers, " workers = global batch ", global,
+                 " is larger than the training data (", d.train.size(), " examples)");
+  auto model = models::make_model(model_spec(c, d));
+  if (c.get_bool("checkpoint.resume")) {
+    const std::string dir = run_directory(c);
+    if (auto path = latest_checkpoint(dir)) {
+      auto opt = make_optimizer(c, *model);
+      CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
+                            global * c.get_int("train.grad_accum"), c.get_int("train.seed")};
+      decode_checkpoint(core::read_file(*path), *path, expect, *model, *opt);
+    }
+  }
+}
+
+nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
+                          const WorkerOptions& options) {
+  const auto t_start = Clock::now();
+  torch::set_num_threads(static_cast<int>(c.get_int("train.threads_per_worker")));
+  const int W = world.size;
+  const int rank = world.rank;
+  const int64_t batch = c.get_int("data.batch_size");
+  const int64_t accum = c.get_int("train.grad_accum");
+  const int64_t seed = c.get_int("train.seed");
+
+  data::DataSplits d = load_data(c);
+  data::GlobalBatchSampler sampler(d.train.size(), batch * W, static_cast<uint64_t>(seed));
+  const int64_t steps = total_steps(c, sampler, accum);
+
+  torch::manual_seed(static_cast<uint64_t>(seed));
+  auto model = models::make_model(model_spec(c, d));
+
+  comm::Options copts;
+  copts.timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(c.get_float("comm.timeout_s") * 1000));
+  copts.debug_checks = c.get_bool("comm.debug_checks");
+  auto comm = comm::make_communicator(c.get_string("comm.backend"), world, copts);
+  KRAB_CHECK(comm->size() == W, "communicator size ", comm->size(), " != world ", W);
+
+  parallel::DataParallelOptions dpo;
+  dpo.bucket_mb = c.get_float("parallel.bucket_mb");
+  parallel::DataParallel dp(*model, *comm, dpo);
+  auto optimizer = make_optimizer(c, *model);
+
+  const std::string run_dir = run_directory(c);
+  const CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
+                              batch * W * accum, seed};
+  int64_t start_step = 0;
+  if (c.get_bool("checkpoint.resume")) {
+    std::string path, bytes;
+    if (rank == 0) {
+      if (auto p = latest_checkpoint(run_dir)) {
+        path = *p;
+        bytes = core::read_file(path);
+      }
+    }
+    bytes = broadcast_bytes(*comm, bytes);
+    if (!bytes.empty()) {
+      start_step = decode_checkpoint(bytes, path.empty() ? "rank 0's checkpoint" : path, expect,
+                                     *model, *optimizer).step;
+      if (rank == 0) std::fprintf(stderr, "krab: resumed from %s at step %lld\n", path.c_str(),
+                                  static_cast<long long>(start_step));
+    }
+  }
+
+  const int64_t every = c.get_int("checkpoint.every_steps");
+  const int keep = static_cast<int>(c.get_int("checkpoint.keep"));
+  const int64_t eval_every = c.get_int("train.eval_every");
+  const int64_t log_every = c.get_int("train.log_every");
+  const int64_t warmup = std::min<int64_t>(10, std::max<int64_t>(1, (steps - start_step) / 10));
+  const bool show = rank == 0 && options.show_progress;
+  core::ProgressBar bar("train", steps);
+  double last_loss = 0, smooth = -1;
+  Clock::time_point t_warm = Clock::now();
+  std::string last_checkpoint;
+
+  model->train();
+  for (int64_t step = start_step; step < steps; ++step) {
+    if (step == start_step + warmup) t_warm = Clock::now();
+    double step_loss = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      dp.set_sync(m == accum - 1);
+      auto [x, y] = data::gather(d.train, sampler.indices(step * accum + m, rank, W));
+      auto loss = model->loss(model->forward(x), y);
+      (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
+      step_loss += loss.item<double>() / accum;
+    }
+    dp.finish();
+    optimizer->step();
+    optimizer->zero_grad();
+    last_loss = step_loss;
+    smooth = smooth < 0 ? step_loss : 0.95 * smooth + 0.05 * step_loss;
+
+    const int64_t done = step + 1;
+    if (every > 0 && done % every == 0 && done < steps && rank == 0)
+      last_checkpoint = save_checkpoint(
+          run_dir, encode_checkpoint({done, expect.model_name, expect.signature,
+                                      expect.global_batch, seed}, *model, *optimizer),
+          done, keep);
+    if (eval_every > 0 && done % eval_every == 0 && done < steps && d.test) {
+      model->eval();
+      const double acc = evaluate(*model, *d.test, *comm);
+      model->train();
+      if (rank == 0) std::fprintf(stderr, "\nkrab: step %lld test accuracy %.4f\n",
+                                  static_cast<long long>(done), acc);
+    }
+    if (show) {
+      const double secs = std::chrono::duration<double>(Clock::now() - t_warm).count();
+      const int64_t measured = step - (start_step + warmup) + 1;
+      const double rate = measured > 0 && secs > 0 ? measured * batch * W * accum / secs : 0;
+      const std::string fields = str_cat("loss ", human(smooth), " | ", human(rate),
+                                         " samples/s");
+      bar.update(done, fields);
+      if (log_every > 0 && done % log_every == 0)
+        std::fprintf(stderr, "\nkrab: step %lld loss %.5f\n", static_cast<long long>(done),
+                     step_loss);
+    }
+  }
+  const auto t_end = Clock::now();
+  const double train_secs = std::chrono::duration<double>(t_end - t_warm).count();
+  const int64_t measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
+  const double samples_per_sec =
+      train_secs > 0 && measured_steps > 0 ? measured_steps * batch * W * accum / train_secs : 0;
+
+  // Everything below talks to all ranks: take the traffic snapshot first, so the report
+  // counts the training run only.
+  const comm::TrafficStats traffic = comm->traffic();
+  double accuracy = -1;
+  if (d.test) {
+    model->eval();
+    accuracy = evaluate(*model, *d.test, *comm);
+  }
+  auto totals = torch::zeros({2 + static_cast<int>(comm::OpKind::kCount)}, torch::kFloat64);
+  totals[0] = last_loss;
+  totals[1] = static_cast<double>(traffic.total_bytes_sent());
+  for (int k = 0; k < static_cast<int>(comm::OpKind::kCount); ++k)
+    totals[2 + k] = static_cast<double>(traffic.bytes_sent[k]);
+  comm->allreduce(totals)->wait();
+
+  nlohmann::json report;
+  if (rank == 0) {
+    if (show) bar.finish(str_cat("loss ", human(smooth), " | ", human(samples_per_sec),
+                                 " samples/s"));
+    const std::string model_pt = (fs::path(run_dir) / "model.pt").string();
+    save_model_pt(model_pt, *model);
+    last_checkpoint = save_checkpoint(
+        run_dir, encode_checkpoint({steps, expect.model_name, expect.signature,
+                                    expect.global_batch, seed}, *model, *optimizer),
+        steps, keep);
+    report["workers"] = W;
+    report["backend"] = comm->backend();
+    report["global_batch"] = batch * W * accum;
+    report["steps"] = steps;
+    report["start_step"] = start_step;
+    report["epochs"] = static_cast<double>(steps * accum) / sampler.steps_per_epoch();
+    report["samples_per_sec"] = samples_per_sec;
+    report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
+    report["final_loss"] = totals[0].item<double>() / W;
+    if (accuracy >= 0) report["test_accuracy"] = accuracy;
+    report["bytes_sent"] = static_cast<uint64_t>(totals[1].item<double>());
+    nlohmann::json per_op;
+    for (int k = 0; k < static_cast<int>(comm::OpKind::kCount); ++k)
+      per_op[comm::op_name(static_cast<comm::OpKind>(k))] =
+          static_cast<uint64_t>(totals[2 + k].item<double>());
+    report["bytes_sent_by_op"] = per_op;
+    report["gradient_bytes"] = static_cast<uint64_t>(models::parameter_count(*model) * 4);
+    report["buckets"] = dp.plan().buckets.size();
+    report["checkpoint"] = model_pt;
+    report["state"] = last_checkpoint;
+    report["config"] = c.to_json();
+    if (!options.report_path.empty())
+      core::write_file_atomic(options.report_path, report.dump(2) + "\n");
+  }
+  return report;
+}
+
+}  // namespace krab::train
