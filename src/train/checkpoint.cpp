@@ -49,6 +49,33 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
+// "parameter fc1.weight is [16, 32] in the checkpoint, [32, 32] in this job" for the first
+// entry where two signatures ("name:shape;...") disagree.
+std::string first_signature_difference(const std::string& saved, const std::string& job) {
+  auto split = [](const std::string& s) {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::istringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ';')) {
+      const auto colon = item.rfind(':');
+      out.emplace_back(item.substr(0, colon), colon == std::string::npos ? "" : item.substr(colon + 1));
+    }
+    return out;
+  };
+  const auto a = split(saved), b = split(job);
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i >= a.size()) return str_cat("parameter ", b[i].first, " is missing from the checkpoint");
+    if (i >= b.size()) return str_cat("parameter ", a[i].first, " is not in this job's model");
+    if (a[i].first != b[i].first)
+      return str_cat("parameter #", i, " is ", a[i].first, " in the checkpoint, ", b[i].first,
+                     " in this job");
+    if (a[i].second != b[i].second)
+      return str_cat("parameter ", a[i].first, " is ", a[i].second, " in the checkpoint, ",
+                     b[i].second, " in this job");
+  }
+  return "the parameters match but the model name differs";
+}
+
 }  // namespace
 
 std::string model_signature(const torch::nn::Module& module) {
@@ -65,9 +92,10 @@ std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& mod
   archive.write("meta.signature", c10::IValue(meta.signature));
   archive.write("meta.global_batch", c10::IValue(meta.global_batch));
   archive.write("meta.seed", c10::IValue(meta.seed));
-  torch::serialize::OutputArchive model_archive;
-  module.save(model_archive);
-  archive.write("model", model_archive);
+  for (const auto& item : module.named_parameters())
+    archive.write("param." + item.key(), item.value().detach());
+  for (const auto& item : module.named_buffers())
+    archive.write("buffer." + item.key(), item.value().detach(), /*is_buffer=*/true);
   torch::serialize::OutputArchive optim_archive;
   optimizer.save(optim_archive);
   archive.write("optimizer", optim_archive);
@@ -125,17 +153,35 @@ CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& so
   meta.seed = v.toInt();
 
   if (meta.model_name != expect.model_name || meta.signature != expect.signature)
-    throw InvalidArgument(str_cat("checkpoint '", source, "' was written for model '",
-                                  meta.model_name, "' with different parameters; this job's model "
-                                  "is '", expect.model_name, "' (model.* keys must match)"));
+    throw InvalidArgument(str_cat("checkpoint '", source, "' was written for ",
+                                  meta.model_name == expect.model_name
+                                      ? str_cat("a different '", meta.model_name, "' model")
+                                      : str_cat("model '", meta.model_name,
+                                                "', not this job's '", expect.model_name, "'"),
+                                  ": ",
+                                  first_signature_difference(meta.signature, expect.signature),
+                                  " (model.* keys must match to resume)"));
   if (meta.global_batch != expect.global_batch)
     throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
                                   meta.global_batch, "; this job's global batch is ",
                                   expect.global_batch, " (workers x data.batch_size x "
                                   "train.grad_accum must match to resume)"));
-  torch::serialize::InputArchive model_archive, optim_archive;
-  archive.read("model", model_archive);
-  module.load(model_archive);
+  torch::serialize::InputArchive optim_archive;
+  // Copy into the existing tensors: Module::load() swaps their storage with set_(), which
+  // the optimizer and DataParallel (holding the same parameters) must not be exposed to.
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& item : module.named_parameters()) {
+      at::Tensor t;
+      archive.read("param." + item.key(), t);
+      item.value().copy_(t);
+    }
+    for (auto& item : module.named_buffers()) {
+      at::Tensor t;
+      archive.read("buffer." + item.key(), t, /*is_buffer=*/true);
+      item.value().copy_(t);
+    }
+  }
   archive.read("optimizer", optim_archive);
   optimizer.load(optim_archive);
   at::Tensor rng;

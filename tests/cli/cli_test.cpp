@@ -1,0 +1,287 @@
+// End-to-end: the krab binary, its exit codes, its files, and the determinism contract.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/store.h"
+#include "core/fs.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kKrab = std::string(KRAB_BINARY_DIR) + "/bin/krab";
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+// Runs a shell command (stderr merged), bounded by `timeout` seconds.
+Result run(const std::string& cmd, int timeout = 300) {
+  Result r;
+  std::string quoted;  // single-quote the command for sh -c
+  for (char c : cmd) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  const std::string full = "timeout -k 5 " + std::to_string(timeout) + " sh -c '" + quoted +
+                           "' 2>&1";
+  FILE* p = ::popen(full.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
+  int status = ::pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("krab-cli-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    const std::string p = (dir_ / name).string();
+    std::ofstream(p) << text;
+    return p;
+  }
+  std::string krab(const std::string& args) {
+    return "cd " + dir_.string() + " && " + kKrab + " " + args;
+  }
+  fs::path dir_;
+};
+
+std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
+  const std::string bytes = krab::core::read_file(path);
+  auto iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
+  return out;
+}
+
+double max_rel_diff(const std::map<std::string, at::Tensor>& a,
+                    const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  for (const auto& [k, t] : a) {
+    EXPECT_TRUE(b.count(k)) << k;
+    if (!b.count(k)) return 1e9;
+    const double diff = (t - b.at(k)).norm().item<double>();
+    const double scale = std::max(t.norm().item<double>(), 1e-12);
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+const char* kSmallJob = R"(
+model: {name: mlp, hidden: 32}
+data: {name: synthetic, synthetic_samples: 2048, batch_size: 32}
+train: {steps: 20, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 2}
+comm: {timeout_s: 20}
+)";
+
+// The determinism contract, the engine's strongest test: W workers with per-worker batch b
+// end where one worker with batch W*b ends, up to float reduction order.
+TEST_F(Cli, FourWorkersMatchOneWorkerOnTheCnn) {
+  write("job.yaml", R"(
+model: {name: cnn}
+data: {name: fashion-mnist, batch_size: 16}
+train: {steps: 10, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 4, bucket_mb: 0.5}
+)");
+  auto multi = run(krab("train job.yaml --set checkpoint.dir=w4"));
+  ASSERT_EQ(multi.code, 0) << multi.output;
+  auto single = run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
+                         "--set data.batch_size=64"));
+  ASSERT_EQ(single.code, 0) << single.output;
+  auto a = load_model_pt((dir_ / "w4/model.pt").string());
+  auto b = load_model_pt((dir_ / "w1/model.pt").string());
+  ASSERT_TRUE(a.count("conv1.weight"));
+  EXPECT_LE(max_rel_diff(a, b), 1e-5);
+  // And training moved the parameters at all (the comparison is not vacuous).
+  auto c = run(krab("train job.yaml --set checkpoint.dir=w0 --set parallel.workers=1 "
+                    "--set data.batch_size=64 --set train.optimizer.lr=0"));
+  ASSERT_EQ(c.code, 0) << c.output;
+  EXPECT_GT(max_rel_diff(a, load_model_pt((dir_ / "w0/model.pt").string())), 1e-3);
+}
+
+// Two accumulated micro-batches of 32 are one batch of 64: same examples, loss averaged.
+TEST_F(Cli, GradientAccumulationMatchesTheLargerBatch) {
+  write("job.yaml", kSmallJob);
+  auto accum = run(krab("train job.yaml --set checkpoint.dir=a --set train.grad_accum=2 "
+                        "--set parallel.workers=1"));
+  ASSERT_EQ(accum.code, 0) << accum.output;
+  auto big = run(krab("train job.yaml --set checkpoint.dir=b --set data.batch_size=64 "
+                      "--set parallel.workers=1"));
+  ASSERT_EQ(big.code, 0) << big.output;
+  EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "a/model.pt").string()),
+                         load_model_pt((dir_ / "b/model.pt").string())),
+            1e-5);
+}
+
+TEST_F(Cli, ResumeEndsWhereAnUninterruptedRunEnds) {
+  write("job.yaml", kSmallJob);
+  auto full = run(krab("train job.yaml --set checkpoint.dir=full"));
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto first = run(krab("train job.yaml --set checkpoint.dir=part --set train.steps=10"));
+  ASSERT_EQ(first.code, 0) << first.output;
+  auto second = run(krab("train job.yaml --set checkpoint.dir=part --set checkpoint.resume=true"));
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from"), std::string::npos) << second.output;
+  auto a = load_model_pt((dir_ / "full/model.pt").string());
+  auto b = load_model_pt((dir_ / "part/model.pt").string());
+  EXPECT_EQ(max_rel_diff(a, b), 0.0);
+}
+
+TEST_F(Cli, ReportHasTheDocumentedFieldsAndTrafficMatchesTheRing) {
+  write("job.yaml", kSmallJob);
+  auto r = run(krab("train job.yaml --report report.json --set parallel.workers=3"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j = nlohmann::json::parse(krab::core::read_file((dir_ / "report.json").string()));
+  for (const char* k : {"workers", "global_batch", "steps", "epochs", "samples_per_sec",
+                        "wall_seconds", "final_loss", "test_accuracy", "bytes_sent", "checkpoint"})
+    EXPECT_TRUE(j.contains(k)) << k;
+  EXPECT_EQ(j["workers"], 3);
+  EXPECT_EQ(j["global_batch"], 96);
+  // Ring all-reduce: each of W ranks sends 2(W-1)/W of the gradient per step.
+  const double grad = j["gradient_bytes"].get<double>();
+  const double per_step = j["bytes_sent_by_op"]["allreduce"].get<double>() / 20;
+  EXPECT_NEAR(per_step / (2.0 * 2 / 3 * grad * 3), 1.0, 0.05);
+  EXPECT_TRUE(fs::exists(dir_ / j["checkpoint"].get<std::string>()));
+}
+
+TEST_F(Cli, ModelPtIsReadableByPythonTorch) {
+  write("job.yaml", kSmallJob);
+  ASSERT_EQ(run(krab("train job.yaml --set train.steps=2")).code, 0);
+  auto py = run(std::string(KRAB_PYTHON) + " -c \"import torch; d=torch.load('" + (dir_ / "runs/job/model.pt").string() +
+                "'); print(sorted(d.keys())[0], tuple(d['fc1.weight'].shape))\"");
+  ASSERT_EQ(py.code, 0) << py.output;
+  EXPECT_NE(py.output.find("fc1.bias (32, 32)"), std::string::npos) << py.output;
+}
+
+// ---- bad input: exit 2, one line naming the cause, nothing left behind ----
+
+void expect_refused(const Result& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.code, code) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, BadInputIsRefusedWithExitTwo) {
+  write("bad.yaml", "model: {name: cnn\n  data: [");
+  expect_refused(run(krab("train bad.yaml --report r.json")), 2, "bad.yaml:");
+  write("unknown.yaml", "train: {epoch: 2}\n");
+  expect_refused(run(krab("train unknown.yaml")), 2, "did you mean 'train.epochs'");
+  write("type.yaml", "train: {steps: many}\n");
+  expect_refused(run(krab("train type.yaml")), 2, "train.steps");
+  write("ok.yaml", kSmallJob);
+  expect_refused(run(krab("train ok.yaml --set parallel.workers=0")), 2, "parallel.workers");
+  expect_refused(run(krab("train ok.yaml --set parallel.workers=-1")), 2, "parallel.workers");
+  expect_refused(run(krab("train ok.yaml --set data.batch_size=4000")), 2,
+                 "larger than the training data");
+  expect_refused(run(krab("train ok.yaml --set data.name=fashion-mnist --set data.path=nope")),
+                 2, "nope");
+  expect_refused(run(krab("train missing.yaml")), 2, "missing.yaml");
+  expect_refused(run(krab("train ok.yaml --bogus")), 2, "bogus");
+  EXPECT_FALSE(fs::exists(dir_ / "r.json"));
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+TEST_F(Cli, CorruptDatasetFileIsNamed) {
+  fs::create_directories(dir_ / "fm");
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"})
+    write(std::string("fm/") + f, "garbage, not an IDX file");
+  write("ok.yaml", kSmallJob);
+  expect_refused(run(krab("train ok.yaml --set data.name=fashion-mnist --set data.path=fm")), 2,
+                 "train-images-idx3-ubyte");
+}
+
+TEST_F(Cli, PortInUseIsNamed) {
+  write("ok.yaml", kSmallJob);
+  krab::comm::StoreServer holder("127.0.0.1", 0, std::chrono::seconds(5));
+  const std::string port = std::to_string(holder.port());
+  expect_refused(run(krab("train ok.yaml --rdzv 127.0.0.1:" + port)), 2, port);
+}
+
+TEST_F(Cli, CheckpointFromAnotherModelOrCorruptIsRefused) {
+  write("ok.yaml", kSmallJob);
+  ASSERT_EQ(run(krab("train ok.yaml --set train.steps=2")).code, 0);
+  expect_refused(run(krab("train ok.yaml --set checkpoint.resume=true --set model.hidden=16")), 2,
+                 "fc1.weight is [32, 32] in the checkpoint, [16, 32] in this job");
+  // Flip one byte in the payload.
+  const std::string state = (dir_ / "runs/ok/step-00000002/state.krab").string();
+  std::string bytes = krab::core::read_file(state);
+  bytes[bytes.size() / 2] ^= 0x5a;
+  std::ofstream(state, std::ios::binary) << bytes;
+  expect_refused(run(krab("train ok.yaml --set checkpoint.resume=true")), 2, "CRC");
+  // Truncated.
+  std::ofstream(state, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  expect_refused(run(krab("train ok.yaml --set checkpoint.resume=true")), 2, "truncated");
+}
+
+// A worker killed mid-run: the launcher names it, exits 1, and leaves no process behind.
+TEST_F(Cli, DeadWorkerStopsTheRunAndIsNamed) {
+  write("job.yaml", R"(
+model: {name: mlp, hidden: 64}
+data: {name: synthetic, synthetic_samples: 4096, batch_size: 16}
+train: {steps: 100000}
+parallel: {workers: 3}
+comm: {timeout_s: 10}
+)");
+  const std::string log = (dir_ / "log.txt").string();
+  pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::chdir(dir_.c_str());
+    std::freopen(log.c_str(), "w", stderr);
+    ::execl(kKrab.c_str(), kKrab.c_str(), "train", "job.yaml", nullptr);
+    ::_exit(127);
+  }
+  // Find the workers: children of the launcher.
+  std::vector<pid_t> workers;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (workers.size() < 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    workers.clear();
+    std::ifstream in("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
+                     "/children");
+    pid_t p;
+    while (in >> p) workers.push_back(p);
+  }
+  ASSERT_EQ(workers.size(), 3u);
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // let training start
+  // Children are listed in spawn order: index 1 is rank 1.
+  ::kill(workers[1], SIGKILL);
+  int status = 0;
+  pid_t got = 0;
+  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < stop_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (got == 0) {
+    ::kill(launcher, SIGKILL);
+    for (pid_t w : workers) ::kill(w, SIGKILL);
+    FAIL() << "launcher did not exit after a worker died";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  const std::string text = krab::core::read_file(log);
+  EXPECT_NE(text.find("rank 1 was killed by signal 9"), std::string::npos) << text;
+  for (pid_t w : workers) EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " survived";
+}
+
+}  // namespace
