@@ -86,6 +86,14 @@ std::vector<KeySpec> build_registry() {
       float_key("train.optimizer.momentum", "0.9", "Momentum of `sgd` (0 = plain SGD).", 0, 1),
       float_key("train.optimizer.weight_decay", "0",
                 "Weight decay: an L2 penalty for `sgd` and `adam`, decoupled for `adamw`.", 0),
+      string_key("train.lr_schedule", "constant",
+                 "Learning-rate schedule: `constant`, `cosine` (decays to 0 at the last step) "
+                 "or `linear` (likewise, in a straight line); see `train.warmup_steps`.",
+                 {"constant", "cosine", "linear"}),
+      int_key("train.warmup_steps", "0",
+              "Steps over which the learning rate ramps up linearly to `train.optimizer.lr` "
+              "before the schedule starts; 0 = none.",
+              0),
       int_key("train.eval_every", "0",
               "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
       int_key("train.grad_accum", "1",

@@ -14,6 +14,7 @@
 #include "models/model.h"
 #include "parallel/data_parallel.h"
 #include "train/checkpoint.h"
+#include "train/schedule.h"
 
 namespace krab::train {
 namespace {
@@ -192,6 +193,9 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
     }
   }
 
+  const Schedule schedule = parse_schedule(c.get_string("train.lr_schedule"));
+  const double base_lr = c.get_float("train.optimizer.lr");
+  const int64_t warmup_lr = c.get_int("train.warmup_steps");
   const int64_t every = c.get_int("checkpoint.every_steps");
   const int keep = static_cast<int>(c.get_int("checkpoint.keep"));
   const int64_t eval_every = c.get_int("train.eval_every");
@@ -215,6 +219,8 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
       step_loss += loss.item<double>() / accum;
     }
     dp.finish();
+    const double lr = learning_rate(schedule, base_lr, step, steps, warmup_lr);
+    for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
     optimizer->step();
     optimizer->zero_grad();
     last_loss = step_loss;
