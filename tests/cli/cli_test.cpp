@@ -172,14 +172,66 @@ TEST_F(Cli, ModelPtIsReadableByPythonTorch) {
   EXPECT_NE(py.output.find("fc1.bias (32, 32)"), std::string::npos) << py.output;
 }
 
-// ---- bad input: exit 2, one line naming the cause, nothing left behind ----
-
 void expect_refused(const Result& r, int code, const std::string& needle) {
   EXPECT_EQ(r.code, code) << r.output;
   EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
 }
+
+// A port nobody listens on right now (bound, then released).
+int free_port() {
+  krab::comm::StoreServer probe("127.0.0.1", 0, std::chrono::seconds(5));
+  return probe.port();
+}
+
+// Under another launcher krab is one worker: the same job started as two processes with
+// torchrun's variables (and again with Slurm's) ends where krab's own launcher ends.
+TEST_F(Cli, TorchrunAndSlurmEnvironmentsMatchTheOwnLauncher) {
+  write("job.yaml", kSmallJob);
+  auto own = run(krab("train job.yaml --set checkpoint.dir=own"));
+  ASSERT_EQ(own.code, 0) << own.output;
+  // Two workers started side by side, rank 0 in the background; both must exit 0.
+  auto pair = [&](const std::string& env, const std::string& rank_var, const std::string& out) {
+    const std::string job = " train job.yaml --set checkpoint.dir=" + out;
+    return run("cd " + dir_.string() + " && (" + env + " " + rank_var + "=0 " + kKrab + job +
+               " & " + env + " " + rank_var + "=1 " + kKrab + job + "-rank1; r1=$?; wait $!; "
+               "r0=$?; test $r0 -eq 0 -a $r1 -eq 0)");
+  };
+  const auto own_model = load_model_pt((dir_ / "own/model.pt").string());
+  auto tr = pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                     " WORLD_SIZE=2",
+                 "RANK", "tr");
+  ASSERT_EQ(tr.code, 0) << tr.output;
+  EXPECT_EQ(max_rel_diff(own_model, load_model_pt((dir_ / "tr/model.pt").string())), 0.0);
+  auto sl = pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
+                     " SLURM_NTASKS=2",
+                 "SLURM_PROCID", "sl");
+  ASSERT_EQ(sl.code, 0) << sl.output;
+  EXPECT_EQ(max_rel_diff(own_model, load_model_pt((dir_ / "sl/model.pt").string())), 0.0);
+}
+
+#ifdef KRAB_MPIEXEC
+// comm.backend mpi under mpirun trains the same model as gloo under krab's launcher (up to
+// float reduction order: the two libraries sum in different orders).
+TEST_F(Cli, MpiBackendUnderMpirunMatchesGloo) {
+  write("job.yaml", kSmallJob);
+  auto gloo = run(krab("train job.yaml --set checkpoint.dir=gloo"));
+  ASSERT_EQ(gloo.code, 0) << gloo.output;
+  auto mpi = run("cd " + dir_.string() + " && " + KRAB_MPIEXEC +
+                 " --allow-run-as-root --oversubscribe -np 2 " + kKrab +
+                 " train job.yaml --set comm.backend=mpi --set checkpoint.dir=mpi");
+  ASSERT_EQ(mpi.code, 0) << mpi.output;
+  EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "gloo/model.pt").string()),
+                         load_model_pt((dir_ / "mpi/model.pt").string())),
+            1e-5);
+  // Started without mpirun, the mpi backend is refused with the way to start it.
+  expect_refused(run(krab("train job.yaml --set comm.backend=mpi")), 2, "mpirun");
+}
+#endif
+
+// ---- bad input: exit 2, one line naming the cause, nothing left behind ----
+
 
 TEST_F(Cli, BadInputIsRefusedWithExitTwo) {
   write("bad.yaml", "model: {name: cnn\n  data: [");
