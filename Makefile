@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 BUILD_TYPE ?= Release
 
-.PHONY: all setup build demo test clean asan
+.PHONY: all setup build demo test clean asan tsan sanitize
 
 all: build
 
@@ -22,10 +22,20 @@ demo: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 1
 
+# Sanitizer builds of the unit and multi-rank tests (the e2e tests run the release binary):
+# ASan + UBSan over every layer, TSan over the comm and parallel layers (ranks as threads).
+SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test
 asan: setup
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=address
-	cmake --build build-asan -j $(JOBS)
+	cmake --build build-asan -j $(JOBS) --target $(SANITIZE_TARGETS)
 	cd build-asan && ctest --output-on-failure --timeout 900 -L sanitize
 
+tsan: setup
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=thread
+	cmake --build build-tsan -j $(JOBS) --target comm_gloo_test parallel_test
+	cd build-tsan && ctest --output-on-failure --timeout 900 -L tsan
+
+sanitize: asan tsan
+
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-tsan

@@ -54,7 +54,9 @@ TEST(PlanBuckets, EveryParameterPlacedOnceAndOffsetsTile) {
     }
     EXPECT_EQ(off, p.bucket_numel[b]);
     // Under the cap unless the bucket holds one parameter.
-    if (p.buckets[b].size() > 1) EXPECT_LE(p.bucket_numel[b] * 4, 256);
+    if (p.buckets[b].size() > 1) {
+      EXPECT_LE(p.bucket_numel[b] * 4, 256);
+    }
   }
   for (int s : seen) EXPECT_EQ(s, 1);
 }

@@ -1,0 +1,301 @@
+#!/usr/bin/python3
+"""The peer krab is measured against: PyTorch DDP (Gloo backend, CPU) training the same CNN on
+the same Fashion-MNIST batches as `krab train` with model cnn, data fashion-mnist.
+
+What it measures: training throughput in samples/s after a warm-up (like krab's report), the
+wall time, the final loss and (with --eval) the test accuracy. It prints ONE JSON line on stdout:
+  {"samples_per_sec", "wall_seconds", "final_loss", "test_accuracy", "workers", "steps", ...}
+
+Run from the repository root with Debian's python (the only one with torch here):
+  /usr/bin/python3 bench/ddp_peer.py --workers 2 --steps 300
+  /usr/bin/python3 bench/ddp_peer.py --workers 4 --epochs 2 --optimizer adam --lr 0.003 --cosine --eval
+
+Kept identical to krab on purpose:
+  - model: conv1 Conv2d(1,32,3,p=1) -> relu -> maxpool2 -> conv2 Conv2d(32,64,3,p=1) -> relu ->
+    maxpool2 -> fc1 Linear(3136,128) -> relu -> fc2 Linear(128,10); cross-entropy loss;
+    torch.manual_seed(seed) before the model is built (PyTorch's default initialisation, which
+    LibTorch's C++ modules share);
+  - data: the gzipped IDX files of Debian's dataset-fashion-mnist, pixels / 255, then
+    (x - 0.286) / 0.353; the global batch of step s is the same as krab's (krab's sampler is
+    re-implemented below: mt19937_64 + Fisher-Yates per epoch, drop the last partial batch),
+    and worker r takes slice r of it; per-worker batch 64 by default;
+  - one intra-op thread per worker (torch.set_num_threads(1); Debian's pthread OpenBLAS keeps
+    its own thread pool unless OPENBLAS_NUM_THREADS is set, in krab's workers as in these);
+    workers spawned with torch.multiprocessing; rendezvous and Gloo on 127.0.0.1 only
+    (GLOO_SOCKET_IFNAME=lo);
+  - learning rate: constant, or cosine lr * 0.5 * (1 + cos(pi * step / steps)) (krab's
+    train.lr_schedule: cosine with train.warmup_steps: 0);
+  - timing: samples/s counts the steps after the first --warmup-steps (default 10; krab uses
+    min(10, max(1, steps / 10))), on rank 0, from the start of step `warmup` to the end of the
+    last step; final_loss is the last step's loss averaged over workers; the test accuracy is
+    computed on the whole 10k test split, sharded over the workers.
+Nothing is downloaded.
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+DATA_DIR = "/usr/share/datasets/fashion-mnist"
+MEAN, STD = 0.286, 0.353
+MASK64 = (1 << 64) - 1
+
+
+# --- krab's data order (src/data/rng.h, src/data/sampler.cpp), re-implemented -------------------
+
+class MT19937_64:
+    """std::mt19937_64, whose output sequence the C++ standard fixes."""
+
+    def __init__(self, seed):
+        self.mt = [0] * 312
+        self.mt[0] = seed & MASK64
+        for i in range(1, 312):
+            prev = self.mt[i - 1]
+            self.mt[i] = (6364136223846793005 * (prev ^ (prev >> 62)) + i) & MASK64
+        self.index = 312
+
+    def _twist(self):
+        mt = self.mt
+        for i in range(312):
+            x = (mt[i] & 0xFFFFFFFF80000000) | (mt[(i + 1) % 312] & 0x7FFFFFFF)
+            xa = x >> 1
+            if x & 1:
+                xa ^= 0xB5026F5AA96619E9
+            mt[i] = mt[(i + 156) % 312] ^ xa
+        self.index = 0
+
+    def __call__(self):
+        if self.index >= 312:
+            self._twist()
+        x = self.mt[self.index]
+        self.index += 1
+        x ^= (x >> 29) & 0x5555555555555555
+        x ^= (x << 17) & 0x71D67FFFEDA60000
+        x ^= (x << 37) & 0xFFF7EEE000000000
+        x ^= x >> 43
+        return x & MASK64
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def _derive_seed(seed, stream):
+    return _splitmix64(_splitmix64(seed) ^ _splitmix64((stream + 0x632BE59BD9B4E019) & MASK64))
+
+
+def _uniform_below(rng, n):
+    """Lemire's multiply-and-reject, as krab::data::uniform_below."""
+    m = rng() * n
+    low = m & MASK64
+    if low < n:
+        threshold = ((1 << 64) - n) % n
+        while low < threshold:
+            m = rng() * n
+            low = m & MASK64
+    return m >> 64
+
+
+def krab_permutation(n, seed, epoch):
+    rng = MT19937_64(_derive_seed(seed, epoch))
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        j = _uniform_below(rng, i + 1)
+        perm[i], perm[j] = perm[j], perm[i]
+    return perm
+
+
+def _self_test_mt():
+    # The C++ standard requires the 10000th output of a default-constructed mt19937_64 to be this.
+    rng = MT19937_64(5489)
+    for _ in range(9999):
+        rng()
+    assert rng() == 9981545732273789042, "MT19937_64 does not match std::mt19937_64"
+
+
+# --- data and model -------------------------------------------------------------------------------
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    magic, = struct.unpack(">I", raw[:4])
+    ndim = magic & 0xFF
+    dims = struct.unpack(">" + "I" * ndim, raw[4:4 + 4 * ndim])
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
+def load_split(prefix):
+    images = read_idx(os.path.join(DATA_DIR, prefix + "-images-idx3-ubyte.gz"))
+    labels = read_idx(os.path.join(DATA_DIR, prefix + "-labels-idx1-ubyte.gz"))
+    # Same float32 operations, in the same order, as krab's loader.
+    x = torch.from_numpy(images.copy()).unsqueeze(1).float().div_(255.0).sub_(MEAN).div_(STD)
+    y = torch.from_numpy(labels.astype(np.int64))
+    return x, y
+
+
+class Cnn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+# --- one worker -----------------------------------------------------------------------------------
+
+def worker(rank, args, port, queue):
+    t_start = time.perf_counter()
+    torch.set_num_threads(1)
+    W = args.workers
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=W)
+    train_x, train_y = load_split("train")
+    test_x, test_y = load_split("t10k")
+
+    b = args.batch_size
+    G = b * W
+    steps_per_epoch = train_x.size(0) // G
+    steps = args.steps if args.steps > 0 else args.epochs * steps_per_epoch
+    warmup = min(args.warmup_steps, max(steps - 1, 0))
+
+    torch.manual_seed(args.seed)
+    model = Cnn()
+    ddp = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+    else:
+        opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+
+    # Every epoch's order is computed before training (about 0.1 s each in Python), so that
+    # none of it falls inside the timed steps.
+    perms = [torch.tensor(krab_permutation(train_x.size(0), args.seed, e))
+             for e in range((steps - 1) // steps_per_epoch + 1)]
+    last_loss = 0.0
+    t_warm = time.perf_counter()
+    ddp.train()
+    for step in range(steps):
+        if step == warmup:
+            t_warm = time.perf_counter()
+        perm = perms[step // steps_per_epoch]
+        begin = (step % steps_per_epoch) * G + rank * b
+        idx = perm[begin:begin + b]
+        x, y = train_x.index_select(0, idx), train_y.index_select(0, idx)
+        lr = args.lr
+        if args.cosine:
+            lr = args.lr * 0.5 * (1.0 + math.cos(math.pi * min(step / max(1, steps), 1.0)))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        loss = F.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        last_loss = loss.item()
+        if rank == 0 and args.log_every > 0 and (step + 1) % args.log_every == 0:
+            print(f"ddp_peer: step {step + 1} loss {last_loss:.5f}", file=sys.stderr, flush=True)
+    t_end = time.perf_counter()
+    measured = steps - warmup
+    samples_per_sec = measured * G / (t_end - t_warm) if measured > 0 else 0.0
+
+    result = {}
+    if args.eval:
+        model.eval()
+        n = test_x.size(0)
+        lo, hi = n * rank // W, n * (rank + 1) // W
+        correct = 0
+        with torch.no_grad():
+            for i in range(lo, hi, 512):
+                logits = model(test_x[i:min(i + 512, hi)])
+                correct += int((logits.argmax(1) == test_y[i:min(i + 512, hi)]).sum())
+        counts = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
+        dist.all_reduce(counts)
+        result["test_accuracy"] = counts[0].item() / counts[1].item()
+    loss_t = torch.tensor([last_loss], dtype=torch.float64)
+    dist.all_reduce(loss_t)
+    if rank == 0:
+        result.update({
+            "peer": "pytorch-ddp",
+            "torch": torch.__version__,
+            "backend": "gloo",
+            "workers": W,
+            "batch_size": b,
+            "global_batch": G,
+            "steps": steps,
+            "epochs": steps / steps_per_epoch,
+            "warmup_steps": warmup,
+            "optimizer": args.optimizer,
+            "lr": args.lr,
+            "schedule": "cosine" if args.cosine else "constant",
+            "threads_per_worker": torch.get_num_threads(),
+            "samples_per_sec": samples_per_sec,
+            "final_loss": loss_t.item() / W,
+            "wall_seconds": time.perf_counter() - t_start,
+        })
+        queue.put(json.dumps(result))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workers", type=int, default=1)
+    p.add_argument("--steps", type=int, default=0, help="optimizer steps; 0 = use --epochs")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64, help="per worker")
+    p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--cosine", action="store_true", help="cosine learning-rate decay to 0")
+    p.add_argument("--warmup-steps", type=int, default=10, help="steps excluded from timing")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval", action="store_true", help="report test_accuracy")
+    p.add_argument("--log-every", type=int, default=0,
+                   help="print rank 0's loss every N steps on stderr (as krab's train.log_every)")
+    args = p.parse_args()
+    if args.workers < 1 or args.batch_size < 1 or (args.steps <= 0 and args.epochs <= 0):
+        p.error("--workers, --batch-size and --steps or --epochs must be positive")
+
+    _self_test_mt()
+    # Loopback only, for the rendezvous (init_method) and for Gloo's data connections.
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    # Deliberately no OMP_NUM_THREADS / OPENBLAS_NUM_THREADS here: the workers run in the
+    # caller's environment, as krab's workers do (bench/throughput.py --openblas-threads sets
+    # it for both sides). torch.set_num_threads(1) does not limit Debian's pthread OpenBLAS.
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    t0 = time.perf_counter()
+    mp.spawn(worker, args=(args, free_port(), queue), nprocs=args.workers, join=True)
+    result = json.loads(queue.get())
+    result["launch_seconds"] = time.perf_counter() - t0  # spawn + imports + training + exit
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
