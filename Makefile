@@ -33,7 +33,8 @@ asan: setup
 tsan: setup
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=thread
 	cmake --build build-tsan -j $(JOBS) --target comm_gloo_test parallel_test
-	cd build-tsan && ctest --output-on-failure --timeout 900 -L tsan
+	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --output-on-failure --timeout 900 -L tsan
 
 sanitize: asan tsan
 

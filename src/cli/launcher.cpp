@@ -117,6 +117,8 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
       if (k != "RANK" && k != "WORLD_SIZE" && k != "LOCAL_RANK" && k != "LOCAL_WORLD_SIZE" &&
           k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER")
         envs.push_back(k + "=" + v);
+    for (auto& [k, v] : plan.worker_env)
+      if (!std::getenv(k.c_str())) envs.push_back(k + "=" + v);
     envs.push_back("KRAB_WORKER=1");
     envs.push_back("RANK=" + std::to_string(rank));
     envs.push_back("LOCAL_RANK=" + std::to_string(local));

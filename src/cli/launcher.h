@@ -41,6 +41,9 @@ struct LaunchPlan {
   int nproc_per_node = 1;
   comm::Endpoint rendezvous;
   bool host_store = false;  // this process hosts the TCPStore
+  // Extra variables for the workers' environment, added unless the launcher's own environment
+  // already sets them (the user's choice wins).
+  std::map<std::string, std::string> worker_env;
 };
 
 // Decides the role from the flags, the job's parallel.workers and the environment. Pure;

@@ -45,6 +45,11 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
                      dir.string(), "' does not exist");
     }
     cli::LaunchPlan p = plan;
+    // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
+    // per core by default) would make W workers on few cores fight for them. It reads its
+    // limit from the environment once, at load, so the launcher sets it for the workers.
+    const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
+    p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
     std::unique_ptr<comm::StoreServer> server;
     const auto timeout = std::chrono::milliseconds(
         static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));

@@ -87,8 +87,9 @@ std::vector<KeySpec> build_registry() {
       float_key("train.optimizer.weight_decay", "0",
                 "Weight decay: an L2 penalty for `sgd` and `adam`, decoupled for `adamw`.", 0),
       string_key("train.lr_schedule", "constant",
-                 "Learning-rate schedule: `constant`, `cosine` (decays to 0 at the last step) "
-                 "or `linear` (likewise, in a straight line); see `train.warmup_steps`.",
+                 "Learning-rate schedule: `constant`, `cosine` (half a cosine from the rate towards "
+                 "0, reached just after the last step) or `linear` (likewise, in a straight "
+                 "line); see `train.warmup_steps`.",
                  {"constant", "cosine", "linear"}),
       int_key("train.warmup_steps", "0",
               "Steps over which the learning rate ramps up linearly to `train.optimizer.lr` "
@@ -98,7 +99,10 @@ std::vector<KeySpec> build_registry() {
               "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
       int_key("train.grad_accum", "1",
               "Batches whose gradients are accumulated before each optimizer step.", 1),
-      int_key("train.threads_per_worker", "1", "CPU threads each worker's tensor ops may use.", 1),
+      int_key("train.threads_per_worker", "1", "CPU threads each worker's tensor ops may use (LibTorch's intra-op pool; krab's "
+              "launcher also sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to it unless they "
+              "are set).",
+              1),
       int_key("train.log_every", "0",
               "Print a log line every N steps; 0 shows only the progress bar.", 0),
 

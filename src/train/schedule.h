@@ -2,7 +2,8 @@
 // its global step) sets exactly the rate the uninterrupted run would have set.
 //
 //   constant: lr at every step.
-//   cosine:   lr * 0.5 * (1 + cos(pi * t / T)) after warm-up, decaying to 0 at the last step;
+//   cosine:   lr * 0.5 * (1 + cos(pi * t / T)) after warm-up; 0 would be step T, one past the
+//             last (as PyTorch's CosineAnnealingLR with T_max = T);
 //             t counts steps after warm-up, T the steps after warm-up.
 //   linear:   lr * (1 - t / T) after warm-up.
 // Warm-up (warmup_steps > 0) ramps linearly from lr / warmup_steps at step 0 to lr at step

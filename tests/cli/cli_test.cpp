@@ -316,6 +316,19 @@ comm: {timeout_s: 10}
   }
   ASSERT_EQ(workers.size(), 3u);
   std::this_thread::sleep_for(std::chrono::seconds(4));  // let training start
+  // Workers (exec'd by now) see torchrun's variables and an OpenBLAS pool limited to their
+  // thread budget.
+  for (size_t i = 0; i < workers.size(); ++i) {
+    std::string env = krab::core::read_file("/proc/" + std::to_string(workers[i]) + "/environ");
+    for (char& c : env)
+      if (c == '\0') c = '\n';
+    env = "\n" + env;
+    for (const std::string& want :
+         {"\nRANK=" + std::to_string(i) + "\n", "\nLOCAL_RANK=" + std::to_string(i) + "\n",
+          std::string("\nWORLD_SIZE=3\n"), std::string("\nLOCAL_WORLD_SIZE=3\n"),
+          std::string("\nOPENBLAS_NUM_THREADS=1\n")})
+      EXPECT_NE(env.find(want), std::string::npos) << "worker " << i << " lacks " << want;
+  }
   // Children are listed in spawn order: index 1 is rank 1.
   ::kill(workers[1], SIGKILL);
   int status = 0;

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <atomic>
+#include <mutex>
 #include <thread>
 
 #include "comm/factory.h"
@@ -36,8 +37,14 @@ class CountingHook : public CommHook {
   std::atomic<bool>* backward_done_;
 };
 
-std::shared_ptr<models::Model> make_mlp(int64_t in, int64_t hidden, int64_t classes) {
-  torch::manual_seed(7);
+// Ranks are threads, and initial weights come from torch's one global generator: seeding and
+// drawing must happen under one lock, or two ranks' models interleave their draws.
+std::mutex g_init_mu;
+
+std::shared_ptr<models::Model> make_mlp(int64_t in, int64_t hidden, int64_t classes,
+                                        uint64_t seed = 7) {
+  std::lock_guard<std::mutex> lock(g_init_mu);
+  torch::manual_seed(seed);
   models::ModelSpec s;
   s.name = "mlp";
   s.input_shape = {in};
@@ -99,13 +106,7 @@ TEST_P(DataParallelTest, GradientsAreTheAverageOfEveryRanksGradient) {
   const auto expect = reference_grads(W, n, in, hidden, classes);
   run_ranks(W, [&](int r, comm::Communicator& c) {
     // Every rank starts from different weights; the broadcast must make them rank 0's.
-    torch::manual_seed(7 + r);
-    models::ModelSpec s;
-    s.name = "mlp";
-    s.input_shape = {in};
-    s.hidden = hidden;
-    s.num_classes = classes;
-    auto model = models::make_model(s);
+    auto model = make_mlp(in, hidden, classes, 7 + r);
     if (r == 0) {
       auto ref = make_mlp(in, hidden, classes);
       torch::NoGradGuard g;
@@ -187,8 +188,10 @@ TEST(DataParallel, UnusedParameterContributesZeros) {
     torch::nn::Linear a{nullptr}, b{nullptr};
   };
   run_ranks(2, [](int r, comm::Communicator& c) {
+    std::unique_lock<std::mutex> lock(g_init_mu);
     torch::manual_seed(3);
     TwoHeads m;
+    lock.unlock();
     DataParallel dp(m, c, {0.0});
     auto x = torch::ones({3, 4}) * (r + 1);
     m.a->forward(x).sum().backward();
