@@ -12,10 +12,10 @@ Run from the repository root, with Debian's python (the one that has torch):
   /usr/bin/python3 bench/throughput.py                      # 300 steps, 2 repeats
   /usr/bin/python3 bench/throughput.py --steps 20 --repeats 1   # quick check
 Options: --workers 1,2  --krab build/bin/krab  --json FILE (all runs, raw)
-  --openblas-threads N: export OPENBLAS_NUM_THREADS=N to both krab and DDP. Neither krab's
-  train.threads_per_worker nor torch.set_num_threads limits Debian's pthread OpenBLAS, which
-  otherwise keeps one extra (spinning) thread per process on this 2-core machine; by default
-  both sides run in the caller's environment, as users would run them.
+  --openblas-threads N: export OPENBLAS_NUM_THREADS=N to both krab and DDP (default 1, what
+  krab's launcher sets for train.threads_per_worker: 1; torch.set_num_threads does not limit
+  Debian's pthread OpenBLAS, which otherwise keeps one extra, spinning thread per process).
+  0 leaves the caller's environment as it is.
 It copies the krab binary to a temporary directory first, so a rebuild during the benchmark
 does not swap it mid-run. Exit status 1 if any run fails. Nothing is downloaded; everything runs
 on 127.0.0.1.
@@ -113,14 +113,16 @@ def main():
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json", help="write every run's numbers to this file")
     p.add_argument("--openblas-threads", type=int,
-                   help="set OPENBLAS_NUM_THREADS for both krab and DDP (default: inherit)")
+                   default=1,
+                   help="set OPENBLAS_NUM_THREADS for both krab and DDP (default 1, as krab's "
+                        "launcher does; 0 = inherit)")
     args = p.parse_args()
     worker_counts = [int(w) for w in args.workers.split(",")]
     if not os.access(args.krab, os.X_OK):
         sys.exit(f"throughput: {args.krab} is not an executable; build krab first")
 
     env = dict(os.environ)
-    if args.openblas_threads is not None:
+    if args.openblas_threads:
         env["OPENBLAS_NUM_THREADS"] = str(args.openblas_threads)
     runs = []
     with tempfile.TemporaryDirectory(prefix="krab-bench-") as tmp:
