@@ -21,66 +21,40 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(REPO, "bench", "ddp_peer.py")
+from common import REPO, krab_warmup, run_ddp as run_peer, run_krab as run_krab_job
+
 JOB = os.path.join(REPO, "examples", "fashion_cnn.yaml")
-PYTHON = "/usr/bin/python3"
 
 SETTINGS = {
     "adam-cosine": {"krab": [],  # the job file's own optimizer and schedule
                     "ddp": ["--optimizer", "adam", "--lr", "0.003", "--cosine"]},
-    "sgd-constant": {"krab": ["--set", "train.optimizer.name=sgd",
-                              "--set", "train.optimizer.lr=0.05",
-                              "--set", "train.optimizer.momentum=0.9",
-                              "--set", "train.lr_schedule=constant"],
+    "sgd-constant": {"krab": ["train.optimizer.name=sgd", "train.optimizer.lr=0.05",
+                              "train.optimizer.momentum=0.9", "train.lr_schedule=constant"],
                      "ddp": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]},
 }
 
 
-def fail(cmd, proc):
-    sys.stderr.write(f"accuracy: {' '.join(cmd)} failed with exit status {proc.returncode}\n")
-    sys.stderr.write("--- stdout (tail) ---\n" + proc.stdout[-3000:] + "\n")
-    sys.stderr.write("--- stderr (tail) ---\n" + proc.stderr[-3000:] + "\n")
-    sys.exit(1)
-
-
 def run_krab(krab, tmp, name, args):
-    report = os.path.join(tmp, f"krab-{name}.json")
-    cmd = [krab, "train", JOB, "--set", f"parallel.workers={args.workers}",
-           "--set", f"train.epochs={args.epochs}", "--set", "train.threads_per_worker=1",
-           "--set", f"checkpoint.dir={os.path.join(tmp, 'ckpt-' + name)}",
-           "--report", report] + SETTINGS[name]["krab"]
+    sets = [f"parallel.workers={args.workers}", f"train.epochs={args.epochs}",
+            "train.threads_per_worker=1", f"checkpoint.dir={os.path.join(tmp, 'ckpt-' + name)}"]
+    sets += SETTINGS[name]["krab"]
     if args.steps > 0:
-        cmd += ["--set", f"train.steps={args.steps}"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0 or not os.path.exists(report):
-        fail(cmd, proc)
-    with open(report) as f:
-        r = json.load(f)
+        sets.append(f"train.steps={args.steps}")
+    r, elapsed = run_krab_job("accuracy", krab, JOB, os.path.join(tmp, f"krab-{name}.json"), sets)
     return {"test_accuracy": r["test_accuracy"], "final_loss": r["final_loss"],
             "samples_per_sec": r["samples_per_sec"], "steps": r["steps"],
             "process_seconds": elapsed}
 
 
 def run_ddp(name, args):
-    cmd = [PYTHON, PEER, "--workers", str(args.workers), "--epochs", str(args.epochs),
-           "--eval"] + SETTINGS[name]["ddp"]
+    peer_args = ["--workers", args.workers, "--epochs", args.epochs, "--eval"]
+    peer_args += SETTINGS[name]["ddp"]
     if args.steps > 0:
-        cmd += ["--steps", str(args.steps), "--warmup-steps", str(min(10, max(1, args.steps // 10)))]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    elapsed = time.perf_counter() - t0
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        fail(cmd, proc)
-    r = json.loads(lines[-1])
+        peer_args += ["--steps", args.steps, "--warmup-steps", krab_warmup(args.steps)]
+    r, elapsed = run_peer("accuracy", peer_args)
     return {"test_accuracy": r["test_accuracy"], "final_loss": r["final_loss"],
             "samples_per_sec": r["samples_per_sec"], "steps": r["steps"],
             "process_seconds": elapsed}

@@ -25,31 +25,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(REPO, "bench", "ddp_peer.py")
-PYTHON = "/usr/bin/python3"  # Debian's python3-torch; a pyenv python on PATH has no torch
-
-JOB = """\
-name: bench-throughput
-model: {name: cnn}
-data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist, batch_size: 64}
-train:
-  threads_per_worker: 1
-  seed: 0
-  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
-  lr_schedule: constant
-checkpoint: {dir: CKPT}
-"""
-
-
-def krab_warmup(steps):
-    """Steps krab leaves out of samples_per_sec (src/train/trainer.cpp)."""
-    return min(10, max(1, steps // 10))
+from common import REPO, krab_warmup, run_ddp as run_peer, run_krab as run_krab_job, write_cnn_job
 
 
 def machine_load():
@@ -67,40 +47,18 @@ def machine_load():
     return load, busy
 
 
-def fail(what, proc):
-    sys.stderr.write(f"throughput: {what} failed with exit status {proc.returncode}\n")
-    sys.stderr.write("--- stdout (tail) ---\n" + proc.stdout[-3000:] + "\n")
-    sys.stderr.write("--- stderr (tail) ---\n" + proc.stderr[-3000:] + "\n")
-    sys.exit(1)
-
-
 def run_krab(krab, tmp, workers, steps, tag, env):
-    job = os.path.join(tmp, "job.yaml")
-    report = os.path.join(tmp, f"krab-{tag}.json")
-    cmd = [krab, "train", job, "--set", f"parallel.workers={workers}",
-           "--set", f"train.steps={steps}", "--report", report]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - t0
-    if proc.returncode != 0 or not os.path.exists(report):
-        fail(" ".join(cmd), proc)
-    with open(report) as f:
-        r = json.load(f)
+    r, elapsed = run_krab_job("throughput", krab, os.path.join(tmp, "job.yaml"),
+                              os.path.join(tmp, f"krab-{tag}.json"),
+                              [f"parallel.workers={workers}", f"train.steps={steps}"], env)
     return {"samples_per_sec": r["samples_per_sec"], "final_loss": r["final_loss"],
             "wall_seconds": r["wall_seconds"], "process_seconds": elapsed}
 
 
 def run_ddp(workers, steps, env):
-    cmd = [PYTHON, PEER, "--workers", str(workers), "--steps", str(steps),
-           "--warmup-steps", str(krab_warmup(steps)),
-           "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - t0
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        fail(" ".join(cmd), proc)
-    r = json.loads(lines[-1])
+    r, elapsed = run_peer("throughput", ["--workers", workers, "--steps", steps,
+                                         "--warmup-steps", krab_warmup(steps), "--optimizer",
+                                         "sgd", "--lr", "0.05", "--momentum", "0.9"], env)
     return {"samples_per_sec": r["samples_per_sec"], "final_loss": r["final_loss"],
             "wall_seconds": r["wall_seconds"], "process_seconds": elapsed}
 
@@ -128,8 +86,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="krab-bench-") as tmp:
         krab = os.path.join(tmp, "krab")
         shutil.copy2(args.krab, krab)  # a snapshot: the other build may replace build/bin/krab
-        with open(os.path.join(tmp, "job.yaml"), "w") as f:
-            f.write(JOB.replace("CKPT", os.path.join(tmp, "ckpt")))
+        write_cnn_job(os.path.join(tmp, "job.yaml"), "bench-throughput", os.path.join(tmp, "ckpt"))
         print(f"throughput: {args.steps} steps, batch 64 per worker, 1 thread per worker, "
               f"SGD lr 0.05 momentum 0.9, workers {worker_counts}, {args.repeats} repeat(s); "
               f"{os.cpu_count()} CPUs, OPENBLAS_NUM_THREADS="

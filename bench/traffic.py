@@ -31,24 +31,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(REPO, "bench", "ddp_peer.py")
-PYTHON = "/usr/bin/python3"
-TOLERANCE = 0.05
+from common import REPO, krab_warmup, run_ddp, run_krab, write_cnn_job
 
-JOB = """\
-name: bench-traffic
-model: {name: cnn}
-data: {name: fashion-mnist, path: /usr/share/datasets/fashion-mnist, batch_size: 64}
-train:
-  threads_per_worker: 1
-  optimizer: {name: sgd, lr: 0.05, momentum: 0.9}
-checkpoint: {dir: CKPT}
-"""
+TOLERANCE = 0.05
 
 
 def loopback_tx_bytes():
@@ -58,13 +46,6 @@ def loopback_tx_bytes():
             if name.strip() == "lo":
                 return int(rest.split()[8])  # fields: 8 receive counters, then transmit bytes
     raise RuntimeError("no loopback interface in /proc/net/dev")
-
-
-def fail(cmd, proc):
-    sys.stderr.write(f"traffic: {' '.join(cmd)} failed with exit status {proc.returncode}\n")
-    sys.stderr.write("--- stdout (tail) ---\n" + proc.stdout[-3000:] + "\n")
-    sys.stderr.write("--- stderr (tail) ---\n" + proc.stderr[-3000:] + "\n")
-    sys.exit(1)
 
 
 def main():
@@ -82,20 +63,13 @@ def main():
     with tempfile.TemporaryDirectory(prefix="krab-bench-") as tmp:
         krab = os.path.join(tmp, "krab")
         shutil.copy2(args.krab, krab)  # a snapshot: the other build may replace build/bin/krab
-        job = os.path.join(tmp, "job.yaml")
-        with open(job, "w") as f:
-            f.write(JOB.replace("CKPT", os.path.join(tmp, "ckpt")))
+        job = write_cnn_job(os.path.join(tmp, "job.yaml"), "bench-traffic",
+                            os.path.join(tmp, "ckpt"))
         for w in [int(x) for x in args.workers.split(",")]:
-            report = os.path.join(tmp, f"krab-{w}.json")
-            cmd = [krab, "train", job, "--set", f"parallel.workers={w}",
-                   "--set", f"train.steps={args.steps}", "--report", report]
             lo0 = loopback_tx_bytes()
-            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+            r, _ = run_krab("traffic", krab, job, os.path.join(tmp, f"krab-{w}.json"),
+                            [f"parallel.workers={w}", f"train.steps={args.steps}"])
             lo_krab = loopback_tx_bytes() - lo0
-            if proc.returncode != 0 or not os.path.exists(report):
-                fail(cmd, proc)
-            with open(report) as f:
-                r = json.load(f)
             grad = r["gradient_bytes"]
             steps = r["steps"]
             per_step = r["bytes_sent_by_op"]["allreduce"] / steps
@@ -109,13 +83,10 @@ def main():
                    "krab_bytes_sent": r["bytes_sent"], "krab_loopback_bytes": lo_krab,
                    "wire_model": wire_model, "krab_loopback_ratio": lo_krab / wire_model}
             if not args.no_ddp:
-                dcmd = [PYTHON, PEER, "--workers", str(w), "--steps", str(args.steps),
-                        "--warmup-steps", str(min(10, max(1, args.steps // 10)))]
                 lo0 = loopback_tx_bytes()
-                dproc = subprocess.run(dcmd, cwd=REPO, capture_output=True, text=True)
+                run_ddp("traffic", ["--workers", w, "--steps", args.steps,
+                                    "--warmup-steps", krab_warmup(args.steps)])
                 lo_ddp = loopback_tx_bytes() - lo0
-                if dproc.returncode != 0:
-                    fail(dcmd, dproc)
                 row.update({"ddp_loopback_bytes": lo_ddp, "ddp_loopback_ratio": lo_ddp / wire_model})
             rows.append(row)
             ddp_part = (f", DDP {row['ddp_loopback_ratio']:.3f}" if not args.no_ddp else "")
