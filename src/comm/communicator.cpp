@@ -7,6 +7,7 @@ const char* op_name(OpKind op) {
     case OpKind::kAllreduce: return "allreduce";
     case OpKind::kAllgather: return "allgather";
     case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAlltoall: return "alltoall";
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";

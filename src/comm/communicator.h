@@ -45,6 +45,7 @@ enum class OpKind : int {
   kAllreduce = 0,
   kAllgather,
   kReduceScatter,
+  kAlltoall,
   kBroadcast,
   kSend,
   kRecv,
@@ -104,6 +105,11 @@ class Communicator {
   // result in rank r's `output`.
   virtual WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output,
                                  ReduceOp op = ReduceOp::kSum) = 0;
+
+  // `input` is size() equal chunks; chunk j goes to rank j, which receives it as chunk r (r =
+  // this rank) of its `output` (same numel and dtype as `input`, must not overlap it). Any
+  // dtype: compressors move encoded bytes with it.
+  virtual WorkPtr alltoall(const at::Tensor& input, at::Tensor& output) = 0;
 
   // Copies root's `tensor` into every other rank's `tensor`.
   virtual WorkPtr broadcast(at::Tensor& tensor, int root) = 0;

@@ -148,6 +148,26 @@ void check_reduce_scatter(Communicator& c) {
   }
 }
 
+void check_alltoall(Communicator& c) {
+  const int W = c.size(), r = c.rank();
+  for (auto dtype : {at::kFloat, at::kLong, at::kByte}) {
+    for (int64_t n : {0, 1, 7, 100}) {
+      // Chunk j of rank q's input holds q * 10 + j (+ the element index): rank r must receive
+      // chunk r of every rank q as its chunk q.
+      auto base = torch::arange(n, torch::kLong);
+      std::vector<at::Tensor> mine, expected;
+      for (int j = 0; j < W; ++j) {
+        mine.push_back(base + r * 10 + j);
+        expected.push_back(base + j * 10 + r);
+      }
+      auto in = torch::cat(mine).to(dtype);
+      auto out = torch::full({W * n}, 7, dtype);
+      c.alltoall(in, out)->wait();
+      expect_same(out, torch::cat(expected), str_cat("rank ", r, ": alltoall ", dtype, "[", n, "]"));
+    }
+  }
+}
+
 void check_broadcast(Communicator& c) {
   const int W = c.size(), r = c.rank();
   for (int root = 0; root < W; ++root) {
@@ -275,6 +295,14 @@ void check_traffic(Communicator& c) {
       << "rank " << r << ": reduce_scatter counts (W-1)/W*N";
 
   before = after;
+  auto scattered = torch::empty({W * 1000});
+  c.alltoall(all, scattered)->wait();
+  after = c.traffic();
+  EXPECT_EQ(sent(after, OpKind::kAlltoall) - sent(before, OpKind::kAlltoall),
+            (w - 1) * piece.nbytes())
+      << "rank " << r << ": alltoall counts (W-1)/W*N";
+
+  before = after;
   c.broadcast(t, 0)->wait();
   after = c.traffic();
   EXPECT_EQ(sent(after, OpKind::kBroadcast) - sent(before, OpKind::kBroadcast),
@@ -315,6 +343,12 @@ void check_invalid_arguments(Communicator& c) {
   auto rs_out = torch::empty({4});
   EXPECT_THROW(c.reduce_scatter(rs_in, rs_out), InvalidArgument) << "reduce_scatter input numel";
 
+  auto a2a_in = torch::ones({W * 4 + 1});
+  auto a2a_out = torch::empty({W * 4 + 1});
+  if (W > 1) EXPECT_THROW(c.alltoall(a2a_in, a2a_out), InvalidArgument) << "alltoall numel % W";
+  auto a2a_short = torch::empty({W * 4});
+  EXPECT_THROW(c.alltoall(too_big, a2a_short), InvalidArgument) << "alltoall output numel";
+
   EXPECT_THROW(c.broadcast(in, -1), InvalidArgument) << "broadcast root -1";
   EXPECT_THROW(c.broadcast(in, W), InvalidArgument) << "broadcast root " << W;
   EXPECT_THROW(c.send(in, W, 0), InvalidArgument) << "send to rank " << W;
@@ -350,6 +384,7 @@ void run_collective_suite(Communicator& comm) {
   check_allreduce(comm);
   check_allgather(comm);
   check_reduce_scatter(comm);
+  check_alltoall(comm);
   check_broadcast(comm);
   check_send_recv(comm);
   check_barrier(comm);

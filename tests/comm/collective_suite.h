@@ -12,6 +12,7 @@
 //                   signs alternate by element, so max and min are won by different ranks
 //   allgather       counts {0, 1, 7, 1000}, float32 and int64, plus 2-D
 //   reduce_scatter  sum (float32, int64), max (float32), avg (float64), counts {0, 1, 7, 1000}
+//   alltoall        float32, int64, uint8, chunk sizes {0, 1, 7, 100}
 //   broadcast       from every root, float32 and int64
 //   send / recv     a ring rank -> rank+1 with two tags, received in the opposite order
 //   barrier         a few, with is_completed() after wait()
@@ -19,7 +20,7 @@
 //                   a negative color (that rank gets nullptr)
 //   traffic         bytes and op counts grow as the model both backends document:
 //                   allreduce 2(W-1)/W·N (rounded down), allgather (W-1)·n, reduce_scatter
-//                   (W-1)·output bytes, broadcast (W-1)·N at the root and 0 elsewhere, send N,
+//                   (W-1)·output bytes, alltoall (W-1)/W·N, broadcast (W-1)·N at the root and 0 elsewhere, send N,
 //                   recv 0
 //   arguments       non-contiguous tensors, wrong output sizes, mismatched dtypes, ranks out of
 //                   range and kAvg on integers throw krab::InvalidArgument before any traffic,

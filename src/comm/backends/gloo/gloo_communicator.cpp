@@ -283,6 +283,30 @@ WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& ou
                                     monitor_, finish);
 }
 
+WorkPtr GlooCommunicator::alltoall(const at::Tensor& input, at::Tensor& output) {
+  check_tensor(input, "alltoall input");
+  check_tensor(output, "alltoall output");
+  KRAB_CHECK_ARG(output.numel() == input.numel(), "alltoall output must have ", input.numel(),
+                 " elements like the input, got ", output.numel());
+  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
+                 "alltoall output dtype must match the input's");
+  KRAB_CHECK_ARG(input.numel() % size_ == 0, "alltoall input has ", input.numel(),
+                 " elements, not a multiple of the group size ", size_);
+  const int64_t seq = begin(OpKind::kAlltoall, &input);
+  count(OpKind::kAlltoall, static_cast<uint64_t>(size_ - 1) * input.nbytes() / size_);
+  if (input.numel() == 0) return std::make_shared<DoneWork>();
+  at::Tensor out = output.view({-1});
+  at::Tensor in = input.view({-1});
+  if (size_ == 1) {
+    out.copy_(in);
+    return std::make_shared<DoneWork>();
+  }
+  std::vector<int64_t> splits;  // empty: equal chunks
+  auto w = pg_->alltoall_base(out, in, splits, splits);
+  return std::make_shared<GlooWork>(w, OpKind::kAlltoall, seq, rank_, options_.timeout, monitor_,
+                                    nullptr);
+}
+
 WorkPtr GlooCommunicator::broadcast(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast tensor");
   KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..", size_ - 1);

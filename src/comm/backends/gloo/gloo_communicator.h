@@ -6,6 +6,7 @@
 //   allgather       ring: (W-1) · n, n = one rank's input bytes
 //   reduce_scatter  Gloo has no reduce-scatter; krab runs an all-to-all of the W chunks and
 //                   sums locally, which is the optimal (W-1)/W · N
+//   alltoall        (W-1)/W · N: every chunk but one's own
 //   broadcast       counted at the root as (W-1) · N: what any spanning tree moves in total,
 //                   so the sum over ranks is exact whatever tree Gloo picks
 //   send            N; recv 0 (counted at the sender); barrier 0
@@ -45,6 +46,7 @@ class GlooCommunicator : public Communicator {
   WorkPtr allreduce(at::Tensor& tensor, ReduceOp op) override;
   WorkPtr allgather(const at::Tensor& input, at::Tensor& output) override;
   WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
+  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output) override;
   WorkPtr broadcast(at::Tensor& tensor, int root) override;
   WorkPtr send(const at::Tensor& tensor, int dst, int tag) override;
   WorkPtr recv(at::Tensor& tensor, int src, int tag) override;

@@ -381,6 +381,33 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& out
       std::move(finish));
 }
 
+WorkPtr MpiCommunicator::alltoall(const at::Tensor& input, at::Tensor& output) {
+  check_tensor(input, "alltoall input");
+  check_tensor(output, "alltoall output");
+  KRAB_CHECK_ARG(output.numel() == input.numel(), "alltoall output must have ", input.numel(),
+                 " elements like the input, got ", output.numel());
+  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
+                 "alltoall output dtype must match the input's");
+  KRAB_CHECK_ARG(input.numel() % size_ == 0, "alltoall input has ", input.numel(),
+                 " elements, not a multiple of the group size ", size_);
+  KRAB_CHECK_ARG(!overlaps(input, output), "alltoall input and output must not overlap");
+  const MPI_Datatype type = element_type(input, "alltoall input");
+  const int64_t seq = begin(OpKind::kAlltoall, &input);
+  count(OpKind::kAlltoall, static_cast<uint64_t>(size_ - 1) * input.nbytes() / size_);
+  if (input.numel() == 0) return std::make_shared<DoneWork>();
+  if (size_ == 1) {
+    output.view({-1}).copy_(input.view({-1}));
+    return std::make_shared<DoneWork>();
+  }
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  const int n = static_cast<int>(input.numel() / size_);
+  const MPI_Comm comm = group_->comm;
+  return start(group_, str_cat("alltoall #", seq, " on rank ", rank_), kCollectiveHint,
+               options_.timeout, {input, output},
+               [&](MPI_Request* r) { return MPI_Ialltoall(in, n, type, out, n, type, comm, r); });
+}
+
 WorkPtr MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast tensor");
   KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..", size_ - 1);

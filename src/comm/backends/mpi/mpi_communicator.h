@@ -5,7 +5,7 @@
 // MPI_COMM_WORLD, duplicated so krab's traffic never matches the application's own messages.
 //
 // Every op is asynchronous: it starts one MPI-3 nonblocking call (MPI_Iallreduce,
-// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ibcast, MPI_Isend/MPI_Irecv, MPI_Ibarrier)
+// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast, MPI_Isend/MPI_Irecv, MPI_Ibarrier)
 // and returns a Work whose wait() polls MPI_Test until the op completes or Options::timeout
 // has passed since wait() was first called. MPI makes progress only inside MPI calls, so an op
 // advances while somebody waits on it, tests it (is_completed()), or starts another op; there
@@ -18,6 +18,7 @@
 //   allreduce       ring (reduce-scatter then all-gather): 2 (W-1)/W · N, rounded down
 //   allgather       ring: (W-1) · n, n = one rank's input bytes
 //   reduce_scatter  ring: (W-1)/W · N = (W-1) · output bytes
+//   alltoall        (W-1)/W · N: every chunk but one's own
 //   broadcast       counted at the root as (W-1) · N, 0 elsewhere: what any spanning tree moves
 //                   in total, so the sum over ranks is exact whatever tree MPI picks
 //   send            N; recv 0 (counted at the sender, op count still 1); barrier 0
@@ -97,6 +98,7 @@ class MpiCommunicator : public Communicator {
   WorkPtr allreduce(at::Tensor& tensor, ReduceOp op) override;
   WorkPtr allgather(const at::Tensor& input, at::Tensor& output) override;
   WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
+  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output) override;
   WorkPtr broadcast(at::Tensor& tensor, int root) override;
   WorkPtr send(const at::Tensor& tensor, int dst, int tag) override;
   WorkPtr recv(at::Tensor& tensor, int src, int tag) override;
