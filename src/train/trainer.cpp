@@ -207,6 +207,13 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   Clock::time_point t_warm = Clock::now();
   std::string last_checkpoint;
 
+  // Periodic evaluations, for time-to-accuracy: seconds count training only (from the first
+  // step, evaluation time excluded).
+  nlohmann::json evals = nlohmann::json::array();
+  const Clock::time_point t_loop = Clock::now();
+  double eval_secs = 0;
+  const uint64_t setup_bytes = comm->traffic().total_bytes_sent();  // initial broadcast etc.
+
   model->train();
   for (int64_t step = start_step; step < steps; ++step) {
     if (step == start_step + warmup) t_warm = Clock::now();
@@ -233,9 +240,13 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
                                       expect.global_batch, seed}, *model, *optimizer),
           done, keep);
     if (eval_every > 0 && done % eval_every == 0 && done < steps && d.test) {
+      const auto t_eval = Clock::now();
+      const double trained = std::chrono::duration<double>(t_eval - t_loop).count() - eval_secs;
       model->eval();
       const double acc = evaluate(*model, *d.test, *comm);
       model->train();
+      eval_secs += std::chrono::duration<double>(Clock::now() - t_eval).count();
+      evals.push_back({{"step", done}, {"seconds", trained}, {"test_accuracy", acc}});
       if (rank == 0) std::fprintf(stderr, "\nkrab: step %lld test accuracy %.4f\n",
                                   static_cast<long long>(done), acc);
     }
@@ -260,16 +271,18 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
   const comm::TrafficStats traffic = comm->traffic();
+  const double trained_secs = std::chrono::duration<double>(t_end - t_loop).count() - eval_secs;
   double accuracy = -1;
   if (d.test) {
     model->eval();
     accuracy = evaluate(*model, *d.test, *comm);
   }
-  auto totals = torch::zeros({2 + static_cast<int>(comm::OpKind::kCount)}, torch::kFloat64);
+  constexpr int kOps = static_cast<int>(comm::OpKind::kCount);
+  auto totals = torch::zeros({3 + kOps}, torch::kFloat64);
   totals[0] = last_loss;
   totals[1] = static_cast<double>(traffic.total_bytes_sent());
-  for (int k = 0; k < static_cast<int>(comm::OpKind::kCount); ++k)
-    totals[2 + k] = static_cast<double>(traffic.bytes_sent[k]);
+  totals[2] = static_cast<double>(traffic.total_bytes_sent() - setup_bytes);
+  for (int k = 0; k < kOps; ++k) totals[3 + k] = static_cast<double>(traffic.bytes_sent[k]);
   comm->allreduce(totals)->wait();
 
   nlohmann::json report;
@@ -291,12 +304,18 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
     report["samples_per_sec"] = samples_per_sec;
     report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
     report["final_loss"] = totals[0].item<double>() / W;
-    if (accuracy >= 0) report["test_accuracy"] = accuracy;
+    if (accuracy >= 0) {
+      report["test_accuracy"] = accuracy;
+      evals.push_back({{"step", steps}, {"seconds", trained_secs}, {"test_accuracy", accuracy}});
+    }
+    report["train_seconds"] = trained_secs;
+    report["evals"] = evals;
     report["bytes_sent"] = static_cast<uint64_t>(totals[1].item<double>());
+    report["bytes_sent_steps"] = static_cast<uint64_t>(totals[2].item<double>());
     nlohmann::json per_op;
-    for (int k = 0; k < static_cast<int>(comm::OpKind::kCount); ++k)
+    for (int k = 0; k < kOps; ++k)
       per_op[comm::op_name(static_cast<comm::OpKind>(k))] =
-          static_cast<uint64_t>(totals[2 + k].item<double>());
+          static_cast<uint64_t>(totals[3 + k].item<double>());
     report["bytes_sent_by_op"] = per_op;
     report["gradient_bytes"] = static_cast<uint64_t>(models::parameter_count(*model) * 4);
     report["buckets"] = dp.plan().buckets.size();
