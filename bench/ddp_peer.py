@@ -10,6 +10,18 @@ Run from the repository root with Debian's python (the only one with torch here)
   /usr/bin/python3 bench/ddp_peer.py --workers 2 --steps 300
   /usr/bin/python3 bench/ddp_peer.py --workers 4 --epochs 2 --optimizer adam --lr 0.003 --cosine --eval
 
+Multi-host mode (bench/slow_network.py uses it, one process per network namespace): with --rank
+the script runs ONE rank itself instead of spawning --workers local ones, joins the rendezvous at
+--master-addr:--master-port (hosted by rank 0) and binds Gloo to --iface (GLOO_SOCKET_IFNAME);
+rank 0 prints the JSON line:
+  /usr/bin/python3 bench/ddp_peer.py --rank R --world-size 4 --master-addr 10.0.0.1 \
+      --master-port 29600 --iface eth0 --epochs 2 --eval-every 20
+--eval-every N evaluates on the test split every N steps and after the last step (as krab's
+train.eval_every) and adds to the JSON `evals` = [{"step", "seconds", "test_accuracy"}], where
+seconds are training seconds on rank 0 since the start of step 0 with evaluation time left out
+(krab's report field of the same name), and `train_seconds` (the same at the last step);
+evaluation time is also left out of samples_per_sec.
+
 Kept identical to krab on purpose:
   - model: conv1 Conv2d(1,32,3,p=1) -> relu -> maxpool2 -> conv2 Conv2d(32,64,3,p=1) -> relu ->
     maxpool2 -> fc1 Linear(3136,128) -> relu -> fc2 Linear(128,10); cross-entropy loss;
@@ -32,6 +44,7 @@ Kept identical to krab on purpose:
 Nothing is downloaded.
 """
 import argparse
+import datetime
 import gzip
 import json
 import math
@@ -165,12 +178,33 @@ class Cnn(nn.Module):
 
 # --- one worker -----------------------------------------------------------------------------------
 
+def evaluate(model, test_x, test_y, rank, W):
+    """Test accuracy on the whole test split, sharded over the W ranks (a collective)."""
+    model.eval()
+    n = test_x.size(0)
+    lo, hi = n * rank // W, n * (rank + 1) // W
+    correct = 0
+    with torch.no_grad():
+        for i in range(lo, hi, 512):
+            logits = model(test_x[i:min(i + 512, hi)])
+            correct += int((logits.argmax(1) == test_y[i:min(i + 512, hi)]).sum())
+    counts = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
+    dist.all_reduce(counts)
+    model.train()
+    return counts[0].item() / counts[1].item()
+
+
 def worker(rank, args, port, queue):
     t_start = time.perf_counter()
     torch.set_num_threads(1)
     W = args.workers
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=W)
+    if args.rank < 0:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=W)
+    else:  # multi-host mode: one rank, rendezvous at rank 0's address
+        dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}",
+                                rank=rank, world_size=W,
+                                timeout=datetime.timedelta(seconds=args.timeout_s))
     train_x, train_y = load_split("train")
     test_x, test_y = load_split("t10k")
 
@@ -193,11 +227,16 @@ def worker(rank, args, port, queue):
     perms = [torch.tensor(krab_permutation(train_x.size(0), args.seed, e))
              for e in range((steps - 1) // steps_per_epoch + 1)]
     last_loss = 0.0
+    evals = []
+    eval_seconds = 0.0       # time spent evaluating, left out of the training time
+    eval_seconds_warm = 0.0  # the part of it after the warm-up (left out of samples/s)
     t_warm = time.perf_counter()
+    t_train = t_warm
     ddp.train()
     for step in range(steps):
         if step == warmup:
             t_warm = time.perf_counter()
+            eval_seconds_warm = 0.0
         perm = perms[step // steps_per_epoch]
         begin = (step % steps_per_epoch) * G + rank * b
         idx = perm[begin:begin + b]
@@ -214,23 +253,30 @@ def worker(rank, args, port, queue):
         last_loss = loss.item()
         if rank == 0 and args.log_every > 0 and (step + 1) % args.log_every == 0:
             print(f"ddp_peer: step {step + 1} loss {last_loss:.5f}", file=sys.stderr, flush=True)
+        if args.eval_every > 0 and ((step + 1) % args.eval_every == 0 or step + 1 == steps):
+            t_eval = time.perf_counter()
+            seconds = t_eval - t_train - eval_seconds
+            accuracy = evaluate(model, test_x, test_y, rank, W)
+            evals.append({"step": step + 1, "seconds": seconds, "test_accuracy": accuracy})
+            if rank == 0 and args.log_every > 0:
+                print(f"ddp_peer: step {step + 1} test accuracy {accuracy:.4f} "
+                      f"({seconds:.1f} training seconds)", file=sys.stderr, flush=True)
+            spent = time.perf_counter() - t_eval
+            eval_seconds += spent
+            if step >= warmup:
+                eval_seconds_warm += spent
     t_end = time.perf_counter()
     measured = steps - warmup
-    samples_per_sec = measured * G / (t_end - t_warm) if measured > 0 else 0.0
+    samples_per_sec = (measured * G / (t_end - t_warm - eval_seconds_warm)
+                       if measured > 0 else 0.0)
 
     result = {}
-    if args.eval:
-        model.eval()
-        n = test_x.size(0)
-        lo, hi = n * rank // W, n * (rank + 1) // W
-        correct = 0
-        with torch.no_grad():
-            for i in range(lo, hi, 512):
-                logits = model(test_x[i:min(i + 512, hi)])
-                correct += int((logits.argmax(1) == test_y[i:min(i + 512, hi)]).sum())
-        counts = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
-        dist.all_reduce(counts)
-        result["test_accuracy"] = counts[0].item() / counts[1].item()
+    if evals:
+        result["evals"] = evals
+        result["train_seconds"] = evals[-1]["seconds"]
+        result["test_accuracy"] = evals[-1]["test_accuracy"]  # the last step's evaluation
+    elif args.eval:
+        result["test_accuracy"] = evaluate(model, test_x, test_y, rank, W)
     loss_t = torch.tensor([last_loss], dtype=torch.float64)
     dist.all_reduce(loss_t)
     if rank == 0:
@@ -252,7 +298,10 @@ def worker(rank, args, port, queue):
             "final_loss": loss_t.item() / W,
             "wall_seconds": time.perf_counter() - t_start,
         })
-        queue.put(json.dumps(result))
+        if queue is not None:
+            queue.put(json.dumps(result))
+        else:  # multi-host mode: rank 0 prints the result itself
+            print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -278,11 +327,33 @@ def main():
     p.add_argument("--eval", action="store_true", help="report test_accuracy")
     p.add_argument("--log-every", type=int, default=0,
                    help="print rank 0's loss every N steps on stderr (as krab's train.log_every)")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="evaluate every N steps and after the last one; adds `evals` and "
+                        "`train_seconds` to the JSON (0 = off)")
+    multi = p.add_argument_group("multi-host mode (one rank per process; --workers is ignored)")
+    multi.add_argument("--rank", type=int, default=-1, help="this process's rank (enables the mode)")
+    multi.add_argument("--world-size", type=int, default=0)
+    multi.add_argument("--master-addr", help="rank 0's address (it hosts the rendezvous)")
+    multi.add_argument("--master-port", type=int, default=29500)
+    multi.add_argument("--iface", help="interface Gloo binds to (sets GLOO_SOCKET_IFNAME)")
+    multi.add_argument("--timeout-s", type=float, default=300,
+                       help="rendezvous and collective timeout in seconds")
     args = p.parse_args()
+    if args.rank >= 0:
+        if args.world_size < 1 or args.rank >= args.world_size or not args.master_addr:
+            p.error("multi-host mode needs --world-size > --rank >= 0 and --master-addr")
+        args.workers = args.world_size
     if args.workers < 1 or args.batch_size < 1 or (args.steps <= 0 and args.epochs <= 0):
         p.error("--workers, --batch-size and --steps or --epochs must be positive")
+    if args.eval_every < 0:
+        p.error("--eval-every must be >= 0")
 
     _self_test_mt()
+    if args.rank >= 0:
+        if args.iface:
+            os.environ["GLOO_SOCKET_IFNAME"] = args.iface
+        worker(args.rank, args, args.master_port, None)  # rank 0 prints the JSON line
+        return
     # Loopback only, for the rendezvous (init_method) and for Gloo's data connections.
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"
     # Deliberately no OMP_NUM_THREADS / OPENBLAS_NUM_THREADS here: the workers run in the
