@@ -24,7 +24,7 @@ test: build
 
 # Sanitizer builds of the unit and multi-rank tests (the e2e tests run the release binary):
 # ASan + UBSan over every layer, TSan over the comm and parallel layers (ranks as threads).
-SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test
+SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test compress_test
 asan: setup
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=address
 	cmake --build build-asan -j $(JOBS) --target $(SANITIZE_TARGETS)
@@ -32,7 +32,7 @@ asan: setup
 
 tsan: setup
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=thread
-	cmake --build build-tsan -j $(JOBS) --target comm_gloo_test parallel_test
+	cmake --build build-tsan -j $(JOBS) --target comm_gloo_test parallel_test compress_test
 	cd build-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/tests/tsan.supp" \
 	  ctest --output-on-failure --timeout 900 -L tsan
 

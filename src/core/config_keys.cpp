@@ -128,6 +128,36 @@ std::vector<KeySpec> build_registry() {
       string_key("comm.iface", "",
                  "Network interface (e.g. `eth0`) or local address Gloo binds to; empty picks "
                  "the address that routes to the rendezvous host."),
+      string_key("comm.compression", "none",
+                 "Gradient compression (see compress/hooks.h): `none` (fp32 all-reduce), "
+                 "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
+                 "`comm.chunk`), `onebit` (sign and scale per `comm.chunk`), `topk`, `randomk` "
+                 "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
+                 "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
+                 "`sync.mode: sync`.",
+                 {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd"}),
+      float_key("comm.ratio", "0.01",
+                "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
+      int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),
+      int_key("comm.chunk", "256",
+              "Values per fp32 scale for `int8` and `onebit` (traffic grows by 4 bytes per chunk).",
+              8),
+      bool_key("comm.error_feedback", "true",
+               "Add what compression left out to the next step's gradient (per worker, and per "
+               "averaged piece for the codecs)."),
+      int_key("comm.compress_warmup_steps", "0",
+              "Optimizer steps reduced in plain fp32 before compression starts.", 0),
+      int_key("comm.compress_min_numel", "1024",
+              "Parameters with fewer elements (biases, norms) are reduced uncompressed.", 0),
+      float_key("comm.momentum_correction", "0",
+                "`topk`/`randomk`: momentum factor applied inside the compressor before "
+                "selection, as in Deep Gradient Compression (0 = off); use it with "
+                "`train.optimizer.momentum: 0`.",
+                0, 0.999),
+      float_key("comm.clip_norm", "0",
+                "`topk`/`randomk`: clip each worker's gradient to this L2 norm before it is "
+                "accumulated (0 = off).",
+                0),
 
       string_key("checkpoint.dir", "runs/{name}",
                  "Directory for checkpoints and reports; `{name}` is replaced by the job name."),

@@ -1,5 +1,7 @@
 #include "parallel/buckets.h"
 
+#include "parallel/comm_hook.h"
+
 namespace krab::parallel {
 
 BucketPlan plan_buckets(const std::vector<int64_t>& numel, int64_t element_bytes,
@@ -25,6 +27,12 @@ BucketPlan plan_buckets(const std::vector<int64_t>& numel, int64_t element_bytes
     filled += bytes;
   }
   return plan;
+}
+
+int64_t ParamSlot::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 }  // namespace krab::parallel

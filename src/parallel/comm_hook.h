@@ -12,15 +12,27 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
 namespace krab::parallel {
 
+// Where one parameter's gradient lies in its bucket.
+struct ParamSlot {
+  int64_t offset = 0;          // in elements, from the start of the bucket
+  std::vector<int64_t> shape;  // the parameter's shape (numel = product)
+  int64_t numel() const;
+};
+using BucketLayout = std::vector<ParamSlot>;
+
 class CommHook {
  public:
   virtual ~CommHook() = default;
   virtual std::string name() const = 0;
+  // Called once by DataParallel before the first reduce(), with every bucket's layout (index =
+  // bucket_index), so hooks can treat parameters by shape (PowerSGD's matrices) or size.
+  virtual void setup(const std::vector<BucketLayout>& buckets) {}
   // `bucket_index` is stable across steps (hooks with per-bucket state, e.g. error feedback,
   // key on it). `step` counts optimizer steps from 0.
   virtual comm::WorkPtr reduce(comm::Communicator& comm, at::Tensor& bucket, int64_t bucket_index,

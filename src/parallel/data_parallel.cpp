@@ -27,6 +27,11 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
   ready_.assign(plan_.buckets.size(), 0);
   filled_.assign(params_.size(), 0);
   works_.resize(plan_.buckets.size());
+  std::vector<BucketLayout> layouts(plan_.buckets.size());
+  for (size_t b = 0; b < plan_.buckets.size(); ++b)
+    for (int64_t i : plan_.buckets[b])
+      layouts[b].push_back({plan_.offset_of[i], params_[i].sizes().vec()});
+  hook_->setup(layouts);
 
   if (options_.broadcast_initial_state) broadcast_state();
 

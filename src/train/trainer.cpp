@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "compress/hooks.h"
 #include "core/errors.h"
 #include "core/fs.h"
 #include "core/progress.h"
@@ -124,8 +125,34 @@ std::string run_directory(const core::Config& c) {
   return dir;
 }
 
+namespace {
+
+compress::CompressionOptions compression_options(const core::Config& c) {
+  compress::CompressionOptions o;
+  o.name = c.get_string("comm.compression");
+  o.ratio = c.get_float("comm.ratio");
+  o.rank = c.get_int("comm.rank");
+  o.chunk = c.get_int("comm.chunk");
+  o.error_feedback = c.get_bool("comm.error_feedback");
+  o.warmup_steps = c.get_int("comm.compress_warmup_steps");
+  o.min_numel = c.get_int("comm.compress_min_numel");
+  o.momentum = c.get_float("comm.momentum_correction");
+  o.clip_norm = c.get_float("comm.clip_norm");
+  o.seed = static_cast<uint64_t>(c.get_int("train.seed"));
+  compress::validate(o);
+  if (o.momentum > 0 && c.get_string("train.optimizer.name") == "sgd")
+    KRAB_CHECK_ARG(c.get_float("train.optimizer.momentum") == 0,
+                   "comm.momentum_correction ", o.momentum, " with train.optimizer.momentum ",
+                   c.get_float("train.optimizer.momentum"),
+                   " would apply momentum twice; set train.optimizer.momentum: 0");
+  return o;
+}
+
+}  // namespace
+
 void preflight(const core::Config& c, int workers) {
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
+  compression_options(c);
   auto d = load_data(c);
   const int64_t global = workers * c.get_int("data.batch_size");
   KRAB_CHECK_ARG(global <= d.train.size(), "data.batch_size ", c.get_int("data.batch_size"),
@@ -169,7 +196,8 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
 
   parallel::DataParallelOptions dpo;
   dpo.bucket_mb = c.get_float("parallel.bucket_mb");
-  parallel::DataParallel dp(*model, *comm, dpo);
+  parallel::DataParallel dp(*model, *comm, dpo,
+                            compress::make_compression_hook(compression_options(c)));
   auto optimizer = make_optimizer(c, *model);
 
   const std::string run_dir = run_directory(c);
@@ -319,6 +347,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
     report["bytes_sent_by_op"] = per_op;
     report["gradient_bytes"] = static_cast<uint64_t>(models::parameter_count(*model) * 4);
     report["buckets"] = dp.plan().buckets.size();
+    report["compression"] = dp.hook().name();
     report["checkpoint"] = model_pt;
     report["state"] = last_checkpoint;
     report["config"] = c.to_json();

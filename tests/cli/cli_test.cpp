@@ -253,6 +253,39 @@ TEST_F(Cli, BadInputIsRefusedWithExitTwo) {
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
+TEST_F(Cli, BadCompressionSettingsAreRefusedWithExitTwo) {
+  write("ok.yaml", kSmallJob);
+  expect_refused(run(krab("train ok.yaml --set comm.compression=zip")), 2, "comm.compression");
+  expect_refused(run(krab("train ok.yaml --set comm.compression=topk --set comm.ratio=0")), 2,
+                 "comm.ratio");
+  expect_refused(run(krab("train ok.yaml --set comm.compression=topk --set comm.ratio=1.5")), 2,
+                 "comm.ratio");
+  expect_refused(run(krab("train ok.yaml --set comm.compression=powersgd --set comm.rank=0")), 2,
+                 "comm.rank");
+  expect_refused(run(krab("train ok.yaml --set comm.compression=topk "
+                          "--set comm.momentum_correction=0.9")),
+                 2, "train.optimizer.momentum");
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+// Compressed training end to end: the report's meter shows the traffic the codec promises, and
+// the run still learns (its loss ends below the first steps' loss, like the plain run's).
+TEST_F(Cli, CompressedTrainingSendsLessAndLearns) {
+  write("job.yaml", kSmallJob);
+  const std::string common = " --set comm.compress_min_numel=0 --set train.steps=30";
+  ASSERT_EQ(run(krab("train job.yaml --report plain.json" + common)).code, 0);
+  auto r = run(krab("train job.yaml --report int8.json --set comm.compression=int8" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto plain = nlohmann::json::parse(krab::core::read_file((dir_ / "plain.json").string()));
+  const auto int8 = nlohmann::json::parse(krab::core::read_file((dir_ / "int8.json").string()));
+  EXPECT_EQ(int8["compression"], "int8");
+  const double ratio =
+      int8["bytes_sent_steps"].get<double>() / plain["bytes_sent_steps"].get<double>();
+  EXPECT_GT(ratio, 0.25);  // one byte per value plus scales ...
+  EXPECT_LT(ratio, 0.30);  // ... and padding of the small model's pieces to whole chunks
+  EXPECT_NEAR(int8["final_loss"].get<double>(), plain["final_loss"].get<double>(), 0.1);
+}
+
 TEST_F(Cli, CorruptDatasetFileIsNamed) {
   fs::create_directories(dir_ / "fm");
   for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",

@@ -11,6 +11,7 @@
 #include "comm/factory.h"
 #include "models/model.h"
 #include "parallel/data_parallel.h"
+#include "support/gloo_ranks.h"
 
 namespace krab::parallel {
 namespace {
@@ -63,20 +64,7 @@ std::pair<at::Tensor, at::Tensor> batch_of(int r, int64_t n, int64_t in, int64_t
 
 template <typename Fn>
 void run_ranks(int size, Fn fn) {
-  comm::StoreServer server("127.0.0.1", 0, 20s);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      comm::WorldInfo w;
-      w.rank = r;
-      w.size = size;
-      w.rendezvous = {"127.0.0.1", server.port()};
-      comm::Options o;
-      o.timeout = 20s;
-      auto c = comm::make_communicator("gloo", w, o);
-      fn(r, *c);
-    });
-  for (auto& t : threads) t.join();
+  testing::run_gloo_ranks(size, fn);
 }
 
 // The expectation: average over ranks of each rank's gradient on the rank-0 initial weights.

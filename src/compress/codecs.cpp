@@ -1,0 +1,141 @@
+#include "compress/codecs.h"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace krab::compress {
+
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+  Rng r(a);
+  uint64_t h = r.next();
+  for (uint64_t v : {b, c, d}) {
+    Rng s(h ^ (v * 0xD6E8FEB86659FD93ull));
+    h = s.next();
+  }
+  return h;
+}
+
+namespace {
+
+template <typename Half>
+class CastCodec : public Codec {
+ public:
+  explicit CastCodec(std::string name) : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  int64_t chunk() const override { return 1; }
+  int64_t encoded_bytes(int64_t n) const override { return 2 * n; }
+  bool unbiased() const override { return false; }
+  void encode(const float* x, int64_t n, uint8_t* out, Rng&) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      const Half h(x[i]);
+      std::memcpy(out + 2 * i, &h, 2);
+    }
+  }
+  void decode(const uint8_t* in, int64_t n, float* out) const override {
+    for (int64_t i = 0; i < n; ++i) {
+      Half h;
+      std::memcpy(&h, in + 2 * i, 2);
+      out[i] = static_cast<float>(h);
+    }
+  }
+
+ private:
+  std::string name_;
+};
+
+// Per chunk: [fp32 scale][chunk payload].
+class ScaledCodec : public Codec {
+ public:
+  explicit ScaledCodec(int64_t chunk) : chunk_(chunk) {}
+  int64_t chunk() const override { return chunk_; }
+  int64_t encoded_bytes(int64_t n) const override { return n / chunk_ * (4 + payload_bytes()); }
+  void encode(const float* x, int64_t n, uint8_t* out, Rng& rng) const override {
+    for (int64_t c = 0; c < n; c += chunk_, out += 4 + payload_bytes())
+      encode_chunk(x + c, out, rng);
+  }
+  void decode(const uint8_t* in, int64_t n, float* out) const override {
+    for (int64_t c = 0; c < n; c += chunk_, in += 4 + payload_bytes()) {
+      float scale;
+      std::memcpy(&scale, in, 4);
+      decode_chunk(in + 4, scale, out + c);
+    }
+  }
+
+ protected:
+  virtual int64_t payload_bytes() const = 0;
+  virtual void encode_chunk(const float* x, uint8_t* out, Rng& rng) const = 0;
+  virtual void decode_chunk(const uint8_t* in, float scale, float* out) const = 0;
+  int64_t chunk_;
+};
+
+class Int8Codec : public ScaledCodec {
+ public:
+  using ScaledCodec::ScaledCodec;
+  std::string name() const override { return "int8"; }
+  bool unbiased() const override { return true; }
+
+ protected:
+  int64_t payload_bytes() const override { return chunk_; }
+  void encode_chunk(const float* x, uint8_t* out, Rng& rng) const override {
+    float max_abs = 0;
+    for (int64_t i = 0; i < chunk_; ++i) max_abs = std::max(max_abs, std::fabs(x[i]));
+    const float scale = max_abs / 127.0f;
+    std::memcpy(out, &scale, 4);
+    auto* q = reinterpret_cast<int8_t*>(out + 4);
+    if (!(scale > 0) || !std::isfinite(scale)) {
+      std::fill(q, q + chunk_, int8_t{0});
+      return;
+    }
+    const float inv = 1.0f / scale;
+    for (int64_t i = 0; i < chunk_; ++i) {
+      const float v = std::floor(x[i] * inv + rng.uniform());
+      q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+    }
+  }
+  void decode_chunk(const uint8_t* in, float scale, float* out) const override {
+    const auto* q = reinterpret_cast<const int8_t*>(in);
+    for (int64_t i = 0; i < chunk_; ++i) out[i] = scale * static_cast<float>(q[i]);
+  }
+};
+
+class OneBitCodec : public ScaledCodec {
+ public:
+  using ScaledCodec::ScaledCodec;
+  std::string name() const override { return "onebit"; }
+  bool unbiased() const override { return false; }
+
+ protected:
+  int64_t payload_bytes() const override { return (chunk_ + 7) / 8; }
+  void encode_chunk(const float* x, uint8_t* out, Rng&) const override {
+    double sum_abs = 0;
+    for (int64_t i = 0; i < chunk_; ++i) sum_abs += std::fabs(x[i]);
+    const float scale = static_cast<float>(sum_abs / static_cast<double>(chunk_));
+    std::memcpy(out, &scale, 4);
+    uint8_t* bits = out + 4;
+    std::fill(bits, bits + payload_bytes(), uint8_t{0});
+    for (int64_t i = 0; i < chunk_; ++i)
+      if (x[i] >= 0) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+  }
+  void decode_chunk(const uint8_t* in, float scale, float* out) const override {
+    for (int64_t i = 0; i < chunk_; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1 ? scale : -scale;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk) {
+  if (name == "fp16") return std::make_unique<CastCodec<c10::Half>>("fp16");
+  if (name == "bf16") return std::make_unique<CastCodec<c10::BFloat16>>("bf16");
+  KRAB_CHECK_ARG(chunk >= 1, "comm.chunk must be >= 1, got ", chunk);
+  if (name == "int8") return std::make_unique<Int8Codec>(chunk);
+  if (name == "onebit") return std::make_unique<OneBitCodec>(chunk);
+  throw InvalidArgument(str_cat("no codec named '", name, "'"));
+}
+
+}  // namespace krab::compress

@@ -1,0 +1,59 @@
+// Element codecs: how a block of float32 values is turned into bytes for the wire and back.
+//
+// Used by the codec hooks (compress/hooks.h), which move the bytes with all-to-all and
+// all-gather. Every codec works on blocks whose length is a multiple of chunk(); its encoding
+// of n values has a fixed size, encoded_bytes(n), so every rank knows every payload's size.
+//
+//   fp16    IEEE half, round to nearest even                        2 bytes / value
+//   bf16    bfloat16 (fp32's exponent, 8-bit mantissa), nearest even 2 bytes / value
+//   int8    per chunk: fp32 scale s = max|x| / 127, then q = floor(x / s + u), u ~ U[0, 1)
+//           (stochastic rounding: E[q s] = x, unbiased; QSGD-style)  1 byte / value + 4 / chunk
+//   onebit  per chunk: fp32 scale s = mean|x|, then one sign bit per value; decodes to ±s
+//           (1-bit SGD / EF-signSGD; biased: use it with error feedback) 1 bit / value + 4 / chunk
+//
+// Pure functions of their input (and, for int8, the Rng), no state: testable without a network.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace krab::compress {
+
+// Small, fast, seedable generator (splitmix64) for stochastic rounding and random-k.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : state_(seed) {}
+  uint64_t next() {
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  // Uniform in [0, 1), 24 random bits.
+  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
+
+ private:
+  uint64_t state_;
+};
+
+// Mixes several values into one seed (same inputs, same seed, on every rank).
+uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual std::string name() const = 0;
+  // Block lengths passed to encode/decode must be multiples of this.
+  virtual int64_t chunk() const = 0;
+  virtual int64_t encoded_bytes(int64_t n) const = 0;
+  virtual void encode(const float* x, int64_t n, uint8_t* out, Rng& rng) const = 0;
+  virtual void decode(const uint8_t* in, int64_t n, float* out) const = 0;
+  // Whether E[decode(encode(x))] = x over the Rng.
+  virtual bool unbiased() const = 0;
+};
+
+// `name`: fp16 | bf16 | int8 | onebit. `chunk`: values per scale (int8, onebit).
+std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk);
+
+}  // namespace krab::compress

@@ -1,0 +1,115 @@
+// Element codecs against closed-form expectations: sizes, round-trip error bounds of each
+// format, int8's unbiasedness (mean of many independent roundings), onebit's ±mean|x|.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <vector>
+
+#include "compress/codecs.h"
+#include "core/errors.h"
+
+namespace krab::compress {
+namespace {
+
+std::vector<float> gradient_like(int64_t n, uint64_t seed) {
+  Rng r(seed);
+  std::vector<float> x(n);
+  for (int64_t i = 0; i < n; ++i) {
+    // Mixed magnitudes over 6 decades, both signs, some exact zeros.
+    const float mag = std::pow(10.0f, -6.0f + 6.0f * r.uniform());
+    x[i] = i % 17 == 0 ? 0.0f : (r.next() & 1 ? mag : -mag);
+  }
+  return x;
+}
+
+std::vector<float> round_trip(const Codec& c, const std::vector<float>& x, uint64_t seed) {
+  std::vector<uint8_t> bytes(c.encoded_bytes(static_cast<int64_t>(x.size())));
+  Rng r(seed);
+  c.encode(x.data(), static_cast<int64_t>(x.size()), bytes.data(), r);
+  std::vector<float> y(x.size());
+  c.decode(bytes.data(), static_cast<int64_t>(x.size()), y.data());
+  return y;
+}
+
+TEST(Codecs, EncodedSizes) {
+  EXPECT_EQ(make_codec("fp16", 256)->encoded_bytes(1024), 2048);
+  EXPECT_EQ(make_codec("bf16", 256)->encoded_bytes(1024), 2048);
+  EXPECT_EQ(make_codec("int8", 256)->encoded_bytes(1024), 4 * (4 + 256));
+  EXPECT_EQ(make_codec("onebit", 256)->encoded_bytes(1024), 4 * (4 + 32));
+  EXPECT_EQ(make_codec("onebit", 12)->encoded_bytes(24), 2 * (4 + 2));  // bits round up
+  EXPECT_THROW(make_codec("zip", 256), InvalidArgument);
+}
+
+TEST(Codecs, HalfFormatsRoundToNearest) {
+  const auto x = gradient_like(4096, 1);
+  const auto h = round_trip(*make_codec("fp16", 1), x, 0);
+  const auto b = round_trip(*make_codec("bf16", 1), x, 0);
+  for (size_t i = 0; i < x.size(); ++i) {
+    // fp16: 11-bit significand for normal values (|x| >= 6.1e-5), absolute 2^-25 below that.
+    const float tol_h = std::max(std::fabs(x[i]) * std::ldexp(1.0f, -11), std::ldexp(1.0f, -25));
+    EXPECT_LE(std::fabs(h[i] - x[i]), tol_h) << "fp16 at " << i << " x=" << x[i];
+    EXPECT_LE(std::fabs(b[i] - x[i]), std::fabs(x[i]) * std::ldexp(1.0f, -8)) << "bf16 at " << i;
+  }
+}
+
+TEST(Codecs, Int8ErrorIsBelowOneStepOfItsChunkScale) {
+  const int64_t chunk = 64;
+  const auto x = gradient_like(chunk * 10, 2);
+  const auto y = round_trip(*make_codec("int8", chunk), x, 3);
+  for (int64_t c = 0; c < 10; ++c) {
+    float max_abs = 0;
+    for (int64_t i = 0; i < chunk; ++i) max_abs = std::max(max_abs, std::fabs(x[c * chunk + i]));
+    const float step = max_abs / 127;
+    for (int64_t i = 0; i < chunk; ++i)
+      EXPECT_LT(std::fabs(y[c * chunk + i] - x[c * chunk + i]), step * 1.0001f) << c << "/" << i;
+  }
+}
+
+TEST(Codecs, Int8IsUnbiased) {
+  // Mean of N independent roundings -> x; per element the rounding noise has standard deviation
+  // at most step / 2, so the mean is within 5 sigma = 2.5 step / sqrt(N) (one-in-a-million miss
+  // per element; fixed seeds, so the test is deterministic anyway).
+  const int64_t chunk = 32, n = chunk * 4;
+  const int N = 4000;
+  const auto x = gradient_like(n, 4);
+  auto codec = make_codec("int8", chunk);
+  ASSERT_TRUE(codec->unbiased());
+  std::vector<double> mean(n, 0.0);
+  for (int s = 0; s < N; ++s) {
+    const auto y = round_trip(*codec, x, 1000 + s);
+    for (int64_t i = 0; i < n; ++i) mean[i] += y[i] / N;
+  }
+  for (int64_t c = 0; c < n / chunk; ++c) {
+    float max_abs = 0;
+    for (int64_t i = 0; i < chunk; ++i) max_abs = std::max(max_abs, std::fabs(x[c * chunk + i]));
+    const double bound = 2.5 * (max_abs / 127) / std::sqrt(static_cast<double>(N));
+    for (int64_t i = 0; i < chunk; ++i)
+      EXPECT_NEAR(mean[c * chunk + i], x[c * chunk + i], bound) << "element " << c * chunk + i;
+  }
+  // And a single rounding is not the identity (it really is stochastic).
+  EXPECT_NE(round_trip(*codec, x, 1), round_trip(*codec, x, 2));
+}
+
+TEST(Codecs, OneBitDecodesToSignTimesMeanMagnitude) {
+  const int64_t chunk = 16;
+  const auto x = gradient_like(chunk * 3, 5);
+  const auto y = round_trip(*make_codec("onebit", chunk), x, 0);
+  for (int64_t c = 0; c < 3; ++c) {
+    double mean_abs = 0;
+    for (int64_t i = 0; i < chunk; ++i) mean_abs += std::fabs(x[c * chunk + i]) / chunk;
+    for (int64_t i = 0; i < chunk; ++i) {
+      const float v = x[c * chunk + i];
+      EXPECT_NEAR(y[c * chunk + i], v >= 0 ? mean_abs : -mean_abs, 1e-6 * mean_abs + 1e-12);
+    }
+  }
+}
+
+TEST(Codecs, SeedsMixDeterministically) {
+  EXPECT_EQ(mix_seed(1, 2, 3, 4), mix_seed(1, 2, 3, 4));
+  EXPECT_NE(mix_seed(1, 2, 3, 4), mix_seed(1, 2, 4, 3));
+  EXPECT_NE(mix_seed(0, 0), mix_seed(0, 1));
+}
+
+}  // namespace
+}  // namespace krab::compress
