@@ -103,6 +103,14 @@ std::vector<KeySpec> build_registry() {
               "launcher also sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to it unless they "
               "are set).",
               1),
+      int_key("train.slow_rank", "-1",
+              "Testing and benchmarks: this rank is made slower, an artificial straggler (-1 = "
+              "none).",
+              -1),
+      float_key("train.slow_factor", "3",
+                "How much slower `train.slow_rank` is: after each forward+backward it sleeps "
+                "(factor - 1) times the time that took.",
+                1),
       int_key("train.log_every", "0",
               "Print a log line every N steps; 0 shows only the progress bar.", 0),
 
@@ -159,6 +167,15 @@ std::vector<KeySpec> build_registry() {
                 "accumulated (0 = off).",
                 0),
 
+      string_key("sync.mode", "sync",
+                 "When workers agree: `sync` averages gradients every step; `local_sgd` lets "
+                 "each worker step alone and averages the models every `sync.period` steps "
+                 "(after `sync.warmup_steps` of `sync`; post-local SGD).",
+                 {"sync", "local_sgd"}),
+      int_key("sync.period", "8", "`local_sgd`: steps between model averages.", 1),
+      int_key("sync.warmup_steps", "0",
+              "`local_sgd`: steps of plain `sync` before local steps begin.", 0),
+
       string_key("checkpoint.dir", "runs/{name}",
                  "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
       int_key("checkpoint.every_steps", "0",
@@ -182,6 +199,7 @@ constexpr SectionDoc kSections[] = {
     {"train", "The training loop; `train.optimizer` is a nested mapping inside `train`."},
     {"parallel", "How the work is split across workers."},
     {"comm", "How workers talk to each other."},
+    {"sync", "How often workers agree (synchronisation modes)."},
     {"checkpoint", "Saving and resuming."},
 };
 

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "compress/hooks.h"
 #include "core/errors.h"
@@ -140,12 +141,33 @@ compress::CompressionOptions compression_options(const core::Config& c) {
   o.clip_norm = c.get_float("comm.clip_norm");
   o.seed = static_cast<uint64_t>(c.get_int("train.seed"));
   compress::validate(o);
+  KRAB_CHECK_ARG(o.name == "none" || c.get_string("sync.mode") == "sync", "comm.compression '",
+                 o.name, "' compresses the gradients of sync.mode 'sync'; sync.mode '",
+                 c.get_string("sync.mode"), "' does not average gradients");
   if (o.momentum > 0 && c.get_string("train.optimizer.name") == "sgd")
     KRAB_CHECK_ARG(c.get_float("train.optimizer.momentum") == 0,
                    "comm.momentum_correction ", o.momentum, " with train.optimizer.momentum ",
                    c.get_float("train.optimizer.momentum"),
                    " would apply momentum twice; set train.optimizer.momentum: 0");
   return o;
+}
+
+// Local SGD's model average: every floating parameter and buffer, one all-reduce.
+void average_model(torch::nn::Module& model, comm::Communicator& comm) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> ts;
+  for (auto& p : model.parameters()) ts.push_back(p);
+  for (auto& b : model.buffers())
+    if (b.scalar_type() == at::kFloat) ts.push_back(b);
+  std::vector<at::Tensor> flat_parts;
+  for (auto& t : ts) flat_parts.push_back(t.detach().reshape({-1}));
+  at::Tensor flat = torch::cat(flat_parts);
+  comm.allreduce(flat, comm::ReduceOp::kAvg)->wait();
+  int64_t off = 0;
+  for (auto& t : ts) {
+    t.detach().copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
 }
 
 }  // namespace
@@ -242,22 +264,37 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   double eval_secs = 0;
   const uint64_t setup_bytes = comm->traffic().total_bytes_sent();  // initial broadcast etc.
 
+  // Synchronisation mode: local SGD skips the gradient all-reduce after its warm-up and
+  // averages the models every `period` steps (and once at the end, so every rank finishes
+  // with the same model).
+  const bool local_sgd = c.get_string("sync.mode") == "local_sgd";
+  const int64_t period = c.get_int("sync.period");
+  const int64_t sync_warmup = c.get_int("sync.warmup_steps");
+  const bool slow = c.get_int("train.slow_rank") == rank;
+  const double slow_factor = c.get_float("train.slow_factor");
+
   model->train();
   for (int64_t step = start_step; step < steps; ++step) {
     if (step == start_step + warmup) t_warm = Clock::now();
+    const bool local = local_sgd && step >= sync_warmup;
     double step_loss = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      dp.set_sync(m == accum - 1);
+      dp.set_sync(!local && m == accum - 1);
+      const auto t_compute = Clock::now();
       auto [x, y] = data::gather(d.train, sampler.indices(step * accum + m, rank, W));
       auto loss = model->loss(model->forward(x), y);
       (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
       step_loss += loss.item<double>() / accum;
+      if (slow)  // an artificial straggler, for benchmarks and tests
+        std::this_thread::sleep_for((Clock::now() - t_compute) * (slow_factor - 1));
     }
     dp.finish();
     const double lr = learning_rate(schedule, base_lr, step, steps, warmup_lr);
     for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
     optimizer->step();
     optimizer->zero_grad();
+    if (local && ((step + 1 - sync_warmup) % period == 0 || step + 1 == steps))
+      average_model(*model, *comm);
     last_loss = step_loss;
     smooth = smooth < 0 ? step_loss : 0.95 * smooth + 0.05 * step_loss;
 
@@ -348,6 +385,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
     report["gradient_bytes"] = static_cast<uint64_t>(models::parameter_count(*model) * 4);
     report["buckets"] = dp.plan().buckets.size();
     report["compression"] = dp.hook().name();
+    report["sync_mode"] = c.get_string("sync.mode");
     report["checkpoint"] = model_pt;
     report["state"] = last_checkpoint;
     report["config"] = c.to_json();

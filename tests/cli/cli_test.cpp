@@ -286,6 +286,33 @@ TEST_F(Cli, CompressedTrainingSendsLessAndLearns) {
   EXPECT_NEAR(int8["final_loss"].get<double>(), plain["final_loss"].get<double>(), 0.1);
 }
 
+// Local SGD with period 1 is synchronous SGD: averaging the models after every step equals
+// averaging the gradients, momentum included (momentum is linear in the gradients). With
+// period 4, models travel every 4th step: a quarter of the traffic (parameters and gradients
+// have the same size).
+TEST_F(Cli, LocalSgdPeriodOneIsSyncAndPeriodFourSendsAQuarter) {
+  write("job.yaml", kSmallJob);
+  const std::string common = " --set train.steps=20 --set parallel.workers=3";
+  ASSERT_EQ(run(krab("train job.yaml --report sync.json --set checkpoint.dir=sync" + common)).code, 0);
+  auto r = run(krab("train job.yaml --report p1.json --set checkpoint.dir=p1 "
+                    "--set sync.mode=local_sgd --set sync.period=1" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "sync/model.pt").string()),
+                         load_model_pt((dir_ / "p1/model.pt").string())),
+            1e-5);
+  r = run(krab("train job.yaml --report p4.json --set checkpoint.dir=p4 "
+               "--set sync.mode=local_sgd --set sync.period=4" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto sync = nlohmann::json::parse(krab::core::read_file((dir_ / "sync.json").string()));
+  const auto p4 = nlohmann::json::parse(krab::core::read_file((dir_ / "p4.json").string()));
+  EXPECT_EQ(p4["sync_mode"], "local_sgd");
+  EXPECT_NEAR(p4["bytes_sent_steps"].get<double>() / sync["bytes_sent_steps"].get<double>(), 0.25,
+              0.001);
+  // Compression is for sync's gradients; local SGD is refused with it, naming both keys.
+  expect_refused(run(krab("train job.yaml --set sync.mode=local_sgd --set comm.compression=fp16")),
+                 2, "sync.mode");
+}
+
 TEST_F(Cli, CorruptDatasetFileIsNamed) {
   fs::create_directories(dir_ / "fm");
   for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
