@@ -7,8 +7,10 @@
 // (under the group's prefix) a record "<beat> <last collective seq entered> <op name>". The
 // training thread only bumps an atomic (enter()); nothing on the hot path touches the network.
 //
-// When an operation fails, diagnose() reads every rank's record twice, `3 * period` apart:
-//   - a rank whose beat did not move is gone (its process died or froze);
+// When an operation fails, diagnose() reads every rank's record every `period` for between 3
+// and 15 periods (it stops once every rank's beat has moved):
+//   - a rank whose beat did not move in 15 periods (3 s by default) is gone (its process died
+//     or froze);
 //   - a live rank whose last entered sequence number is below the failed one never joined.
 //
 // Thread safety: enter() and diagnose() may be called from any thread.
@@ -48,7 +50,7 @@ class PeerMonitor {
   // Records that this rank entered collective `seq` (op name must be a string literal).
   void enter(int64_t seq, const char* op);
 
-  // Snapshot of every rank; takes about 3 periods. Never throws.
+  // Snapshot of every rank; takes 3 periods, or up to 15 when a rank looks dead. Never throws.
   std::vector<PeerState> diagnose();
 
  private:
