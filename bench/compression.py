@@ -18,6 +18,7 @@ Run from the repository root with Debian's python:
   /usr/bin/python3 bench/compression.py --steps 40         # quick check
   /usr/bin/python3 bench/compression.py --modes sync,int8  # a subset
 Options: --workers 4  --epochs 2  --json FILE (all reports)  --krab build/bin/krab
+  --set MODE:KEY=VALUE (repeatable) adds a krab setting to one mode
 It copies the krab binary to a temporary directory first. Exit status 1 if a run fails.
 Everything runs on 127.0.0.1; nothing is downloaded.
 """
@@ -51,8 +52,15 @@ def main():
     p.add_argument("--steps", type=int, default=0, help="fixed steps instead of epochs")
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
+    p.add_argument("--set", action="append", default=[], metavar="MODE:KEY=VALUE",
+                   help="extra krab setting for one mode, e.g. onebit:comm.compress_warmup_steps=50")
     p.add_argument("--json")
     args = p.parse_args()
+    for extra in args.set:
+        mode, _, kv = extra.partition(":")
+        if mode not in MODES or "=" not in kv:
+            sys.exit(f"compression: --set wants MODE:KEY=VALUE with a known mode, got '{extra}'")
+        MODES[mode] = (MODES[mode][0] + [kv], MODES[mode][1])
     modes = args.modes.split(",")
     for m in modes:
         if m not in MODES:
