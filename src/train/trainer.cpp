@@ -262,6 +262,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   nlohmann::json evals = nlohmann::json::array();
   const Clock::time_point t_loop = Clock::now();
   double eval_secs = 0;
+  double eval_before_warm = 0;  // samples/s leaves out evaluations after warm-up
   const uint64_t setup_bytes = comm->traffic().total_bytes_sent();  // initial broadcast etc.
 
   // Synchronisation mode: local SGD skips the gradient all-reduce after its warm-up and
@@ -275,7 +276,10 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
 
   model->train();
   for (int64_t step = start_step; step < steps; ++step) {
-    if (step == start_step + warmup) t_warm = Clock::now();
+    if (step == start_step + warmup) {
+      t_warm = Clock::now();
+      eval_before_warm = eval_secs;
+    }
     const bool local = local_sgd && step >= sync_warmup;
     double step_loss = 0;
     for (int64_t m = 0; m < accum; ++m) {
@@ -316,7 +320,8 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
                                   static_cast<long long>(done), acc);
     }
     if (show) {
-      const double secs = std::chrono::duration<double>(Clock::now() - t_warm).count();
+      const double secs = std::chrono::duration<double>(Clock::now() - t_warm).count() -
+                          (eval_secs - eval_before_warm);
       const int64_t measured = step - (start_step + warmup) + 1;
       const double rate = measured > 0 && secs > 0 ? measured * batch * W * accum / secs : 0;
       const std::string fields = str_cat("loss ", human(smooth), " | ", human(rate),
@@ -328,7 +333,8 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
     }
   }
   const auto t_end = Clock::now();
-  const double train_secs = std::chrono::duration<double>(t_end - t_warm).count();
+  const double train_secs =
+      std::chrono::duration<double>(t_end - t_warm).count() - (eval_secs - eval_before_warm);
   const int64_t measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
   const double samples_per_sec =
       train_secs > 0 && measured_steps > 0 ? measured_steps * batch * W * accum / train_secs : 0;
