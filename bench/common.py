@@ -69,3 +69,18 @@ def run_ddp(tool, args, env=None):
     if proc.returncode != 0 or not lines:
         fail(tool, cmd, proc)
     return json.loads(lines[-1]), elapsed
+
+
+def machine_load():
+    """1-minute load average and the number of compiler processes running (the other engineer
+    may be building): recorded with every run so noisy runs can be recognised."""
+    load = float(open("/proc/loadavg").read().split()[0])
+    busy = 0
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                comm = open(f"/proc/{pid}/comm").read().strip()
+            except OSError:
+                continue
+            busy += comm in ("cc1plus", "cc1", "ld", "ld.gold", "ld.lld", "ninja", "make")
+    return load, busy

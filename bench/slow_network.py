@@ -75,7 +75,7 @@ import sys
 import tempfile
 import time
 
-from common import PEER, PYTHON, REPO, krab_warmup, write_cnn_job
+from common import PEER, PYTHON, REPO, krab_warmup, machine_load, write_cnn_job
 import netns
 
 W = 4                      # hosts = workers
@@ -90,20 +90,6 @@ ACTIVE = []  # processes started and not yet reaped
 
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def machine_load():
-    """1-minute load average and the number of compiler processes (someone may be building)."""
-    load = float(open("/proc/loadavg").read().split()[0])
-    busy = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                comm = open(f"/proc/{pid}/comm").read().strip()
-            except OSError:
-                continue
-            busy += comm in ("cc1plus", "cc1", "ld", "ld.gold", "ld.lld", "ninja", "make")
-    return load, busy
 
 
 def ring_bytes(steps):

@@ -29,22 +29,7 @@ import sys
 import tempfile
 import time
 
-from common import REPO, krab_warmup, run_ddp as run_peer, run_krab as run_krab_job, write_cnn_job
-
-
-def machine_load():
-    """1-minute load average and the number of compiler processes running (the other engineer
-    may be building): recorded with every run so noisy runs can be recognised."""
-    load = float(open("/proc/loadavg").read().split()[0])
-    busy = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                comm = open(f"/proc/{pid}/comm").read().strip()
-            except OSError:
-                continue
-            busy += comm in ("cc1plus", "cc1", "ld", "ld.gold", "ld.lld", "ninja", "make")
-    return load, busy
+from common import REPO, krab_warmup, machine_load, run_ddp as run_peer, run_krab as run_krab_job, write_cnn_job
 
 
 def run_krab(krab, tmp, workers, steps, tag, env):
