@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include "core/errors.h"
+
 namespace krab::comm {
 
 const char* op_name(OpKind op) {
@@ -26,6 +28,15 @@ uint64_t TrafficStats::total_bytes_sent() const {
 void TrafficStats::add(OpKind op, uint64_t bytes) {
   bytes_sent[static_cast<int>(op)] += bytes;
   ops[static_cast<int>(op)] += 1;
+}
+
+void check_alltoall_sizes(const at::Tensor& input, const at::Tensor& output, int size) {
+  KRAB_CHECK_ARG(output.numel() == input.numel(), "alltoall output must have ", input.numel(),
+                 " elements like the input, got ", output.numel());
+  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
+                 "alltoall output dtype must match the input's");
+  KRAB_CHECK_ARG(input.numel() % size == 0, "alltoall input has ", input.numel(),
+                 " elements, not a multiple of the group size ", size);
 }
 
 }  // namespace krab::comm

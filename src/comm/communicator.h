@@ -130,4 +130,8 @@ class Communicator {
   virtual TrafficStats traffic() const = 0;
 };
 
+// For backends: the argument checks every alltoall shares (output numel and dtype equal the
+// input's, numel a multiple of `size`); throws krab::InvalidArgument.
+void check_alltoall_sizes(const at::Tensor& input, const at::Tensor& output, int size);
+
 }  // namespace krab::comm

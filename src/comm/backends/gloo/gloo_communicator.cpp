@@ -286,12 +286,7 @@ WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& ou
 WorkPtr GlooCommunicator::alltoall(const at::Tensor& input, at::Tensor& output) {
   check_tensor(input, "alltoall input");
   check_tensor(output, "alltoall output");
-  KRAB_CHECK_ARG(output.numel() == input.numel(), "alltoall output must have ", input.numel(),
-                 " elements like the input, got ", output.numel());
-  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
-                 "alltoall output dtype must match the input's");
-  KRAB_CHECK_ARG(input.numel() % size_ == 0, "alltoall input has ", input.numel(),
-                 " elements, not a multiple of the group size ", size_);
+  check_alltoall_sizes(input, output, size_);
   const int64_t seq = begin(OpKind::kAlltoall, &input);
   count(OpKind::kAlltoall, static_cast<uint64_t>(size_ - 1) * input.nbytes() / size_);
   if (input.numel() == 0) return std::make_shared<DoneWork>();

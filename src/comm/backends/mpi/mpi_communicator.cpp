@@ -384,12 +384,7 @@ WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& out
 WorkPtr MpiCommunicator::alltoall(const at::Tensor& input, at::Tensor& output) {
   check_tensor(input, "alltoall input");
   check_tensor(output, "alltoall output");
-  KRAB_CHECK_ARG(output.numel() == input.numel(), "alltoall output must have ", input.numel(),
-                 " elements like the input, got ", output.numel());
-  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
-                 "alltoall output dtype must match the input's");
-  KRAB_CHECK_ARG(input.numel() % size_ == 0, "alltoall input has ", input.numel(),
-                 " elements, not a multiple of the group size ", size_);
+  check_alltoall_sizes(input, output, size_);
   KRAB_CHECK_ARG(!overlaps(input, output), "alltoall input and output must not overlap");
   const MPI_Datatype type = element_type(input, "alltoall input");
   const int64_t seq = begin(OpKind::kAlltoall, &input);
