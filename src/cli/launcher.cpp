@@ -76,6 +76,7 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
     const std::string port = has(env, "MASTER_PORT") ? env.at("MASTER_PORT") : "29500";
     p.rendezvous = comm::parse_endpoint(addr + ":" + port, "MASTER_ADDR:MASTER_PORT");
     p.host_store = !ours && p.rank == 0;
+    if (has(env, "KRAB_PS_SHARD")) p.ps_shard = env_int(env, "KRAB_PS_SHARD");
     return p;
   }
   p.role = Role::kLauncher;
@@ -109,17 +110,28 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
   sigaction(SIGTERM, &sa, nullptr);
 
   const pid_t launcher = ::getpid();
-  std::vector<pid_t> pids(plan.nproc_per_node, -1);
-  for (int local = 0; local < plan.nproc_per_node; ++local) {
+  // The processes this launcher owns: node 0's parameter servers (sync.mode async) first,
+  // then the local workers.
+  struct Child {
+    pid_t pid = -1;
+    std::string name;  // "rank 3", "parameter server 0"
+    bool server = false;
+  };
+  std::vector<Child> children;
+  const int servers = plan.node_rank == 0 ? plan.servers : 0;
+  for (int i = 0; i < servers + plan.nproc_per_node; ++i) {
+    const bool server = i < servers;
+    const int local = server ? 0 : i - servers;
     const int rank = plan.node_rank * plan.nproc_per_node + local;
     std::vector<std::string> envs;
     for (auto& [k, v] : current_environment())
       if (k != "RANK" && k != "WORLD_SIZE" && k != "LOCAL_RANK" && k != "LOCAL_WORLD_SIZE" &&
-          k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER")
+          k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER" && k != "KRAB_PS_SHARD")
         envs.push_back(k + "=" + v);
     for (auto& [k, v] : plan.worker_env)
       if (!std::getenv(k.c_str())) envs.push_back(k + "=" + v);
     envs.push_back("KRAB_WORKER=1");
+    if (server) envs.push_back("KRAB_PS_SHARD=" + std::to_string(i));
     envs.push_back("RANK=" + std::to_string(rank));
     envs.push_back("LOCAL_RANK=" + std::to_string(local));
     envs.push_back("WORLD_SIZE=" + std::to_string(plan.world_size));
@@ -131,8 +143,10 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
     cargv.push_back(nullptr);
     for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
     cenv.push_back(nullptr);
+    const std::string name =
+        server ? str_cat("parameter server ", i) : str_cat("rank ", rank);
     pid_t pid = ::fork();
-    if (pid < 0) throw Error(str_cat("cannot fork worker ", rank, ": ", std::strerror(errno)));
+    if (pid < 0) throw Error(str_cat("cannot fork ", name, ": ", std::strerror(errno)));
     if (pid == 0) {
       // Child: die with the launcher, whatever kills it.
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -140,28 +154,28 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
       ::execve("/proc/self/exe", cargv.data(), cenv.data());
       ::_exit(127);
     }
-    pids[local] = pid;
+    children.push_back({pid, name, server});
   }
 
   int result = 0;
-  int alive = plan.nproc_per_node;
+  int alive = static_cast<int>(children.size());
+  int workers_lost = 0;
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::now();
   auto stop_all = [&](int sig) {
-    for (pid_t p : pids)
-      if (p > 0) ::kill(p, sig);
+    for (const Child& c : children)
+      if (c.pid > 0) ::kill(c.pid, sig);
   };
   while (alive > 0) {
     int status = 0;
     pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
-      int local = -1;
-      for (int i = 0; i < plan.nproc_per_node; ++i)
-        if (pids[i] == pid) local = i;
-      if (local < 0) continue;
-      pids[local] = -1;
+      Child* child = nullptr;
+      for (Child& c : children)
+        if (c.pid == pid) child = &c;
+      if (!child) continue;
+      child->pid = -1;
       --alive;
-      const int rank = plan.node_rank * plan.nproc_per_node + local;
       int code = 0;
       std::string how;
       if (WIFEXITED(status)) {
@@ -171,9 +185,16 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
         code = 1;
         how = str_cat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
       }
+      if (code != 0 && !stopping && plan.tolerate_worker_loss && !child->server && code != 2 &&
+          ++workers_lost < plan.world_size) {
+        // Parameter-server training goes on without it (the servers count it out).
+        std::fprintf(stderr, "krab: %s %s; training goes on without it\n", child->name.c_str(),
+                     how.c_str());
+        continue;
+      }
       if (code != 0 && !stopping) {
-        std::fprintf(stderr, "krab: rank %d %s; stopping the other %d worker(s)\n", rank,
-                     how.c_str(), alive);
+        std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n",
+                     child->name.c_str(), how.c_str(), alive);
         result = code == 2 ? 2 : 1;
         stopping = true;
         stop_deadline = std::chrono::steady_clock::now() +
@@ -183,7 +204,7 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
       continue;
     }
     if (g_signal && !stopping) {
-      std::fprintf(stderr, "krab: interrupted; stopping %d worker(s)\n", alive);
+      std::fprintf(stderr, "krab: interrupted; stopping %d process(es)\n", alive);
       result = 130;
       stopping = true;
       stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);

@@ -8,7 +8,8 @@
 //     KRAB_WORKER=1, then watches them: the first worker that fails makes the launcher stop
 //     the others (SIGTERM, then SIGKILL after a grace period), name the rank, and exit non-zero.
 //     Workers die with their launcher (PR_SET_PDEATHSIG), so nothing is left behind.
-//  2. As a worker of (1): KRAB_WORKER=1.
+//  2. As a worker of (1): KRAB_WORKER=1; or, for sync.mode async, as one of node 0's
+//     parameter servers: KRAB_WORKER=1 and KRAB_PS_SHARD=i.
 //  3. Under another launcher: torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), mpirun
 //     (OMPI_COMM_WORLD_RANK/SIZE) or Slurm (SLURM_PROCID/SLURM_NTASKS): this process is one
 //     worker; rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
@@ -41,6 +42,12 @@ struct LaunchPlan {
   int nproc_per_node = 1;
   comm::Endpoint rendezvous;
   bool host_store = false;  // this process hosts the TCPStore
+  // sync.mode async: node 0's launcher also starts this many parameter servers
+  // (KRAB_PS_SHARD=i in their environment), and a worker that dies does not stop the run
+  // (unless it was the last one, or it failed on bad input, exit 2).
+  int servers = 0;
+  bool tolerate_worker_loss = false;
+  int ps_shard = -1;  // worker role: this process is parameter server `ps_shard`
   // Extra variables for the workers' environment, added unless the launcher's own environment
   // already sets them (the user's choice wins).
   std::map<std::string, std::string> worker_env;

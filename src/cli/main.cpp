@@ -64,6 +64,10 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     // limit from the environment once, at load, so the launcher sets it for the workers.
     const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
     p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
+    if (config.get_string("sync.mode") == "async") {
+      p.servers = static_cast<int>(config.get_int("sync.servers"));
+      p.tolerate_worker_loss = true;
+    }
     std::unique_ptr<comm::StoreServer> server;
     const auto timeout = std::chrono::milliseconds(
         static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
@@ -85,8 +89,33 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     return code;
   }
 
-  // Worker.
+  // Worker (or parameter server).
   keep_freed_memory();
+  const bool async = config.get_string("sync.mode") == "async";
+  train::WorkerOptions options;
+  options.report_path = args.report;
+  if (async) {
+    KRAB_CHECK_ARG(env.count("KRAB_WORKER") > 0,
+                   "sync.mode 'async' needs krab's own launcher (it starts the parameter "
+                   "servers): run `krab train JOB.yaml`, with --nnodes/--node-rank/--rdzv for "
+                   "several machines");
+    train::check_async_options(config);
+    if (plan.ps_shard >= 0) {
+      auto report = train::run_param_server(config, plan.ps_shard, plan.rendezvous,
+                                            plan.world_size, options);
+      if (plan.ps_shard == 0 && report.contains("test_accuracy"))
+        std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",
+                     report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
+                     report["samples_per_sec"].get<double>());
+      return 0;
+    }
+    comm::WorldInfo world;
+    world.rank = plan.rank;
+    world.size = plan.world_size;
+    world.rendezvous = plan.rendezvous;
+    train::run_async_worker(config, world, options);
+    return 0;
+  }
   std::unique_ptr<comm::StoreServer> server;
   comm::WorldInfo world;
   world.rank = plan.rank;
@@ -97,8 +126,6 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     server = std::make_unique<comm::StoreServer>(
         "0.0.0.0", plan.rendezvous.port,
         std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)));
-  train::WorkerOptions options;
-  options.report_path = args.report;
   auto report = train::run_worker(config, world, options);
   if (plan.rank == 0 && report.contains("test_accuracy"))
     std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",

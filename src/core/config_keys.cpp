@@ -111,6 +111,11 @@ std::vector<KeySpec> build_registry() {
                 "How much slower `train.slow_rank` is: after each forward+backward it sleeps "
                 "(factor - 1) times the time that took.",
                 1),
+      float_key("train.slow_delay_ms", "0",
+                "If > 0, `train.slow_rank` sleeps this fixed time after each forward+backward "
+                "instead of scaling with `train.slow_factor` (a calibrated straggler that does "
+                "not depend on CPU contention).",
+                0),
       int_key("train.log_every", "0",
               "Print a log line every N steps; 0 shows only the progress bar.", 0),
 
@@ -170,11 +175,27 @@ std::vector<KeySpec> build_registry() {
       string_key("sync.mode", "sync",
                  "When workers agree: `sync` averages gradients every step; `local_sgd` lets "
                  "each worker step alone and averages the models every `sync.period` steps "
-                 "(after `sync.warmup_steps` of `sync`; post-local SGD).",
-                 {"sync", "local_sgd"}),
+                 "(after `sync.warmup_steps` of `sync`; post-local SGD); `async` sends each "
+                 "worker's gradient to parameter servers that apply it on arrival (bounded by "
+                 "`sync.max_staleness`).",
+                 {"sync", "local_sgd", "async"}),
       int_key("sync.period", "8", "`local_sgd`: steps between model averages.", 1),
       int_key("sync.warmup_steps", "0",
               "`local_sgd`: steps of plain `sync` before local steps begin.", 0),
+      int_key("sync.servers", "0",
+              "`async`: parameter-server processes; the parameters are split evenly between "
+              "them. Needed (>= 1) for `async`; krab's launcher starts them on node 0.",
+              0),
+      int_key("sync.max_staleness", "-1",
+              "`async`: how many steps a worker may run ahead of the slowest live worker "
+              "(stale-synchronous parallel). -1 = unbounded (a slow worker never slows the "
+              "others); 0 = sync through the servers (each step's gradients averaged and "
+              "applied once).",
+              -1),
+      float_key("sync.worker_timeout_s", "10",
+                "`async`: a worker silent this long is counted out (nobody waits for it) until "
+                "it calls again; a dead worker never stops the servers.",
+                0.05),
 
       string_key("checkpoint.dir", "runs/{name}",
                  "Directory for checkpoints and reports; `{name}` is replaced by the job name."),

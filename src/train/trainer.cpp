@@ -16,6 +16,7 @@
 #include "models/model.h"
 #include "parallel/data_parallel.h"
 #include "train/checkpoint.h"
+#include "train/job.h"
 #include "train/schedule.h"
 
 namespace krab::train {
@@ -23,63 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-data::DataSplits load_data(const core::Config& c) {
-  const std::string& name = c.get_string("data.name");
-  if (name == "fashion-mnist")
-    return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
-  if (name == "synthetic")
-    return data::make_synthetic(c.get_int("data.synthetic_samples"),
-                                c.get_int("data.synthetic_features"),
-                                c.get_int("data.synthetic_classes"),
-                                c.get_float("data.test_fraction"),
-                                static_cast<uint64_t>(c.get_int("train.seed")));
-  if (name == "text")
-    return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
-                           c.get_float("data.test_fraction"));
-  throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
-}
-
-models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
-  models::ModelSpec s;
-  s.name = c.get_string("model.name");
-  s.input_shape = d.input_shape;
-  s.num_classes = d.num_classes;
-  s.hidden = c.get_int("model.hidden");
-  s.layers = c.get_int("model.layers");
-  s.width = c.get_int("model.width");
-  s.heads = c.get_int("model.heads");
-  s.context = c.get_int("model.context");
-  KRAB_CHECK_ARG(!d.language_model || s.name == "gpt", "model.name '", s.name,
-                 "' cannot train on data.name 'text' (use model.name: gpt)");
-  KRAB_CHECK_ARG(d.language_model || s.name != "gpt", "model.name 'gpt' needs data.name: text");
-  return s;
-}
-
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
-                                                        torch::nn::Module& m) {
-  const std::string& name = c.get_string("train.optimizer.name");
-  const double lr = c.get_float("train.optimizer.lr");
-  const double wd = c.get_float("train.optimizer.weight_decay");
-  if (name == "sgd")
-    return std::make_unique<torch::optim::SGD>(
-        m.parameters(), torch::optim::SGDOptions(lr)
-                            .momentum(c.get_float("train.optimizer.momentum"))
-                            .weight_decay(wd));
-  if (name == "adam")
-    return std::make_unique<torch::optim::Adam>(m.parameters(),
-                                                torch::optim::AdamOptions(lr).weight_decay(wd));
-  if (name == "adamw")
-    return std::make_unique<torch::optim::AdamW>(m.parameters(),
-                                                 torch::optim::AdamWOptions(lr).weight_decay(wd));
-  throw InvalidArgument(str_cat("train.optimizer.name: unknown optimizer '", name, "'"));
-}
-
-int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
-                    int64_t accum) {
-  if (c.get_int("train.steps") > 0) return c.get_int("train.steps");
-  return c.get_int("train.epochs") * (sampler.steps_per_epoch() / accum);
-}
 
 // Rank 0's bytes reach every rank (checkpoint resume without a shared file system).
 std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
@@ -93,17 +37,9 @@ std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
 
 // Accuracy on rank `rank`'s shard of the test split, summed over ranks.
 double evaluate(models::Model& model, const data::TensorDataset& test, comm::Communicator& comm) {
-  torch::NoGradGuard no_grad;
   const int64_t n = test.size();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
-  int64_t correct = 0, total = 0;
-  for (int64_t i = lo; i < hi; i += 512) {
-    const int64_t len = std::min<int64_t>(512, hi - i);
-    auto logits = model.forward(test.inputs.narrow(0, i, len));
-    auto [c, t] = model.correct(logits, test.targets.narrow(0, i, len));
-    correct += c;
-    total += t;
-  }
+  const auto [correct, total] = count_correct(model, test, lo, hi);
   auto counts = torch::tensor({static_cast<double>(correct), static_cast<double>(total)},
                               torch::kFloat64);
   comm.allreduce(counts)->wait();
@@ -175,6 +111,7 @@ void average_model(torch::nn::Module& model, comm::Communicator& comm) {
 void preflight(const core::Config& c, int workers) {
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   compression_options(c);
+  check_async_options(c);
   auto d = load_data(c);
   const int64_t global = workers * c.get_int("data.batch_size");
   KRAB_CHECK_ARG(global <= d.train.size(), "data.batch_size ", c.get_int("data.batch_size"),
@@ -184,7 +121,7 @@ void preflight(const core::Config& c, int workers) {
   if (c.get_bool("checkpoint.resume")) {
     const std::string dir = run_directory(c);
     if (auto path = latest_checkpoint(dir)) {
-      auto opt = make_optimizer(c, *model);
+      auto opt = make_optimizer(c, model->parameters());
       CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
                             global * c.get_int("train.grad_accum"), c.get_int("train.seed")};
       decode_checkpoint(core::read_file(*path), *path, expect, *model, *opt);
@@ -220,7 +157,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   dpo.bucket_mb = c.get_float("parallel.bucket_mb");
   parallel::DataParallel dp(*model, *comm, dpo,
                             compress::make_compression_hook(compression_options(c)));
-  auto optimizer = make_optimizer(c, *model);
+  auto optimizer = make_optimizer(c, model->parameters());
 
   const std::string run_dir = run_directory(c);
   const CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
@@ -271,8 +208,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
   const bool local_sgd = c.get_string("sync.mode") == "local_sgd";
   const int64_t period = c.get_int("sync.period");
   const int64_t sync_warmup = c.get_int("sync.warmup_steps");
-  const bool slow = c.get_int("train.slow_rank") == rank;
-  const double slow_factor = c.get_float("train.slow_factor");
+  const Straggler straggler(c, rank);
 
   model->train();
   for (int64_t step = start_step; step < steps; ++step) {
@@ -289,8 +225,7 @@ nlohmann::json run_worker(const core::Config& c, const comm::WorldInfo& world,
       auto loss = model->loss(model->forward(x), y);
       (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
       step_loss += loss.item<double>() / accum;
-      if (slow)  // an artificial straggler, for benchmarks and tests
-        std::this_thread::sleep_for((Clock::now() - t_compute) * (slow_factor - 1));
+      straggler.after_compute(Clock::now() - t_compute);
     }
     dp.finish();
     const double lr = learning_rate(schedule, base_lr, step, steps, warmup_lr);

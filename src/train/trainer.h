@@ -30,6 +30,23 @@ struct WorkerOptions {
 nlohmann::json run_worker(const core::Config& config, const comm::WorldInfo& world,
                           const WorkerOptions& options);
 
+// sync.mode async, one worker: pulls parameters from the sync.servers parameter servers,
+// pushes its gradients; no collective group (a dead worker breaks nothing). See async.cpp.
+nlohmann::json run_async_worker(const core::Config& config, const comm::WorldInfo& world,
+                                const WorkerOptions& options);
+
+// sync.mode async, parameter server `shard` of sync.servers for `workers` workers, reached
+// through the store at `rendezvous`. Server 0 (the chief) waits for every worker to finish or
+// be counted out, collects the other shards, evaluates, writes model.pt and the report, and
+// returns the report; the others return once the chief has their shard.
+nlohmann::json run_param_server(const core::Config& config, int shard,
+                                const comm::Endpoint& rendezvous, int workers,
+                                const WorkerOptions& options);
+
+// Refuses what sync.mode async cannot do (no servers, another backend, checkpoints), naming
+// the key. No-op for the other modes.
+void check_async_options(const core::Config& config);
+
 // Checks what can be checked before any process is spawned: data present and readable, batch
 // not larger than the data, model buildable, checkpoint resumable. Throws InvalidArgument /
 // CorruptData naming the key or file. `workers` is the total world size.

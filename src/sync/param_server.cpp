@@ -1,0 +1,301 @@
+// The only file that includes gRPC and the generated protocol (STYLE.md: transports stay in
+// their own translation unit; gRPC's headers cost seconds per include).
+#include "sync/param_server.h"
+
+#include <ATen/ops/empty.h>
+#include <grpcpp/grpcpp.h>
+
+#include <climits>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+
+#include "core/errors.h"
+#include "sync/ps.grpc.pb.h"
+
+namespace krab::sync {
+namespace {
+
+// Below protobuf's 2 GiB hard limit, with room for the framing.
+constexpr int64_t kMaxShardBytes = (int64_t{1} << 31) - (int64_t{1} << 20);
+
+grpc::ChannelArguments channel_args() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT_MAX);
+  args.SetMaxSendMessageSize(INT_MAX);
+  return args;
+}
+
+WorkerSummary from_wire(const wire::WorkerReport& r) {
+  WorkerSummary s;
+  s.steps = r.steps();
+  s.seconds = r.seconds();
+  s.wait_seconds = r.wait_seconds();
+  s.final_loss = r.final_loss();
+  for (const auto& e : r.evals()) s.evals.push_back({e.step(), e.seconds(), e.test_accuracy()});
+  return s;
+}
+
+void to_wire(const WorkerSummary& s, wire::WorkerReport* r) {
+  r->set_steps(s.steps);
+  r->set_seconds(s.seconds);
+  r->set_wait_seconds(s.wait_seconds);
+  r->set_final_loss(s.final_loss);
+  for (const auto& e : s.evals) {
+    auto* w = r->add_evals();
+    w->set_step(e.step);
+    w->set_seconds(e.seconds);
+    w->set_test_accuracy(e.test_accuracy);
+  }
+}
+
+// A failed call, as the exception the CLI maps to an exit code, naming the server.
+[[noreturn]] void throw_status(const grpc::Status& st, int shard, const std::string& address,
+                               std::chrono::milliseconds timeout) {
+  const std::string who = str_cat("parameter server ", shard, " (", address, ")");
+  switch (st.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      throw InvalidArgument(str_cat(who, " refused the call: ", st.error_message()));
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      throw Timeout(str_cat(who, " did not answer within ", timeout.count() / 1000.0,
+                            " s (comm.timeout_s)"));
+    case grpc::StatusCode::UNAVAILABLE:
+      throw PeerLost(str_cat(who, " is unreachable: ", st.error_message()));
+    default:
+      throw Error(str_cat(who, ": ", st.error_message()));
+  }
+}
+
+class Service final : public wire::ParameterServer::Service {
+ public:
+  explicit Service(std::shared_ptr<ShardState> state) : state_(std::move(state)) {}
+
+  grpc::Status Step(grpc::ServerContext* ctx, const wire::StepRequest* req,
+                    wire::StepReply* reply) override {
+    received_ += req->ByteSizeLong();
+    if (req->grad().size() % sizeof(float) != 0)
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              str_cat("gradient of ", req->grad().size(), " bytes is not a float32 array")};
+    WorkerSummary summary;
+    ShardState::Step s;
+    s.worker = req->worker();
+    s.clock = req->clock();
+    if (!req->grad().empty()) {
+      // Protobuf strings are heap blocks (16-byte aligned), so this float view is aligned.
+      s.grad = reinterpret_cast<const float*>(req->grad().data());
+      s.grad_numel = static_cast<int64_t>(req->grad().size() / sizeof(float));
+    }
+    s.base_version = req->base_version();
+    s.leave = req->leave();
+    if (req->has_report()) {
+      summary = from_wire(req->report());
+      s.summary = &summary;
+    }
+    try {
+      ShardState::Reply r = state_->step(s, [ctx] { return ctx->IsCancelled(); });
+      reply->set_version(r.version);
+      reply->set_values(std::move(r.values));
+    } catch (const InvalidArgument& e) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+    } catch (const std::exception& e) {
+      return {grpc::StatusCode::CANCELLED, e.what()};
+    }
+    sent_ += reply->ByteSizeLong();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Finish(grpc::ServerContext* ctx, const wire::FinishRequest*,
+                      wire::FinishReply* reply) override {
+    while (!state_->wait_done(std::chrono::milliseconds(200)))
+      if (ctx->IsCancelled()) return {grpc::StatusCode::CANCELLED, "chief went away"};
+    at::Tensor v = state_->values();
+    reply->set_values(std::string(static_cast<const char*>(v.data_ptr()), v.numel() * 4));
+    reply->set_version(state_->stats().version);
+    // The counters as they stand; the Finish reply itself is not in them.
+    reply->set_bytes_received(received_.load());
+    reply->set_bytes_sent(sent_.load());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finish_answered_ = true;
+    }
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  bool wait_finish(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return finish_answered_; });
+  }
+
+  std::atomic<uint64_t> received_{0}, sent_{0};
+
+ private:
+  std::shared_ptr<ShardState> state_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool finish_answered_ = false;
+};
+
+}  // namespace
+
+void check_shard_fits(int64_t numel, int servers) {
+  KRAB_CHECK_ARG(servers >= 1, "sync.servers must be >= 1 for sync.mode 'async', got ", servers);
+  const int64_t largest = shard_range(numel, 0, servers).numel * 4;
+  KRAB_CHECK_ARG(largest <= kMaxShardBytes, "sync.servers: a shard of ", largest,
+                 " bytes does not fit one message (2 GiB); use more servers");
+}
+
+struct ParamServer::Impl {
+  std::unique_ptr<Service> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port) : impl_(new Impl) {
+  impl_->service = std::make_unique<Service>(std::move(state));
+  grpc::ServerBuilder builder;
+  // gRPC sets SO_REUSEPORT by default: a second server could share a taken port silently.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxSendMessageSize(INT_MAX);
+  builder.AddListeningPort(str_cat("0.0.0.0:", port), grpc::InsecureServerCredentials(),
+                           &impl_->port);
+  builder.RegisterService(impl_->service.get());
+  impl_->server = builder.BuildAndStart();
+  KRAB_CHECK_ARG(impl_->server && impl_->port > 0, "parameter server: cannot listen on port ",
+                 port, " (in use?)");
+}
+
+ParamServer::~ParamServer() {
+  if (impl_->server)
+    impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+int ParamServer::port() const { return impl_->port; }
+
+bool ParamServer::wait_finish_answered(std::chrono::milliseconds timeout) {
+  return impl_->service->wait_finish(timeout);
+}
+
+uint64_t ParamServer::bytes_received() const { return impl_->service->received_.load(); }
+uint64_t ParamServer::bytes_sent() const { return impl_->service->sent_.load(); }
+
+struct PsClient::Impl {
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<wire::ParameterServer::Stub>> stubs;
+  std::vector<ShardRange> ranges;
+  std::vector<int64_t> versions;
+  std::chrono::milliseconds timeout;
+  int64_t total = 0;
+};
+
+PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
+                   std::chrono::milliseconds timeout)
+    : impl_(new Impl), worker_(worker) {
+  KRAB_CHECK_ARG(!addresses.empty(), "no parameter servers to talk to");
+  const int n = static_cast<int>(addresses.size());
+  impl_->total = total_numel;
+  impl_->timeout = timeout;
+  for (int i = 0; i < n; ++i) {
+    impl_->stubs.push_back(wire::ParameterServer::NewStub(grpc::CreateCustomChannel(
+        addresses[i], grpc::InsecureChannelCredentials(), channel_args())));
+    impl_->ranges.push_back(shard_range(total_numel, i, n));
+  }
+  impl_->versions.assign(n, 0);
+  impl_->addresses = std::move(addresses);
+}
+
+PsClient::~PsClient() = default;
+
+void PsClient::pull(at::Tensor& params) { call_all(nullptr, false, nullptr, &params); }
+
+void PsClient::push_pull(const at::Tensor& grad, at::Tensor& params) {
+  call_all(&grad, false, nullptr, &params);
+}
+
+void PsClient::push_and_leave(const at::Tensor& grad, const WorkerSummary& summary) {
+  call_all(&grad, true, &summary, nullptr);
+}
+
+// One Step per shard, all in flight at once (gRPC's callback API), then wait for all.
+void PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
+                        at::Tensor* params) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = static_cast<int>(impl_->stubs.size());
+  if (grad) {
+    KRAB_CHECK(grad->numel() == impl_->total && grad->is_contiguous() &&
+                   grad->scalar_type() == at::kFloat,
+               "gradient must be ", impl_->total, " contiguous floats");
+    ++clock_;
+  }
+  if (params)
+    KRAB_CHECK(params->numel() == impl_->total && params->is_contiguous() &&
+                   params->scalar_type() == at::kFloat,
+               "parameters must be ", impl_->total, " contiguous floats");
+  std::vector<wire::StepRequest> reqs(n);
+  std::vector<wire::StepReply> replies(n);
+  std::vector<grpc::ClientContext> ctxs(n);
+  std::vector<grpc::Status> statuses(n);
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = n;
+  for (int i = 0; i < n; ++i) {
+    auto& q = reqs[i];
+    q.set_worker(worker_);
+    q.set_clock(clock_);
+    q.set_base_version(impl_->versions[i]);
+    q.set_leave(leave);
+    if (grad)
+      q.set_grad(static_cast<const char*>(grad->data_ptr()) + impl_->ranges[i].offset * 4,
+                 impl_->ranges[i].numel * 4);
+    if (summary && i == 0) to_wire(*summary, q.mutable_report());
+    bytes_sent_ += q.ByteSizeLong();
+    ctxs[i].set_deadline(std::chrono::system_clock::now() + impl_->timeout);
+    impl_->stubs[i]->async()->Step(&ctxs[i], &reqs[i], &replies[i],
+                                   [&, i](grpc::Status st) {
+                                     std::lock_guard<std::mutex> lock(mu);
+                                     statuses[i] = std::move(st);
+                                     if (--pending == 0) cv.notify_all();
+                                   });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending == 0; });
+  }
+  wait_seconds_ +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (int i = 0; i < n; ++i)
+    if (!statuses[i].ok()) throw_status(statuses[i], i, impl_->addresses[i], impl_->timeout);
+  for (int i = 0; i < n; ++i) {
+    bytes_received_ += replies[i].ByteSizeLong();
+    impl_->versions[i] = replies[i].version();
+    if (!params) continue;
+    const auto& v = replies[i].values();
+    KRAB_CHECK(static_cast<int64_t>(v.size()) == impl_->ranges[i].numel * 4,
+               "parameter server ", i, " sent ", v.size(), " bytes, expected ",
+               impl_->ranges[i].numel * 4);
+    std::memcpy(static_cast<char*>(params->data_ptr()) + impl_->ranges[i].offset * 4, v.data(),
+                v.size());
+  }
+}
+
+FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout) {
+  auto stub = wire::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  wire::FinishRequest req;
+  wire::FinishReply reply;
+  grpc::Status st = stub->Finish(&ctx, req, &reply);
+  if (!st.ok()) throw_status(st, -1, address, timeout);
+  FinalShard f;
+  const auto& v = reply.values();
+  f.values = at::empty({static_cast<int64_t>(v.size() / 4)}, at::kFloat);
+  std::memcpy(f.values.data_ptr(), v.data(), v.size());
+  f.bytes_received = reply.bytes_received();
+  f.bytes_sent = reply.bytes_sent();
+  f.version = reply.version();
+  return f;
+}
+
+}  // namespace krab::sync

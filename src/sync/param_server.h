@@ -1,0 +1,94 @@
+// The parameter server's transport: a gRPC service around one ShardState, and the worker's
+// client that talks to every shard at once.
+//
+// Protocol (sync/ps.proto): a worker calls Step on every shard in parallel, once per training
+// step — the call carries the gradient of the step it just computed (nothing on the first
+// call) and returns that shard's parameters for the next step, after the staleness wait. Its
+// last call carries `leave` (and, to server 0, the worker's summary). Server 0 (the chief)
+// calls Finish on the other shards when its own workers are done, and assembles the model.
+//
+// Bytes on the wire per step and worker: the gradient up (4 bytes per parameter) and the
+// parameters down (4 bytes per parameter), plus protobuf/gRPC framing. Both sides count the
+// protobuf message sizes they send and receive (the meter the report uses).
+//
+// Servers listen on every interface (0.0.0.0) and are reached at the address they publish in
+// the rendezvous store. Messages have no size limit below protobuf's 2 GiB; a shard too large
+// for one message is refused up front (use more servers).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sync/shard.h"
+
+namespace krab::sync {
+
+// Checks that a shard of `numel` floats fits one message; throws InvalidArgument naming
+// sync.servers otherwise.
+void check_shard_fits(int64_t numel, int servers);
+
+class ParamServer {
+ public:
+  // Serves `state` on 0.0.0.0:port (0 = a free port). Throws InvalidArgument when the port is
+  // taken.
+  ParamServer(std::shared_ptr<ShardState> state, int port);
+  ~ParamServer();  // stops serving (in-flight calls are cancelled)
+  int port() const;
+  // Blocks until a Finish call was answered or `timeout` passed (false).
+  bool wait_finish_answered(std::chrono::milliseconds timeout);
+  uint64_t bytes_received() const;
+  uint64_t bytes_sent() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Worker side. Not thread-safe: one training loop uses it.
+class PsClient {
+ public:
+  // `addresses[i]` ("host:port") serves shard i of a model of `total_numel` parameters.
+  // `timeout` bounds every call (staleness waits included).
+  PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
+           std::chrono::milliseconds timeout);
+  ~PsClient();
+
+  // First call: fills `params` (total_numel floats) with the current model.
+  void pull(at::Tensor& params);
+  // Pushes `grad` (total_numel floats) as this worker's next step and fills `params` for the
+  // step after it.
+  void push_pull(const at::Tensor& grad, at::Tensor& params);
+  // Last push: the worker leaves; `summary` goes to server 0.
+  void push_and_leave(const at::Tensor& grad, const WorkerSummary& summary);
+
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
+                at::Tensor* params);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  int worker_;
+  int64_t clock_ = 0;
+  uint64_t bytes_sent_ = 0, bytes_received_ = 0;
+  double wait_seconds_ = 0;
+};
+
+struct FinalShard {
+  at::Tensor values;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  int64_t version = 0;
+};
+
+// The chief's Finish call on the server at `address` (blocks until its workers are done).
+FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout);
+
+}  // namespace krab::sync

@@ -1,0 +1,219 @@
+#include "sync/shard.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/errors.h"
+
+namespace krab::sync {
+
+ShardRange shard_range(int64_t total, int shard, int servers) {
+  KRAB_CHECK(servers >= 1 && shard >= 0 && shard < servers, "shard ", shard, " of ", servers);
+  const int64_t lo = total * shard / servers, hi = total * (shard + 1) / servers;
+  return {lo, hi - lo};
+}
+
+const char* status_name(WorkerState::Status s) {
+  switch (s) {
+    case WorkerState::Status::kUnseen: return "unseen";
+    case WorkerState::Status::kRunning: return "running";
+    case WorkerState::Status::kFinished: return "finished";
+    case WorkerState::Status::kDead: return "dead";
+  }
+  return "?";
+}
+
+ShardState::ShardState(ShardOptions options, const at::Tensor& init,
+                       const OptimizerFactory& make_optimizer)
+    : opt_(std::move(options)) {
+  KRAB_CHECK_ARG(opt_.workers >= 1, "a parameter server needs at least one worker, got ",
+                 opt_.workers);
+  KRAB_CHECK(init.dim() == 1 && init.scalar_type() == at::kFloat, "shard init must be 1-D float");
+  KRAB_CHECK(static_cast<bool>(opt_.lr_at), "ShardOptions::lr_at is not set");
+  param_ = init.detach().clone().contiguous().set_requires_grad(true);
+  optimizer_ = make_optimizer({param_});
+  workers_.resize(opt_.workers);
+  last_seen_.assign(opt_.workers, Clock::now());
+  in_call_.assign(opt_.workers, 0);
+  if (opt_.max_staleness == 0) round_sum_ = torch::zeros_like(init);
+  t_warm_ = t_last_push_ = Clock::now();
+}
+
+ShardState::~ShardState() = default;
+
+int64_t ShardState::numel() const { return param_.numel(); }
+
+bool ShardState::live(int w) const {
+  return workers_[w].status == WorkerState::Status::kUnseen ||
+         workers_[w].status == WorkerState::Status::kRunning;
+}
+
+// SSP: the worker about to compute step `clock` may go once every live worker has pushed at
+// least clock - s steps. For s = 0 that also means round clock - 1 has been applied (the last
+// of those pushes applied it).
+bool ShardState::ready_locked(int64_t clock, int worker) const {
+  if (opt_.max_staleness < 0) return true;
+  for (int v = 0; v < opt_.workers; ++v)
+    if (v != worker && live(v) && workers_[v].clock < clock - opt_.max_staleness) return false;
+  return true;
+}
+
+void ShardState::count_out_silent_locked(Clock::time_point now) {
+  bool changed = false;
+  for (int v = 0; v < opt_.workers; ++v)
+    if (live(v) && in_call_[v] == 0 && now - last_seen_[v] > opt_.worker_timeout) {
+      workers_[v].status = WorkerState::Status::kDead;
+      ++workers_[v].times_counted_out;
+      changed = true;
+    }
+  if (changed) {
+    maybe_apply_round_locked();
+    cv_.notify_all();
+  }
+}
+
+void ShardState::apply_locked(const at::Tensor& grad, double lr_scale, int64_t t) {
+  torch::NoGradGuard no_grad;
+  const double lr = opt_.lr_at(t) * lr_scale;
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  param_.mutable_grad() = grad;
+  optimizer_->step();
+  param_.mutable_grad() = at::Tensor();  // `grad` may wrap the caller's buffer
+  ++version_;
+}
+
+// s = 0: round `version_` is complete when every live worker has pushed it.
+void ShardState::maybe_apply_round_locked() {
+  if (opt_.max_staleness != 0 || round_count_ == 0) return;
+  for (int v = 0; v < opt_.workers; ++v)
+    if (live(v) && workers_[v].clock < version_ + 1) return;
+  apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
+  round_sum_.zero_();
+  round_count_ = 0;
+}
+
+ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& cancelled) {
+  std::unique_lock<std::mutex> lock(mu_);
+  KRAB_CHECK_ARG(s.worker >= 0 && s.worker < opt_.workers, "worker id ", s.worker,
+                 " is outside 0..", opt_.workers - 1);
+  const int w = s.worker;
+  WorkerState& me = workers_[w];
+  KRAB_CHECK_ARG(me.status != WorkerState::Status::kFinished, "worker ", w, " already left");
+  ++in_call_[w];
+  struct Leave {
+    ShardState* self;
+    int w;
+    ~Leave() {
+      --self->in_call_[w];
+      self->last_seen_[w] = Clock::now();
+    }
+  } leave_guard{this, w};
+  last_seen_[w] = Clock::now();
+  me.status = WorkerState::Status::kRunning;  // also counts a silent worker back in
+
+  if (s.grad != nullptr) {
+    KRAB_CHECK_ARG(s.grad_numel == numel(), "worker ", w, " pushed ", s.grad_numel,
+                   " gradient values; this shard holds ", numel());
+    KRAB_CHECK_ARG(s.clock == me.clock + 1, "worker ", w, " pushed clock ", s.clock,
+                   " after clock ", me.clock, " (a step was lost or repeated)");
+    const at::Tensor g = torch::from_blob(const_cast<float*>(s.grad), {s.grad_numel});
+    const int64_t step_index = s.clock - 1;
+    if (opt_.max_staleness == 0) {
+      if (step_index == version_) {
+        round_sum_.add_(g);
+        ++round_count_;
+      } else {
+        ++dropped_;  // its round was applied while the worker was counted out
+      }
+    } else {
+      const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
+      staleness_sum_ += staleness;
+      max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
+      apply_locked(g, 1.0 / opt_.workers, pushes_ / opt_.workers);
+    }
+    ++pushes_;
+    t_last_push_ = Clock::now();
+    if (pushes_ == opt_.warmup_pushes) t_warm_ = t_last_push_;
+    me.clock = s.clock;
+    maybe_apply_round_locked();
+    cv_.notify_all();
+  } else {
+    KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock,
+                   " at clock ", me.clock);
+  }
+
+  if (s.leave) {
+    me.status = WorkerState::Status::kFinished;
+    if (s.summary) me.summary = *s.summary;
+    if (!any_finished_) {
+      any_finished_ = true;
+      for (auto& v : workers_) v.clock_when_first_finished = v.clock;
+    }
+    maybe_apply_round_locked();
+    cv_.notify_all();
+    return {version_, {}};
+  }
+
+  while (!ready_locked(me.clock, w)) {
+    if (cancelled && cancelled()) throw Error(str_cat("worker ", w, "'s call was cancelled"));
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    count_out_silent_locked(Clock::now());
+  }
+  int64_t slowest = me.clock;
+  for (int v = 0; v < opt_.workers; ++v)
+    if (live(v)) slowest = std::min(slowest, workers_[v].clock);
+  max_lead_ = std::max(max_lead_, me.clock - slowest);
+
+  Reply r;
+  r.version = version_;
+  r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
+  std::memcpy(r.values.data(), param_.data_ptr<float>(), r.values.size());
+  return r;
+}
+
+bool ShardState::done() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int v = 0; v < opt_.workers; ++v)
+    if (live(v)) return false;
+  return true;
+}
+
+bool ShardState::wait_done(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    count_out_silent_locked(Clock::now());
+    bool all = true;
+    for (int v = 0; v < opt_.workers; ++v) all = all && !live(v);
+    if (all) return true;
+    if (Clock::now() >= deadline) return false;
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+}
+
+at::Tensor ShardState::values() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return param_.detach().clone();
+}
+
+ShardStats ShardState::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  ShardStats s;
+  s.version = version_;
+  s.pushes = pushes_;
+  s.dropped = dropped_;
+  s.max_staleness_seen = max_staleness_seen_;
+  s.mean_staleness = pushes_ > 0 && opt_.max_staleness != 0
+                         ? static_cast<double>(staleness_sum_) / pushes_ : 0;
+  s.max_lead = max_lead_;
+  if (pushes_ > opt_.warmup_pushes) {
+    s.pushes_after_warmup = pushes_ - opt_.warmup_pushes;
+    s.seconds_after_warmup = std::chrono::duration<double>(t_last_push_ - t_warm_).count();
+  }
+  s.workers = workers_;
+  return s;
+}
+
+}  // namespace krab::sync

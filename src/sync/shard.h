@@ -1,0 +1,167 @@
+// One parameter-server shard: the state machine behind `sync.mode: async`, without transport.
+//
+// The model's parameters, flattened in Module::parameters() order, are split into `servers`
+// contiguous ranges (shard_range); each server process holds one range, its optimizer state,
+// and a clock per worker. A worker's step k is: pull the parameters (from every shard),
+// compute a gradient, push it with clock k + 1. One call, step(), does "push step k, then pull
+// for step k + 1", so a step costs one round trip per shard.
+//
+// When a pull is answered (max_staleness s, stale-synchronous parallel):
+//   s < 0   never waits: pure asynchronous SGD (Downpour). A slow worker never slows the
+//           others; its gradients arrive stale (the report says how stale).
+//   s > 0   a worker about to compute step c waits until every live worker has pushed at
+//           least c - s steps: nobody runs more than s steps ahead of the slowest live worker.
+//   s = 0   sync through the server: gradients of step c are summed and applied once, as their
+//           average, when every live worker has pushed step c (exactly sync data parallelism,
+//           any optimizer); pulls for step c + 1 wait for that.
+// With s != 0 each push is applied on arrival as 1/W of a step: the optimizer runs with the
+// learning rate lr(t) / W, t = pushes / W, so one epoch moves the model as far as sync does.
+//
+// Liveness: a worker is counted out ("dead") when it has not called for `worker_timeout`
+// and is not inside a call; nobody waits for it any more, and s = 0 rounds complete without
+// it. A counted-out worker that calls again is counted back in. A worker that leaves
+// (finished) is never waited for. The shard is done when every worker finished or is dead.
+//
+// Thread safety: every method may be called from any thread (the gRPC server calls step()
+// from its pool, one call per worker at a time).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace krab::sync {
+
+struct ShardRange {
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// Range of shard `shard` of `servers` over `total` elements: contiguous, sizes differ by at
+// most one, together they cover 0..total.
+ShardRange shard_range(int64_t total, int shard, int servers);
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+struct ShardOptions {
+  int workers = 1;
+  int max_staleness = -1;
+  std::chrono::milliseconds worker_timeout{10000};
+  // Learning rate at global step t (t counts rounds for s = 0, pushes / workers otherwise).
+  std::function<double(int64_t)> lr_at;
+  // Pushes before throughput is measured (excludes start-up from samples/s).
+  int64_t warmup_pushes = 0;
+};
+
+struct WorkerEval {
+  int64_t step = 0;
+  double seconds = 0;
+  double test_accuracy = 0;
+};
+
+struct WorkerSummary {
+  int64_t steps = 0;
+  double seconds = 0;
+  double wait_seconds = 0;
+  double final_loss = 0;
+  std::vector<WorkerEval> evals;
+};
+
+struct WorkerState {
+  int64_t clock = 0;
+  enum class Status { kUnseen, kRunning, kFinished, kDead } status = Status::kUnseen;
+  int times_counted_out = 0;
+  // Clocks of the other workers when the first worker finished (-1 = not yet); shows whether
+  // a slow worker held the others back.
+  int64_t clock_when_first_finished = -1;
+  WorkerSummary summary;  // what the worker sent when it left (server 0)
+};
+
+const char* status_name(WorkerState::Status s);
+
+struct ShardStats {
+  int64_t version = 0;      // optimizer steps applied
+  int64_t pushes = 0;       // gradients received
+  int64_t dropped = 0;      // s = 0: gradients for a round already applied (a worker counted
+                            // out that came back late)
+  int64_t max_staleness_seen = 0;  // s != 0: versions between a gradient's pull and its push
+  double mean_staleness = 0;
+  int64_t max_lead = 0;     // largest (clock of a pull) - (slowest live worker's clock)
+  double seconds_after_warmup = 0;  // from push warmup_pushes to the last push
+  int64_t pushes_after_warmup = 0;
+  std::vector<WorkerState> workers;
+};
+
+class ShardState {
+ public:
+  // `init`: this shard's initial values (1-D float). `make_optimizer` gets the one tensor it
+  // optimises. Throws InvalidArgument on bad options.
+  ShardState(ShardOptions options, const at::Tensor& init, const OptimizerFactory& make_optimizer);
+  ~ShardState();
+
+  struct Step {
+    int worker = 0;
+    int64_t clock = 0;            // the worker's clock after this call's push
+    const float* grad = nullptr;  // numel() floats, or nullptr for a pull only
+    int64_t grad_numel = 0;
+    int64_t base_version = 0;
+    bool leave = false;
+    const WorkerSummary* summary = nullptr;  // with leave
+  };
+  struct Reply {
+    int64_t version = 0;
+    std::string values;  // numel() floats as bytes; empty after leave
+  };
+
+  // Push then pull (see the header comment). `cancelled` is polled while waiting (the caller
+  // went away). Throws InvalidArgument for a worker id out of range, a gradient of the wrong
+  // length or a clock that does not follow the worker's previous one; Error("cancelled").
+  Reply step(const Step& s, const std::function<bool()>& cancelled);
+
+  // Blocks until every worker finished or was counted out, or `timeout` passed (returns false).
+  bool wait_done(std::chrono::milliseconds timeout);
+  bool done() const;
+
+  int64_t numel() const;
+  at::Tensor values() const;  // a copy
+  ShardStats stats() const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool ready_locked(int64_t clock, int worker) const;
+  void count_out_silent_locked(Clock::time_point now);
+  void maybe_apply_round_locked();
+  void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
+  bool live(int w) const;
+
+  ShardOptions opt_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  at::Tensor param_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::vector<WorkerState> workers_;
+  std::vector<Clock::time_point> last_seen_;
+  std::vector<int> in_call_;
+  int64_t version_ = 0;
+  int64_t pushes_ = 0;
+  int64_t dropped_ = 0;
+  int64_t staleness_sum_ = 0, max_staleness_seen_ = 0, max_lead_ = 0;
+  at::Tensor round_sum_;  // s = 0
+  int64_t round_count_ = 0;
+  bool any_finished_ = false;
+  Clock::time_point t_warm_, t_last_push_;
+};
+
+}  // namespace krab::sync

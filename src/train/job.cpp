@@ -1,0 +1,95 @@
+#include "train/job.h"
+
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "core/errors.h"
+
+namespace krab::train {
+
+data::DataSplits load_data(const core::Config& c) {
+  const std::string& name = c.get_string("data.name");
+  if (name == "fashion-mnist")
+    return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
+  if (name == "synthetic")
+    return data::make_synthetic(c.get_int("data.synthetic_samples"),
+                                c.get_int("data.synthetic_features"),
+                                c.get_int("data.synthetic_classes"),
+                                c.get_float("data.test_fraction"),
+                                static_cast<uint64_t>(c.get_int("train.seed")));
+  if (name == "text")
+    return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
+                           c.get_float("data.test_fraction"));
+  throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
+}
+
+models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
+  models::ModelSpec s;
+  s.name = c.get_string("model.name");
+  s.input_shape = d.input_shape;
+  s.num_classes = d.num_classes;
+  s.hidden = c.get_int("model.hidden");
+  s.layers = c.get_int("model.layers");
+  s.width = c.get_int("model.width");
+  s.heads = c.get_int("model.heads");
+  s.context = c.get_int("model.context");
+  KRAB_CHECK_ARG(!d.language_model || s.name == "gpt", "model.name '", s.name,
+                 "' cannot train on data.name 'text' (use model.name: gpt)");
+  KRAB_CHECK_ARG(d.language_model || s.name != "gpt", "model.name 'gpt' needs data.name: text");
+  return s;
+}
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
+                                                        std::vector<at::Tensor> params) {
+  const std::string& name = c.get_string("train.optimizer.name");
+  const double lr = c.get_float("train.optimizer.lr");
+  const double wd = c.get_float("train.optimizer.weight_decay");
+  if (name == "sgd")
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(lr)
+                            .momentum(c.get_float("train.optimizer.momentum"))
+                            .weight_decay(wd));
+  if (name == "adam")
+    return std::make_unique<torch::optim::Adam>(params,
+                                                torch::optim::AdamOptions(lr).weight_decay(wd));
+  if (name == "adamw")
+    return std::make_unique<torch::optim::AdamW>(params,
+                                                 torch::optim::AdamWOptions(lr).weight_decay(wd));
+  throw InvalidArgument(str_cat("train.optimizer.name: unknown optimizer '", name, "'"));
+}
+
+int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
+                    int64_t accum) {
+  if (c.get_int("train.steps") > 0) return c.get_int("train.steps");
+  return c.get_int("train.epochs") * (sampler.steps_per_epoch() / accum);
+}
+
+Straggler::Straggler(const core::Config& c, int rank)
+    : active_(c.get_int("train.slow_rank") == rank),
+      factor_(c.get_float("train.slow_factor")),
+      delay_ms_(c.get_float("train.slow_delay_ms")) {}
+
+void Straggler::after_compute(std::chrono::steady_clock::duration compute) const {
+  if (!active_) return;
+  if (delay_ms_ > 0)
+    std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(delay_ms_ * 1000)));
+  else
+    std::this_thread::sleep_for(compute * (factor_ - 1));
+}
+
+std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
+                                          int64_t lo, int64_t hi) {
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0, total = 0;
+  for (int64_t i = lo; i < hi; i += 512) {
+    const int64_t len = std::min<int64_t>(512, hi - i);
+    auto logits = model.forward(test.inputs.narrow(0, i, len));
+    auto [c, t] = model.correct(logits, test.targets.narrow(0, i, len));
+    correct += c;
+    total += t;
+  }
+  return {correct, total};
+}
+
+}  // namespace krab::train

@@ -1,0 +1,52 @@
+// What every training mode builds from a job's Config the same way: the data, the model's
+// spec, the optimizer and the number of steps. Shared by the sync trainer (trainer.cpp) and
+// the parameter-server mode (async.cpp).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "core/config.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "models/model.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace krab::train {
+
+// data.name's dataset. Throws InvalidArgument / CorruptData naming the key or file.
+data::DataSplits load_data(const core::Config& c);
+
+// The model the job asks for, shaped for the data; refuses model/data mismatches.
+models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d);
+
+// train.optimizer over `params`.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
+                                                        std::vector<at::Tensor> params);
+
+// train.steps, or train.epochs in optimizer steps of `accum` micro-batches.
+int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
+                    int64_t accum);
+
+// The artificial straggler of benchmarks and tests (train.slow_rank): after each
+// forward+backward, rank train.slow_rank sleeps train.slow_delay_ms, or (slow_factor - 1)
+// times the compute it just did when no fixed delay is set.
+class Straggler {
+ public:
+  Straggler(const core::Config& c, int rank);
+  void after_compute(std::chrono::steady_clock::duration compute) const;
+
+ private:
+  bool active_ = false;
+  double factor_ = 1, delay_ms_ = 0;
+};
+
+// Test accuracy of `model` on examples lo..hi of `test`: (correct, total).
+std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
+                                          int64_t lo, int64_t hi);
+
+}  // namespace krab::train
