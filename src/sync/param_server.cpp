@@ -140,7 +140,7 @@ class Service final : public wire::ParameterServer::Service {
 
 void check_shard_fits(int64_t numel, int servers) {
   KRAB_CHECK_ARG(servers >= 1, "sync.servers must be >= 1 for sync.mode 'async', got ", servers);
-  const int64_t largest = shard_range(numel, 0, servers).numel * 4;
+  const int64_t largest = shard_range(numel, servers - 1, servers).numel * 4;  // the last is largest
   KRAB_CHECK_ARG(largest <= kMaxShardBytes, "sync.servers: a shard of ", largest,
                  " bytes does not fit one message (2 GiB); use more servers");
 }

@@ -409,4 +409,153 @@ comm: {timeout_s: 10}
   for (pid_t w : workers) EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " survived";
 }
 
+// Parameter server with max_staleness 0 is sync data parallelism through the server: the same
+// model as the all-reduce run, with the parameters sharded over two servers.
+TEST_F(Cli, AsyncWithStalenessZeroMatchesSync) {
+  write("job.yaml", kSmallJob);
+  ASSERT_EQ(run(krab("train job.yaml --set checkpoint.dir=sync")).code, 0);
+  auto r = run(krab("train job.yaml --report ps.json --set checkpoint.dir=ps --set sync.mode=async "
+                    "--set sync.servers=2 --set sync.max_staleness=0"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "sync/model.pt").string()),
+                         load_model_pt((dir_ / "ps/model.pt").string())),
+            1e-5);
+  const auto ps = nlohmann::json::parse(krab::core::read_file((dir_ / "ps.json").string()));
+  EXPECT_EQ(ps["sync_mode"], "async");
+  EXPECT_EQ(ps["backend"], "grpc");
+  EXPECT_EQ(ps["async"]["servers"], 2);
+  EXPECT_EQ(ps["async"]["pushes"], 2 * 20);  // shard 0's count: every worker's every step
+  EXPECT_EQ(ps["async"]["updates"], 20);
+  EXPECT_EQ(ps["async"]["workers_lost"], 0);
+  // Every step moves the gradient up and the parameters down: at least 4 bytes per parameter
+  // each way, per worker and step.
+  const double per_way = 2.0 * 20 * ps["gradient_bytes"].get<double>();
+  EXPECT_GE(ps["bytes_sent_by_op"]["push"].get<double>(), per_way);
+  EXPECT_LE(ps["bytes_sent_by_op"]["push"].get<double>(), per_way * 1.05);
+  EXPECT_GE(ps["bytes_sent_by_op"]["pull"].get<double>(), per_way);
+}
+
+// One worker of three is slowed (a fixed delay per step). Without a staleness bound the
+// others do not wait for it: when the first finishes, the slow one has done a few steps. With
+// max_staleness 2 nobody runs more than 2 steps ahead of it.
+TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
+  write("job.yaml", kSmallJob);
+  const std::string common = " --set parallel.workers=3 --set train.steps=12 --set sync.mode=async"
+                             " --set sync.servers=1 --set train.slow_rank=2"
+                             " --set train.slow_delay_ms=500";
+  auto r = run(krab("train job.yaml --report free.json --set sync.max_staleness=-1" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto free = nlohmann::json::parse(krab::core::read_file((dir_ / "free.json").string()));
+  const auto& fw = free["async"]["per_worker"];
+  ASSERT_EQ(fw.size(), 3u);
+  int64_t fast_first_finished = std::max(fw[0]["steps_when_first_finished"].get<int64_t>(),
+                                         fw[1]["steps_when_first_finished"].get<int64_t>());
+  EXPECT_EQ(fast_first_finished, 12) << free["async"].dump();
+  EXPECT_LE(fw[2]["steps_when_first_finished"].get<int64_t>(), 6) << free["async"].dump();
+  EXPECT_EQ(fw[2]["steps"], 12);  // it still did all its steps
+  EXPECT_GE(free["async"]["max_lead"].get<int64_t>(), 6);
+
+  r = run(krab("train job.yaml --report bounded.json --set sync.max_staleness=2" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto bounded =
+      nlohmann::json::parse(krab::core::read_file((dir_ / "bounded.json").string()));
+  EXPECT_LE(bounded["async"]["max_lead"].get<int64_t>(), 2) << bounded["async"].dump();
+  EXPECT_GE(bounded["async"]["per_worker"][2]["steps_when_first_finished"].get<int64_t>(), 9);
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                   "/children");
+  pid_t p;
+  while (in >> p) out.push_back(p);
+  return out;
+}
+
+std::string environ_of(pid_t pid) {
+  std::string env = krab::core::read_file("/proc/" + std::to_string(pid) + "/environ");
+  for (char& c : env)
+    if (c == '\0') c = '\n';
+  return "\n" + env;
+}
+
+// With a parameter server, a worker that dies does not stop training: the server counts it
+// out after sync.worker_timeout_s, the others finish, the launcher exits 0 and the report
+// names the lost worker.
+TEST_F(Cli, AsyncTrainingGoesOnWhenAWorkerDies) {
+  // Rank 1 is slow and the others may not run more than 2 steps ahead of it: they cannot
+  // finish before it is killed, and finish only because the server counts it out.
+  write("job.yaml", R"(
+model: {name: mlp, hidden: 64}
+data: {name: synthetic, synthetic_samples: 4096, batch_size: 16}
+train: {steps: 400, slow_rank: 1, slow_delay_ms: 50}
+parallel: {workers: 3}
+sync: {mode: async, servers: 1, max_staleness: 2, worker_timeout_s: 1}
+comm: {timeout_s: 20}
+)");
+  const std::string log = (dir_ / "log.txt").string();
+  pid_t launcher = ::fork();
+  if (launcher == 0) {
+    ::chdir(dir_.c_str());
+    std::freopen(log.c_str(), "w", stderr);
+    ::execl(kKrab.c_str(), kKrab.c_str(), "train", "job.yaml", "--report", "r.json", nullptr);
+    ::_exit(127);
+  }
+  pid_t victim = -1;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (victim < 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto kids = children_of(launcher);
+    if (kids.size() < 4) continue;  // one server, three workers
+    for (pid_t k : kids) {
+      const std::string env = environ_of(k);
+      if (env.find("\nRANK=1\n") != std::string::npos &&
+          env.find("\nKRAB_PS_SHARD=") == std::string::npos)
+        victim = k;
+    }
+  }
+  ASSERT_GT(victim, 0) << "rank 1 was not found";
+  std::this_thread::sleep_for(std::chrono::seconds(4));  // let training start
+  ::kill(victim, SIGKILL);
+  int status = 0;
+  pid_t got = 0;
+  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < stop_deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (got == 0) {
+    ::kill(launcher, SIGKILL);
+    FAIL() << "launcher did not finish after a worker died";
+  }
+  const std::string text = krab::core::read_file(log);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << text;
+  EXPECT_NE(text.find("rank 1 was killed by signal 9"), std::string::npos) << text;
+  EXPECT_NE(text.find("training goes on without it"), std::string::npos) << text;
+  const auto rep = nlohmann::json::parse(krab::core::read_file((dir_ / "r.json").string()));
+  EXPECT_EQ(rep["async"]["workers_lost"], 1) << rep["async"].dump();
+  const auto& pw = rep["async"]["per_worker"];
+  EXPECT_EQ(pw[1]["status"], "dead");
+  EXPECT_LT(pw[1]["steps"].get<int64_t>(), 400);
+  EXPECT_EQ(pw[0]["status"], "finished");
+  EXPECT_EQ(pw[0]["steps"], 400);
+  EXPECT_EQ(pw[2]["steps"], 400);
+  EXPECT_TRUE(fs::exists(dir_ / "runs/job/model.pt"));
+}
+
+TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
+  write("ok.yaml", kSmallJob);
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async")), 2, "sync.servers");
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
+                          "--set comm.compression=fp16")),
+                 2, "comm.compression");
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
+                          "--set checkpoint.every_steps=5")),
+                 2, "checkpoint.every_steps");
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
+                          "--set sync.worker_timeout_s=0")),
+                 2, "sync.worker_timeout_s");
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
 }  // namespace

@@ -1,0 +1,183 @@
+// The parameter server over gRPC on loopback (sync/param_server.h): two shards, two workers.
+// Sync through the server (max_staleness 0) must give exactly SGD on the averaged gradients;
+// the byte meters of both sides must agree; failures come back as the exceptions the CLI maps.
+#include "sync/param_server.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <thread>
+
+#include "core/errors.h"
+
+namespace krab::sync {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr int64_t kNumel = 1001;  // odd: the shards differ in size
+
+std::shared_ptr<ShardState> make_shard(const at::Tensor& full, int shard, int servers,
+                                       int workers, int s) {
+  ShardOptions o;
+  o.workers = workers;
+  o.max_staleness = s;
+  o.lr_at = [](int64_t) { return 0.05; };
+  const ShardRange r = shard_range(full.numel(), shard, servers);
+  return std::make_shared<ShardState>(
+      o, full.narrow(0, r.offset, r.numel).contiguous(),
+      [](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+        return std::make_unique<torch::optim::SGD>(std::move(p),
+                                                   torch::optim::SGDOptions(1).momentum(0.9));
+      });
+}
+
+at::Tensor grad_of(int w, int64_t k) {
+  return torch::cos(torch::arange(kNumel, at::kFloat) * (0.013 * (w + 1)) + 0.7 * k);
+}
+
+std::string local(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
+  const int W = 2, K = 5;
+  const at::Tensor x0 = torch::linspace(-2, 2, kNumel);
+  std::vector<std::shared_ptr<ShardState>> shards;
+  std::vector<std::unique_ptr<ParamServer>> servers;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    shards.push_back(make_shard(x0, i, 2, W, 0));
+    servers.push_back(std::make_unique<ParamServer>(shards.back(), 0));
+    addresses.push_back(local(servers.back()->port()));
+  }
+
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<at::Tensor> expected{x0.clone()};
+  for (int k = 0; k < K; ++k) {
+    ref.mutable_grad() = (grad_of(0, k) + grad_of(1, k)) / 2;
+    opt.step();
+    expected.push_back(ref.detach().clone());
+  }
+
+  std::vector<uint64_t> sent(W), received(W);
+  std::vector<std::vector<at::Tensor>> seen(W);
+  std::vector<std::string> failures(W);
+  std::vector<std::thread> workers;
+  for (int w = 0; w < W; ++w)
+    workers.emplace_back([&, w] {
+      try {
+        PsClient client(addresses, w, kNumel, 20000ms);
+        at::Tensor params = at::empty({kNumel}, at::kFloat);
+        client.pull(params);
+        seen[w].push_back(params.clone());
+        for (int k = 0; k < K - 1; ++k) {
+          client.push_pull(grad_of(w, k), params);
+          seen[w].push_back(params.clone());
+        }
+        WorkerSummary summary;
+        summary.steps = K;
+        summary.final_loss = 0.25 * (w + 1);
+        summary.evals.push_back({K, 1.5, 0.75});
+        client.push_and_leave(grad_of(w, K - 1), summary);
+        sent[w] = client.bytes_sent();
+        received[w] = client.bytes_received();
+      } catch (const std::exception& e) {
+        failures[w] = e.what();
+      }
+    });
+  for (auto& t : workers) t.join();
+  for (int w = 0; w < W; ++w) ASSERT_EQ(failures[w], "") << "worker " << w;
+
+  for (int w = 0; w < W; ++w)
+    for (int k = 0; k < K; ++k)
+      EXPECT_TRUE(torch::allclose(seen[w][k], expected[k], 1e-6, 1e-6))
+          << "worker " << w << " step " << k;
+
+  // The chief's view: Finish on each shard returns its values and its counters.
+  at::Tensor final_model = at::empty({kNumel}, at::kFloat);
+  uint64_t server_received = 0, server_sent = 0;
+  for (int i = 0; i < 2; ++i) {
+    const FinalShard f = finish_shard(addresses[i], 10000ms);
+    const ShardRange r = shard_range(kNumel, i, 2);
+    final_model.narrow(0, r.offset, r.numel).copy_(f.values);
+    EXPECT_EQ(f.version, K);
+    server_received += f.bytes_received;
+    server_sent += f.bytes_sent;
+  }
+  EXPECT_TRUE(torch::allclose(final_model, expected[K], 1e-6, 1e-6));
+  EXPECT_EQ(server_received, sent[0] + sent[1]);
+  EXPECT_EQ(server_sent, received[0] + received[1]);
+  // At least the gradients up and the parameters down: 4 bytes per value each way per step.
+  EXPECT_GE(server_received, static_cast<uint64_t>(W * K * kNumel * 4));
+  EXPECT_GE(server_sent, static_cast<uint64_t>(W * K * kNumel * 4));
+  EXPECT_LE(server_received, static_cast<uint64_t>(W * K * kNumel * 4 * 1.05));
+
+  // Worker 1's summary reached server 0 only.
+  const ShardStats st0 = shards[0]->stats(), st1 = shards[1]->stats();
+  EXPECT_EQ(st0.workers[1].summary.steps, K);
+  EXPECT_DOUBLE_EQ(st0.workers[1].summary.final_loss, 0.5);
+  ASSERT_EQ(st0.workers[1].summary.evals.size(), 1u);
+  EXPECT_DOUBLE_EQ(st0.workers[1].summary.evals[0].test_accuracy, 0.75);
+  EXPECT_EQ(st1.workers[1].summary.steps, 0);
+}
+
+TEST(ParamServerRpc, GradientOfTheWrongSizeIsRefusedByTheServer) {
+  const at::Tensor x0 = torch::zeros({kNumel});
+  auto shard = make_shard(x0, 0, 1, 1, -1);
+  ParamServer server(shard, 0);
+  PsClient client({local(server.port())}, 0, kNumel + 2, 10000ms);
+  at::Tensor params = at::empty({kNumel + 2}, at::kFloat);
+  try {
+    client.push_pull(torch::ones({kNumel + 2}), params);
+    ADD_FAILURE() << "the server took a gradient of the wrong size";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("parameter server 0"), std::string::npos) << m;
+    EXPECT_NE(m.find("pushed 1003 gradient values"), std::string::npos) << m;
+  }
+  EXPECT_EQ(shard->stats().pushes, 0);
+}
+
+TEST(ParamServerRpc, WorkerOutOfRangeIsRefused) {
+  auto shard = make_shard(torch::zeros({kNumel}), 0, 1, 2, -1);
+  ParamServer server(shard, 0);
+  PsClient client({local(server.port())}, 5, kNumel, 10000ms);
+  at::Tensor params = at::empty({kNumel}, at::kFloat);
+  EXPECT_THROW(client.pull(params), InvalidArgument);
+}
+
+TEST(ParamServerRpc, ServerGoneIsPeerLost) {
+  auto shard = make_shard(torch::zeros({kNumel}), 0, 1, 1, -1);
+  auto server = std::make_unique<ParamServer>(shard, 0);
+  const std::string address = local(server->port());
+  PsClient client({address}, 0, kNumel, 10000ms);
+  at::Tensor params = at::empty({kNumel}, at::kFloat);
+  client.pull(params);
+  server.reset();
+  try {
+    client.push_pull(torch::ones({kNumel}), params);
+    ADD_FAILURE() << "a call to a stopped server succeeded";
+  } catch (const PeerLost& e) {
+    EXPECT_NE(std::string(e.what()).find(address), std::string::npos) << e.what();
+  }
+}
+
+TEST(ParamServerRpc, PortInUseIsRefused) {
+  auto shard = make_shard(torch::zeros({8}), 0, 1, 1, -1);
+  ParamServer first(shard, 0);
+  EXPECT_THROW(ParamServer(shard, first.port()), InvalidArgument);
+}
+
+TEST(ParamServerRpc, ShardTooLargeForOneMessageNamesTheKey) {
+  try {
+    check_shard_fits(int64_t{1} << 30, 1);  // 4 GiB in one message
+    ADD_FAILURE() << "a 4 GiB shard was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("sync.servers"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(check_shard_fits(int64_t{1} << 30, 4));
+  EXPECT_THROW(check_shard_fits(100, 0), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace krab::sync

@@ -1,0 +1,308 @@
+// The parameter-server shard's state machine (sync/shard.h), without transport: the update
+// rules against closed forms and a reference optimizer, the staleness bound, liveness, and
+// bad input.
+#include "sync/shard.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "core/errors.h"
+
+namespace krab::sync {
+namespace {
+
+using namespace std::chrono_literals;
+
+OptimizerFactory sgd(double lr, double momentum = 0) {
+  return [=](std::vector<at::Tensor> p) -> std::unique_ptr<torch::optim::Optimizer> {
+    return std::make_unique<torch::optim::SGD>(std::move(p),
+                                               torch::optim::SGDOptions(lr).momentum(momentum));
+  };
+}
+
+ShardOptions options(int workers, int s, double lr = 0.1,
+                     std::chrono::milliseconds timeout = 10000ms) {
+  ShardOptions o;
+  o.workers = workers;
+  o.max_staleness = s;
+  o.worker_timeout = timeout;
+  o.lr_at = [lr](int64_t) { return lr; };
+  return o;
+}
+
+at::Tensor as_tensor(const std::string& bytes) {
+  at::Tensor t = at::empty({static_cast<int64_t>(bytes.size() / 4)}, at::kFloat);
+  std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+  return t;
+}
+
+// A deterministic gradient for worker w at step k.
+at::Tensor grad_of(int w, int64_t k, int64_t n) {
+  return torch::sin(torch::arange(n, at::kFloat) * (0.37 * (w + 1)) + 0.11 * k) * (1 + 0.5 * w);
+}
+
+ShardState::Step push(int w, int64_t clock, const at::Tensor& g, int64_t base = 0) {
+  ShardState::Step s;
+  s.worker = w;
+  s.clock = clock;
+  s.grad = g.data_ptr<float>();
+  s.grad_numel = g.numel();
+  s.base_version = base;
+  return s;
+}
+
+ShardState::Step pull(int w, int64_t clock) {
+  ShardState::Step s;
+  s.worker = w;
+  s.clock = clock;
+  return s;
+}
+
+const std::function<bool()> kNever = [] { return false; };
+
+TEST(ShardRange, ContiguousBalancedAndCovering) {
+  for (int64_t total : {0, 1, 7, 100, 1001})
+    for (int servers : {1, 2, 3, 8}) {
+      int64_t next = 0, lo = INT64_MAX, hi = 0;
+      for (int i = 0; i < servers; ++i) {
+        const ShardRange r = shard_range(total, i, servers);
+        EXPECT_EQ(r.offset, next) << total << "/" << servers << " shard " << i;
+        next += r.numel;
+        lo = std::min(lo, r.numel);
+        hi = std::max(hi, r.numel);
+      }
+      EXPECT_EQ(next, total);
+      EXPECT_LE(hi - lo, 1);
+    }
+  EXPECT_THROW(shard_range(10, 2, 2), Error);
+}
+
+// s < 0: every push is applied on arrival as a 1/W step: x = x0 - (lr / W) * sum of pushes.
+TEST(Shard, PureAsyncAppliesEachPushAsAFractionOfAStep) {
+  const at::Tensor x0 = torch::linspace(-1, 1, 5);
+  ShardState shard(options(2, -1, 0.1), x0, sgd(0.1));
+  const at::Tensor g1 = grad_of(0, 0, 5), g2 = grad_of(1, 0, 5), g3 = grad_of(0, 1, 5);
+  shard.step(pull(0, 0), kNever);
+  shard.step(push(0, 1, g1), kNever);
+  shard.step(push(0, 2, g3, 1), kNever);  // worker 0 runs ahead: nobody waits
+  const auto r = shard.step(push(1, 1, g2, 0), kNever);
+  const at::Tensor expect = x0 - 0.05 * (g1 + g2 + g3);
+  EXPECT_TRUE(torch::allclose(as_tensor(r.values), expect, 1e-6, 1e-6));
+  EXPECT_EQ(r.version, 3);
+  const ShardStats st = shard.stats();
+  EXPECT_EQ(st.pushes, 3);
+  EXPECT_EQ(st.max_staleness_seen, 2);  // worker 1's gradient came from version 0, applied at 2
+  EXPECT_NEAR(st.mean_staleness, (0 + 0 + 2) / 3.0, 1e-12);
+  EXPECT_EQ(st.max_lead, 2);
+}
+
+// s = 0 is sync data parallelism through the server: every worker sees, at step k, the model
+// that SGD with momentum reaches after k steps on the averaged gradients, and the learning
+// rate schedule is indexed by the round.
+TEST(Shard, SyncThroughTheServerEqualsSgdOnTheAverage) {
+  const int W = 3, K = 6;
+  const int64_t n = 11;
+  const at::Tensor x0 = torch::cos(torch::arange(n, at::kFloat));
+  ShardOptions o = options(W, 0);
+  o.lr_at = [](int64_t t) { return 0.1 / (1.0 + t); };
+  ShardState shard(o, x0, sgd(1.0, 0.9));
+
+  // The reference: one parameter, torch SGD, averaged gradients.
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(1.0).momentum(0.9));
+  std::vector<at::Tensor> expected{x0.clone()};
+  for (int k = 0; k < K; ++k) {
+    at::Tensor avg = torch::zeros({n});
+    for (int w = 0; w < W; ++w) avg += grad_of(w, k, n);
+    for (auto& g : opt.param_groups()) g.options().set_lr(0.1 / (1.0 + k));
+    ref.mutable_grad() = avg / W;
+    opt.step();
+    expected.push_back(ref.detach().clone());
+  }
+
+  std::vector<std::vector<at::Tensor>> seen(W);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < W; ++w)
+    threads.emplace_back([&, w] {
+      seen[w].push_back(as_tensor(shard.step(pull(w, 0), kNever).values));
+      for (int k = 0; k < K; ++k) {
+        const at::Tensor g = grad_of(w, k, n);
+        ShardState::Step s = push(w, k + 1, g);
+        s.leave = k + 1 == K;
+        const auto r = shard.step(s, kNever);
+        if (!s.leave) seen[w].push_back(as_tensor(r.values));
+      }
+    });
+  for (auto& t : threads) t.join();
+
+  for (int w = 0; w < W; ++w) {
+    ASSERT_EQ(seen[w].size(), static_cast<size_t>(K));
+    for (int k = 0; k < K; ++k)
+      EXPECT_TRUE(torch::allclose(seen[w][k], expected[k], 1e-6, 1e-6))
+          << "worker " << w << " step " << k;
+  }
+  EXPECT_TRUE(shard.done());
+  EXPECT_TRUE(torch::allclose(shard.values(), expected[K], 1e-6, 1e-6));
+  EXPECT_EQ(shard.stats().version, K);
+  EXPECT_EQ(shard.stats().dropped, 0);
+}
+
+// s > 0: a worker about to compute step c waits until everyone live has pushed c - s steps.
+TEST(Shard, BoundedStalenessBlocksTheWorkerThatRunsAhead) {
+  const at::Tensor x0 = torch::zeros({4});
+  ShardState shard(options(2, 2), x0, sgd(0.1));
+  const at::Tensor g = torch::ones({4});
+  std::atomic<int> polled{0};
+  const std::function<bool()> probe = [&] {
+    ++polled;
+    return true;  // "the caller went away" the first time the call would wait
+  };
+  shard.step(pull(1, 0), kNever);
+  shard.step(pull(0, 0), probe);
+  shard.step(push(0, 1, g), probe);
+  shard.step(push(0, 2, g), probe);
+  EXPECT_EQ(polled.load(), 0) << "two steps ahead is within max_staleness 2";
+  EXPECT_THROW(shard.step(push(0, 3, g), probe), Error);
+  EXPECT_EQ(polled.load(), 1) << "the third step must wait for worker 1";
+  // Worker 1 catches up one step: worker 0 may now compute step 3.
+  shard.step(push(1, 1, g), kNever);
+  polled = 0;
+  shard.step(pull(0, 3), probe);
+  EXPECT_EQ(polled.load(), 0);
+  EXPECT_EQ(shard.stats().max_lead, 2);
+}
+
+// A worker that stops calling is counted out after worker_timeout: the others go on without
+// it (an s = 0 round completes with the gradients that came); when it calls again it is back,
+// and its gradient for a round already applied is dropped.
+TEST(Shard, SilentWorkerIsCountedOutAndBackIn) {
+  const at::Tensor x0 = torch::zeros({3});
+  ShardState shard(options(2, 0, 0.5, 200ms), x0, sgd(0.5));
+  const at::Tensor g0 = torch::tensor({1.f, 2.f, 3.f}), g1 = torch::tensor({5.f, 5.f, 5.f});
+  shard.step(pull(0, 0), kNever);
+  shard.step(pull(1, 0), kNever);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = shard.step(push(0, 1, g0), kNever);  // waits until worker 1 is counted out
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms);
+  EXPECT_EQ(r.version, 1);
+  EXPECT_TRUE(torch::allclose(as_tensor(r.values), -0.5 * g0));
+  ShardStats st = shard.stats();
+  EXPECT_EQ(st.workers[1].status, WorkerState::Status::kDead);
+  EXPECT_EQ(st.workers[1].times_counted_out, 1);
+  EXPECT_FALSE(shard.done());  // worker 0 is still running
+
+  // Worker 1 comes back with its step-0 gradient: too late, dropped; it is running again.
+  shard.step(push(1, 1, g1), kNever);
+  st = shard.stats();
+  EXPECT_EQ(st.dropped, 1);
+  EXPECT_EQ(st.workers[1].status, WorkerState::Status::kRunning);
+  EXPECT_TRUE(torch::allclose(shard.values(), -0.5 * g0));
+
+  // Both leave with step 1: that round has both gradients.
+  ShardState::Step a = push(0, 2, g0), b = push(1, 2, g1);
+  a.leave = b.leave = true;
+  shard.step(a, kNever);
+  EXPECT_FALSE(shard.done());
+  shard.step(b, kNever);
+  EXPECT_TRUE(shard.done());
+  EXPECT_TRUE(shard.wait_done(0ms));
+  EXPECT_TRUE(torch::allclose(shard.values(), -0.5 * g0 - 0.5 * (g0 + g1) / 2));
+  EXPECT_EQ(shard.stats().workers[0].clock_when_first_finished, 2);
+  EXPECT_EQ(shard.stats().workers[1].clock_when_first_finished, 1);
+}
+
+TEST(Shard, WaitDoneCountsOutWorkersThatNeverCame) {
+  ShardState shard(options(2, -1, 0.1, 100ms), torch::zeros({2}), sgd(0.1));
+  ShardState::Step s = pull(0, 0);
+  s.leave = true;
+  shard.step(s, kNever);
+  EXPECT_FALSE(shard.done());
+  EXPECT_TRUE(shard.wait_done(5000ms));
+  EXPECT_EQ(shard.stats().workers[1].status, WorkerState::Status::kDead);
+}
+
+TEST(Shard, BadInputIsRefusedNamingTheProblem) {
+  EXPECT_THROW(ShardState(options(0, -1), torch::zeros({2}), sgd(0.1)), InvalidArgument);
+  ShardState shard(options(2, -1), torch::zeros({4}), sgd(0.1));
+  const at::Tensor g = torch::ones({4}), short_g = torch::ones({3});
+  try {
+    shard.step(push(0, 1, short_g), kNever);
+    ADD_FAILURE() << "a gradient of the wrong length was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("pushed 3 gradient values"), std::string::npos)
+        << e.what();
+  }
+  try {
+    shard.step(push(0, 2, g), kNever);
+    ADD_FAILURE() << "a skipped clock was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("clock 2 after clock 0"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(shard.step(pull(2, 0), kNever), InvalidArgument);
+  EXPECT_THROW(shard.step(pull(-1, 0), kNever), InvalidArgument);
+  EXPECT_THROW(shard.step(pull(0, 5), kNever), InvalidArgument);
+  ShardState::Step s = push(0, 1, g);
+  s.leave = true;
+  shard.step(s, kNever);
+  EXPECT_THROW(shard.step(push(0, 2, g), kNever), InvalidArgument);
+  EXPECT_EQ(shard.stats().pushes, 1);  // nothing refused was applied
+  EXPECT_TRUE(torch::allclose(shard.values(), -0.05 * g));
+}
+
+// Many threads: the staleness bound holds whatever the interleaving, and every push counts.
+TEST(Shard, ConcurrentWorkersNeverLeadMoreThanMaxStaleness) {
+  const int W = 4, K = 40;
+  ShardState shard(options(W, 2), torch::zeros({64}), sgd(0.01));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < W; ++w)
+    threads.emplace_back([&, w] {
+      shard.step(pull(w, 0), kNever);
+      for (int k = 0; k < K; ++k) {
+        if (w == 0) std::this_thread::sleep_for(1ms);  // the slow one
+        const at::Tensor g = grad_of(w, k, 64);
+        ShardState::Step s = push(w, k + 1, g);
+        s.leave = k + 1 == K;
+        shard.step(s, kNever);
+      }
+    });
+  for (auto& t : threads) t.join();
+  const ShardStats st = shard.stats();
+  EXPECT_LE(st.max_lead, 2);
+  EXPECT_EQ(st.pushes, W * K);
+  EXPECT_EQ(st.version, W * K);
+  EXPECT_TRUE(shard.done());
+}
+
+// Without a bound, fast workers do not wait for a slow one at all: they finish while it is
+// still at step 0.
+TEST(Shard, UnboundedFastWorkersFinishWhileTheSlowOneIsAtStepZero) {
+  const int W = 3, K = 20;
+  ShardState shard(options(W, -1), torch::zeros({8}), sgd(0.01));
+  std::atomic<int> fast_done{0};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < W; ++w)
+    threads.emplace_back([&, w] {
+      shard.step(pull(w, 0), kNever);
+      if (w == 0)
+        while (fast_done.load() < W - 1) std::this_thread::sleep_for(1ms);
+      for (int k = 0; k < K; ++k) {
+        const at::Tensor g = grad_of(w, k, 8);
+        ShardState::Step s = push(w, k + 1, g);
+        s.leave = k + 1 == K;
+        shard.step(s, kNever);
+      }
+      if (w != 0) ++fast_done;
+    });
+  for (auto& t : threads) t.join();
+  const ShardStats st = shard.stats();
+  EXPECT_EQ(st.max_lead, K - 1);  // the last pull before leaving was for step K - 1
+  EXPECT_EQ(st.workers[0].clock_when_first_finished, 0);
+  EXPECT_EQ(st.pushes, W * K);
+}
+
+}  // namespace
+}  // namespace krab::sync
