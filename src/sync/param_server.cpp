@@ -95,6 +95,8 @@ class Service final : public wire::ParameterServer::Service {
       ShardState::Reply r = state_->step(s, [ctx] { return ctx->IsCancelled(); });
       reply->set_version(r.version);
       reply->set_values(std::move(r.values));
+      reply->set_stop(r.stop);
+      reply->set_ticket(r.ticket);
     } catch (const InvalidArgument& e) {
       return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
     } catch (const std::exception& e) {
@@ -207,19 +209,23 @@ PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total
 
 PsClient::~PsClient() = default;
 
-void PsClient::pull(at::Tensor& params) { call_all(nullptr, false, nullptr, &params); }
+PullResult PsClient::pull(at::Tensor& params) {
+  return call_all(nullptr, false, nullptr, &params);
+}
 
-void PsClient::push_pull(const at::Tensor& grad, at::Tensor& params) {
-  call_all(&grad, false, nullptr, &params);
+PullResult PsClient::push_pull(const at::Tensor& grad, at::Tensor& params) {
+  return call_all(&grad, false, nullptr, &params);
 }
 
 void PsClient::push_and_leave(const at::Tensor& grad, const WorkerSummary& summary) {
   call_all(&grad, true, &summary, nullptr);
 }
 
+void PsClient::leave(const WorkerSummary& summary) { call_all(nullptr, true, &summary, nullptr); }
+
 // One Step per shard, all in flight at once (gRPC's callback API), then wait for all.
-void PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
-                        at::Tensor* params) {
+PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
+                              at::Tensor* params) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(impl_->stubs.size());
   if (grad) {
@@ -266,10 +272,16 @@ void PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSummary*
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < n; ++i)
     if (!statuses[i].ok()) throw_status(statuses[i], i, impl_->addresses[i], impl_->timeout);
+  PullResult result;
+  result.ticket = replies[0].ticket();
   for (int i = 0; i < n; ++i) {
     bytes_received_ += replies[i].ByteSizeLong();
     impl_->versions[i] = replies[i].version();
-    if (!params) continue;
+    result.stop = result.stop || replies[i].stop();
+  }
+  // One shard saying stop is enough (the others are about to): leave.
+  if (result.stop || !params) return result;
+  for (int i = 0; i < n; ++i) {
     const auto& v = replies[i].values();
     KRAB_CHECK(static_cast<int64_t>(v.size()) == impl_->ranges[i].numel * 4,
                "parameter server ", i, " sent ", v.size(), " bytes, expected ",
@@ -277,6 +289,7 @@ void PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSummary*
     std::memcpy(static_cast<char*>(params->data_ptr()) + impl_->ranges[i].offset * 4, v.data(),
                 v.size());
   }
+  return result;
 }
 
 FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout) {

@@ -3,8 +3,10 @@
 //
 // Protocol (sync/ps.proto): a worker calls Step on every shard in parallel, once per training
 // step — the call carries the gradient of the step it just computed (nothing on the first
-// call) and returns that shard's parameters for the next step, after the staleness wait. Its
-// last call carries `leave` (and, to server 0, the worker's summary). Server 0 (the chief)
+// call) and returns that shard's parameters for the next step, after the staleness wait, and
+// server 0 adds the data slice to compute (a ticket). When the job's gradients are all in, the
+// replies say `stop`; the worker's last call carries `leave` (and, to server 0, its summary).
+// Server 0 (the chief)
 // calls Finish on the other shards when its own workers are done, and assembles the model.
 //
 // Bytes on the wire per step and worker: the gradient up (4 bytes per parameter) and the
@@ -49,6 +51,11 @@ class ParamServer {
   std::unique_ptr<Impl> impl_;
 };
 
+struct PullResult {
+  bool stop = false;    // the job's work is done: leave() without computing another step
+  int64_t ticket = -1;  // the data slice to compute next (from server 0; -1 if it gives none)
+};
+
 // Worker side. Not thread-safe: one training loop uses it.
 class PsClient {
  public:
@@ -58,21 +65,23 @@ class PsClient {
            std::chrono::milliseconds timeout);
   ~PsClient();
 
-  // First call: fills `params` (total_numel floats) with the current model.
-  void pull(at::Tensor& params);
+  // First call: fills `params` (total_numel floats) with the current model (unless stop).
+  PullResult pull(at::Tensor& params);
   // Pushes `grad` (total_numel floats) as this worker's next step and fills `params` for the
-  // step after it.
-  void push_pull(const at::Tensor& grad, at::Tensor& params);
+  // step after it (unless stop).
+  PullResult push_pull(const at::Tensor& grad, at::Tensor& params);
   // Last push: the worker leaves; `summary` goes to server 0.
   void push_and_leave(const at::Tensor& grad, const WorkerSummary& summary);
+  // Leaves without pushing (after a stop).
+  void leave(const WorkerSummary& summary);
 
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
   double wait_seconds() const { return wait_seconds_; }
 
  private:
-  void call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
-                at::Tensor* params);
+  PullResult call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
+                      at::Tensor* params);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int worker_;

@@ -60,6 +60,10 @@ bool ShardState::ready_locked(int64_t clock, int worker) const {
   return true;
 }
 
+bool ShardState::budget_reached_locked() const {
+  return opt_.total_pushes > 0 && pushes_ >= opt_.total_pushes;
+}
+
 void ShardState::count_out_silent_locked(Clock::time_point now) {
   bool changed = false;
   for (int v = 0; v < opt_.workers; ++v)
@@ -138,6 +142,12 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
     if (pushes_ == opt_.warmup_pushes) t_warm_ = t_last_push_;
     me.clock = s.clock;
     maybe_apply_round_locked();
+    if (opt_.max_staleness == 0 && budget_reached_locked() && round_count_ > 0) {
+      // The work is done mid-round (a worker was counted out): apply what arrived.
+      apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
+      round_sum_.zero_();
+      round_count_ = 0;
+    }
     cv_.notify_all();
   } else {
     KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock,
@@ -156,18 +166,20 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
     return {version_, {}};
   }
 
-  while (!ready_locked(me.clock, w)) {
+  while (!budget_reached_locked() && !ready_locked(me.clock, w)) {
     if (cancelled && cancelled()) throw Error(str_cat("worker ", w, "'s call was cancelled"));
     cv_.wait_for(lock, std::chrono::milliseconds(50));
     count_out_silent_locked(Clock::now());
   }
+  Reply r;
+  r.version = version_;
+  r.stop = budget_reached_locked();
+  if (r.stop) return r;
   int64_t slowest = me.clock;
   for (int v = 0; v < opt_.workers; ++v)
     if (live(v)) slowest = std::min(slowest, workers_[v].clock);
   max_lead_ = std::max(max_lead_, me.clock - slowest);
-
-  Reply r;
-  r.version = version_;
+  if (opt_.issue_tickets) r.ticket = next_ticket_++;
   r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
   std::memcpy(r.values.data(), param_.data_ptr<float>(), r.values.size());
   return r;

@@ -17,6 +17,13 @@
 // With s != 0 each push is applied on arrival as 1/W of a step: the optimizer runs with the
 // learning rate lr(t) / W, t = pushes / W, so one epoch moves the model as far as sync does.
 //
+// Work: the job is `total_pushes` gradients, whoever computes them. Once that many arrived,
+// every reply says stop and the workers leave, so a slow worker does fewer steps instead of
+// making the others wait at the end, and the survivors of a dead worker do its share. With
+// issue_tickets the replies also hand out data slices in order (ticket t = slice t % W of
+// global batch t / W): each slice is computed once, by whoever asks next. With s = 0 round c's
+// tickets are exactly those of global batch c, so the result is sync's.
+//
 // Liveness: a worker is counted out ("dead") when it has not called for `worker_timeout`
 // and is not inside a call; nobody waits for it any more, and s = 0 rounds complete without
 // it. A counted-out worker that calls again is counted back in. A worker that leaves
@@ -63,6 +70,10 @@ struct ShardOptions {
   std::function<double(int64_t)> lr_at;
   // Pushes before throughput is measured (excludes start-up from samples/s).
   int64_t warmup_pushes = 0;
+  // The job's work: once this many gradients were pushed, replies say `stop` (0 = never).
+  int64_t total_pushes = 0;
+  // Hand out data tickets 0, 1, 2, ... with the replies (server 0 does).
+  bool issue_tickets = false;
 };
 
 struct WorkerEval {
@@ -122,7 +133,9 @@ class ShardState {
   };
   struct Reply {
     int64_t version = 0;
-    std::string values;  // numel() floats as bytes; empty after leave
+    std::string values;  // numel() floats as bytes; empty after leave or with stop
+    bool stop = false;   // total_pushes reached: the worker should leave
+    int64_t ticket = -1; // with issue_tickets: the next data slice this worker computes
   };
 
   // Push then pull (see the header comment). `cancelled` is polled while waiting (the caller
@@ -141,6 +154,7 @@ class ShardState {
  private:
   using Clock = std::chrono::steady_clock;
   bool ready_locked(int64_t clock, int worker) const;
+  bool budget_reached_locked() const;
   void count_out_silent_locked(Clock::time_point now);
   void maybe_apply_round_locked();
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
@@ -160,6 +174,7 @@ class ShardState {
   int64_t staleness_sum_ = 0, max_staleness_seen_ = 0, max_lead_ = 0;
   at::Tensor round_sum_;  // s = 0
   int64_t round_count_ = 0;
+  int64_t next_ticket_ = 0;
   bool any_finished_ = false;
   Clock::time_point t_warm_, t_last_push_;
 };

@@ -97,7 +97,6 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
 
   data::DataSplits d = load_data(c);
   data::GlobalBatchSampler sampler(d.train.size(), batch * W, static_cast<uint64_t>(seed));
-  const int64_t steps = total_steps(c, sampler, accum);
   torch::manual_seed(static_cast<uint64_t>(seed));
   auto model = models::make_model(model_spec(c, d));
   std::vector<at::Tensor> params = model->parameters();
@@ -111,20 +110,27 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
   }
   sync::PsClient client(addresses, rank, numel, comm_timeout(c));
   at::Tensor flat = torch::zeros({numel}), grad = torch::zeros({numel});
-  client.pull(flat);
+  sync::PullResult next = client.pull(flat);
   unflatten_from(flat, params);
 
+  // The servers decide how much each worker does: server 0 hands out data tickets (slice
+  // ticket % W of global batch ticket / W) until the job's W x steps gradients are in, then
+  // says stop. A slow worker does fewer steps; nobody waits for it at the end.
   const Straggler straggler(c, rank);
   sync::WorkerSummary summary;
   const auto t_loop = Clock::now();
   double eval_secs = 0, last_loss = 0;
+  int64_t done = 0, next_eval = eval_every;
   model->train();
-  for (int64_t step = 0; step < steps; ++step) {
+  while (!next.stop) {
+    KRAB_CHECK(next.ticket >= 0, "parameter server 0 gave no data ticket");
+    const int64_t global_step = next.ticket / W;
+    const int slice = static_cast<int>(next.ticket % W);
     for (auto& p : params) p.mutable_grad() = at::Tensor();
     double step_loss = 0;
     for (int64_t m = 0; m < accum; ++m) {
       const auto t_compute = Clock::now();
-      auto [x, y] = data::gather(d.train, sampler.indices(step * accum + m, rank, W));
+      auto [x, y] = data::gather(d.train, sampler.indices(global_step * accum + m, slice, W));
       auto loss = model->loss(model->forward(x), y);
       (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
       step_loss += loss.item<double>() / accum;
@@ -132,19 +138,15 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
     }
     last_loss = step_loss;
     flatten_into(params, grad, /*grads=*/true);
-    if (step + 1 == steps) {
-      summary.steps = steps;
-      summary.seconds = std::chrono::duration<double>(Clock::now() - t_loop).count() - eval_secs;
-      summary.wait_seconds = client.wait_seconds();
-      summary.final_loss = last_loss;
-      client.push_and_leave(grad, summary);
-      break;
-    }
-    client.push_pull(grad, flat);
+    next = client.push_pull(grad, flat);
+    ++done;
+    if (next.stop) break;
     unflatten_from(flat, params);
-    // Worker 0 evaluates the parameters it just pulled (time-to-accuracy curves); the other
-    // workers keep training meanwhile.
-    if (rank == 0 && eval_every > 0 && (step + 1) % eval_every == 0 && d.test) {
+    // Worker 0 evaluates the parameters it just pulled when the job's progress (the global
+    // step of its next ticket) passes a multiple of train.eval_every; the other workers keep
+    // training meanwhile.
+    if (rank == 0 && eval_every > 0 && next.ticket / W >= next_eval && d.test) {
+      next_eval = (next.ticket / W / eval_every + 1) * eval_every;
       const auto t_eval = Clock::now();
       const double trained = std::chrono::duration<double>(t_eval - t_loop).count() - eval_secs;
       model->eval();
@@ -152,13 +154,18 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
       model->train();
       eval_secs += std::chrono::duration<double>(Clock::now() - t_eval).count();
       const double acc = total > 0 ? static_cast<double>(correct) / total : 0;
-      summary.evals.push_back({step + 1, trained, acc});
-      std::fprintf(stderr, "\nkrab: worker 0 step %lld test accuracy %.4f\n",
-                   static_cast<long long>(step + 1), acc);
+      summary.evals.push_back({next.ticket / W, trained, acc});
+      std::fprintf(stderr, "\nkrab: worker 0 at step %lld test accuracy %.4f\n",
+                   static_cast<long long>(next.ticket / W), acc);
     }
   }
+  summary.steps = done;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_loop).count() - eval_secs;
+  summary.wait_seconds = client.wait_seconds();
+  summary.final_loss = last_loss;
+  client.leave(summary);
   (void)options;
-  return {{"rank", rank}, {"steps", steps}, {"bytes_sent", client.bytes_sent()}};
+  return {{"rank", rank}, {"steps", done}, {"bytes_sent", client.bytes_sent()}};
 }
 
 nlohmann::json run_param_server(const core::Config& c, int shard, const comm::Endpoint& rendezvous,
@@ -195,6 +202,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   };
   const int64_t warm_steps = std::min<int64_t>(10, std::max<int64_t>(1, steps / 10));
   so.warmup_pushes = W * warm_steps;
+  so.total_pushes = W * steps;
+  so.issue_tickets = shard == 0;
   auto state = std::make_shared<sync::ShardState>(
       so, flat.narrow(0, range.offset, range.numel),
       [&c](std::vector<at::Tensor> ps) { return make_optimizer(c, std::move(ps)); });

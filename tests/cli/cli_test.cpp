@@ -435,9 +435,10 @@ TEST_F(Cli, AsyncWithStalenessZeroMatchesSync) {
   EXPECT_GE(ps["bytes_sent_by_op"]["pull"].get<double>(), per_way);
 }
 
-// One worker of three is slowed (a fixed delay per step). Without a staleness bound the
-// others do not wait for it: when the first finishes, the slow one has done a few steps. With
-// max_staleness 2 nobody runs more than 2 steps ahead of it.
+// One worker of three is slowed (a fixed delay per step). The job is 3 x 12 gradients,
+// whoever computes them. Without a staleness bound the others do not wait for the slow one:
+// they do nearly all the work. With max_staleness 2 nobody runs more than 2 steps ahead of it,
+// so it does about a third.
 TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
   write("job.yaml", kSmallJob);
   const std::string common = " --set parallel.workers=3 --set train.steps=12 --set sync.mode=async"
@@ -448,19 +449,21 @@ TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
   const auto free = nlohmann::json::parse(krab::core::read_file((dir_ / "free.json").string()));
   const auto& fw = free["async"]["per_worker"];
   ASSERT_EQ(fw.size(), 3u);
-  int64_t fast_first_finished = std::max(fw[0]["steps_when_first_finished"].get<int64_t>(),
-                                         fw[1]["steps_when_first_finished"].get<int64_t>());
-  EXPECT_EQ(fast_first_finished, 12) << free["async"].dump();
-  EXPECT_LE(fw[2]["steps_when_first_finished"].get<int64_t>(), 6) << free["async"].dump();
-  EXPECT_EQ(fw[2]["steps"], 12);  // it still did all its steps
-  EXPECT_GE(free["async"]["max_lead"].get<int64_t>(), 6);
+  const int64_t slow = fw[2]["steps"], fast = fw[0]["steps"].get<int64_t>() + fw[1]["steps"].get<int64_t>();
+  EXPECT_LE(slow, 6) << free["async"].dump();
+  EXPECT_GE(fast, 30) << free["async"].dump();
+  // The work is done once: 36 gradients, plus at most one in flight per other worker.
+  EXPECT_GE(slow + fast, 36);
+  EXPECT_LE(slow + fast, 38);
+  EXPECT_EQ(free["async"]["pushes"], slow + fast);
 
   r = run(krab("train job.yaml --report bounded.json --set sync.max_staleness=2" + common));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto bounded =
       nlohmann::json::parse(krab::core::read_file((dir_ / "bounded.json").string()));
   EXPECT_LE(bounded["async"]["max_lead"].get<int64_t>(), 2) << bounded["async"].dump();
-  EXPECT_GE(bounded["async"]["per_worker"][2]["steps_when_first_finished"].get<int64_t>(), 9);
+  EXPECT_GE(bounded["async"]["per_worker"][2]["steps"].get<int64_t>(), 10)
+      << bounded["async"].dump();
 }
 
 std::vector<pid_t> children_of(pid_t parent) {
@@ -480,8 +483,8 @@ std::string environ_of(pid_t pid) {
 }
 
 // With a parameter server, a worker that dies does not stop training: the server counts it
-// out after sync.worker_timeout_s, the others finish, the launcher exits 0 and the report
-// names the lost worker.
+// out after sync.worker_timeout_s, the others do its share of the work, the launcher exits 0
+// and the report names the lost worker.
 TEST_F(Cli, AsyncTrainingGoesOnWhenAWorkerDies) {
   // Rank 1 is slow and the others may not run more than 2 steps ahead of it: they cannot
   // finish before it is killed, and finish only because the server counts it out.
@@ -536,10 +539,12 @@ comm: {timeout_s: 20}
   EXPECT_EQ(rep["async"]["workers_lost"], 1) << rep["async"].dump();
   const auto& pw = rep["async"]["per_worker"];
   EXPECT_EQ(pw[1]["status"], "dead");
-  EXPECT_LT(pw[1]["steps"].get<int64_t>(), 400);
   EXPECT_EQ(pw[0]["status"], "finished");
-  EXPECT_EQ(pw[0]["steps"], 400);
-  EXPECT_EQ(pw[2]["steps"], 400);
+  EXPECT_EQ(pw[2]["status"], "finished");
+  const int64_t lost = pw[1]["steps"], kept = pw[0]["steps"].get<int64_t>() + pw[2]["steps"].get<int64_t>();
+  EXPECT_LT(lost, 400);
+  EXPECT_GE(lost + kept, 3 * 400);  // the survivors did the dead worker's share
+  EXPECT_LE(lost + kept, 3 * 400 + 2);
   EXPECT_TRUE(fs::exists(dir_ / "runs/job/model.pt"));
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "core/errors.h"
@@ -23,6 +24,7 @@ std::shared_ptr<ShardState> make_shard(const at::Tensor& full, int shard, int se
   o.workers = workers;
   o.max_staleness = s;
   o.lr_at = [](int64_t) { return 0.05; };
+  o.issue_tickets = shard == 0;
   const ShardRange r = shard_range(full.numel(), shard, servers);
   return std::make_shared<ShardState>(
       o, full.narrow(0, r.offset, r.numel).contiguous(),
@@ -61,6 +63,7 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
 
   std::vector<uint64_t> sent(W), received(W);
   std::vector<std::vector<at::Tensor>> seen(W);
+  std::vector<std::vector<int64_t>> tickets(W);
   std::vector<std::string> failures(W);
   std::vector<std::thread> workers;
   for (int w = 0; w < W; ++w)
@@ -68,10 +71,10 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
       try {
         PsClient client(addresses, w, kNumel, 20000ms);
         at::Tensor params = at::empty({kNumel}, at::kFloat);
-        client.pull(params);
+        tickets[w].push_back(client.pull(params).ticket);
         seen[w].push_back(params.clone());
         for (int k = 0; k < K - 1; ++k) {
-          client.push_pull(grad_of(w, k), params);
+          tickets[w].push_back(client.push_pull(grad_of(w, k), params).ticket);
           seen[w].push_back(params.clone());
         }
         WorkerSummary summary;
@@ -92,6 +95,12 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
     for (int k = 0; k < K; ++k)
       EXPECT_TRUE(torch::allclose(seen[w][k], expected[k], 1e-6, 1e-6))
           << "worker " << w << " step " << k;
+  // Server 0 hands out the data: step k's tickets are k*W .. k*W + W - 1, one per worker.
+  for (int k = 0; k < K; ++k) {
+    std::vector<int64_t> got{tickets[0][k], tickets[1][k]};
+    std::sort(got.begin(), got.end());
+    EXPECT_EQ(got, (std::vector<int64_t>{k * W, k * W + 1})) << "step " << k;
+  }
 
   // The chief's view: Finish on each shard returns its values and its counters.
   at::Tensor final_model = at::empty({kNumel}, at::kFloat);

@@ -304,5 +304,61 @@ TEST(Shard, UnboundedFastWorkersFinishWhileTheSlowOneIsAtStepZero) {
   EXPECT_EQ(st.pushes, W * K);
 }
 
+// The job is total_pushes gradients: tickets hand out the data in order to whoever asks, and
+// once the last gradient is in every reply says stop (without parameters) — also to a worker
+// that was waiting for a slower one.
+TEST(Shard, WorkBudgetStopsEveryoneAndTicketsAreHandedOutInOrder) {
+  ShardOptions o = options(2, 1);
+  o.total_pushes = 5;
+  o.issue_tickets = true;
+  ShardState shard(o, torch::zeros({2}), sgd(0.1));
+  const at::Tensor g = torch::ones({2});
+  EXPECT_EQ(shard.step(pull(0, 0), kNever).ticket, 0);
+  EXPECT_EQ(shard.step(pull(1, 0), kNever).ticket, 1);
+  EXPECT_EQ(shard.step(push(0, 1, g), kNever).ticket, 2);
+  EXPECT_EQ(shard.step(push(1, 1, g), kNever).ticket, 3);
+  EXPECT_EQ(shard.step(push(0, 2, g), kNever).ticket, 4);
+  // Worker 0 is one step ahead of worker 1 (max_staleness 1): its next pull would wait...
+  std::atomic<bool> waiting{false};
+  ShardState::Reply r0;
+  std::thread t([&] { r0 = shard.step(push(0, 3, g), [&] { waiting = true; return false; }); });
+  while (!waiting) std::this_thread::sleep_for(1ms);
+  // ... until worker 1's push completes the job: both are told to stop.
+  const auto r1 = shard.step(push(1, 2, g), kNever);
+  t.join();
+  EXPECT_TRUE(r1.stop);
+  EXPECT_TRUE(r0.stop);
+  EXPECT_TRUE(r0.values.empty());
+  EXPECT_EQ(r0.ticket, -1);
+  EXPECT_EQ(shard.stats().pushes, 5);
+  // They leave without pushing.
+  ShardState::Step a = pull(0, 3), b = pull(1, 2);
+  a.leave = b.leave = true;
+  shard.step(a, kNever);
+  shard.step(b, kNever);
+  EXPECT_TRUE(shard.done());
+  EXPECT_TRUE(torch::allclose(shard.values(), -0.05 * 5 * g));
+}
+
+// s = 0 when the job's last gradient arrives mid-round (a worker is behind or gone): the round
+// is applied with what came instead of being lost, and nobody waits for the missing worker.
+TEST(Shard, SyncRoundCutShortByTheBudgetIsStillApplied) {
+  ShardOptions o = options(2, 0, 1.0);
+  o.total_pushes = 3;
+  ShardState shard(o, torch::zeros({2}), sgd(1.0));
+  const at::Tensor g = torch::tensor({1.f, -1.f}), g3 = 3 * g;
+  shard.step(pull(0, 0), kNever);
+  shard.step(pull(1, 0), kNever);
+  std::thread t([&] { shard.step(push(1, 1, g3), kNever); });  // then worker 1 goes silent
+  const auto r = shard.step(push(0, 1, g), kNever);  // round 0: both
+  t.join();
+  EXPECT_FALSE(r.stop);
+  EXPECT_TRUE(torch::allclose(shard.values(), -2 * g));
+  const auto last = shard.step(push(0, 2, g), kNever);  // 3rd push: the budget, mid-round
+  EXPECT_TRUE(last.stop);
+  EXPECT_EQ(shard.stats().version, 2);
+  EXPECT_TRUE(torch::allclose(shard.values(), -3 * g));
+}
+
 }  // namespace
 }  // namespace krab::sync
