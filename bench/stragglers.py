@@ -2,23 +2,28 @@
 """Stragglers: one of four workers made 3x slower; what each synchronisation mode does with it.
 
 What it measures: 4 workers on the CNN job of bench/common.py (per-worker batch 64, SGD 0.05 /
-0.9, 1 thread per worker), rank 3 slowed by `train.slow_rank: 3, train.slow_factor: 3` (after
-each forward+backward it sleeps twice the time that took). For each mode — sync, and local_sgd
-with period 8 — with and without the straggler:
+0.9, 1 thread per worker). The straggler is a fixed delay per step on rank 3
+(`train.slow_rank: 3, train.slow_delay_ms: D`), calibrated in the same run: D = (factor - 1) x
+the per-step time of the unslowed sync run, so rank 3 takes `factor` times as long per step as
+the others did. (A delay proportional to the rank's own compute time misleads on 2 cores: the
+more the others compute meanwhile, the longer its compute and so its sleep.) For each mode —
+sync, local_sgd with period 8, async (parameter server, 1 server) without a staleness bound and
+with max_staleness 4 — with and without the straggler:
   - throughput: samples/s after warm-up (krab's report), and the slowed run's share of the
     unslowed one;
   - accuracy after the same wall time: test accuracy at the last evaluation (every --eval-every
-    steps; evaluation time is not counted) within the training time the slowest run of sync
-    took to finish, so every mode is judged at the same clock.
+    global steps; evaluation time is not counted) within the training time slowed sync took to
+    finish, so every mode is judged at the same clock.
 A sync step waits for the slowest worker, so the straggler sets the pace; local SGD waits only
-at its model averages (every `period` steps), which still makes it wait for the straggler,
-just less often: expect it to recover some of the loss, not all (async, which never waits,
-will be added with the parameter server).
+at its model averages; async never waits (unbounded) or waits only when a worker would get
+more than 4 steps ahead of the straggler, and its job is the same number of gradients, whoever
+computes them, so the fast workers do the straggler's share.
 
 Run from the repository root with Debian's python:
-  /usr/bin/python3 bench/stragglers.py                  # 300 steps per run (~8 min)
+  /usr/bin/python3 bench/stragglers.py                  # 300 steps per run (~10 min)
   /usr/bin/python3 bench/stragglers.py --steps 60       # quick check
-Options: --workers 4  --slow-rank 3  --slow-factor 3  --eval-every 48  --json FILE
+Options: --workers 4  --slow-rank 3  --slow-factor 3  --slow-delay-ms D (skip calibration)
+         --eval-every 48  --json FILE
 It copies the krab binary to a temporary directory first. Exit status 1 if a run fails.
 Everything runs on 127.0.0.1; nothing is downloaded.
 """
@@ -31,7 +36,12 @@ import tempfile
 
 from common import REPO, run_krab, write_cnn_job
 
-MODES = {"sync": [], "local_sgd": ["sync.mode=local_sgd", "sync.period=8"]}
+MODES = {
+    "sync": [],
+    "local_sgd": ["sync.mode=local_sgd", "sync.period=8"],
+    "async": ["sync.mode=async", "sync.servers=1", "sync.max_staleness=-1"],
+    "async s=4": ["sync.mode=async", "sync.servers=1", "sync.max_staleness=4"],
+}
 
 
 def accuracy_at(evals, seconds):
@@ -51,6 +61,8 @@ def main():
     # SGD is evaluated right after a model average, not on its diverged local models
     p.add_argument("--slow-rank", type=int, default=3)
     p.add_argument("--slow-factor", type=float, default=3.0)
+    p.add_argument("--slow-delay-ms", type=float, default=0,
+                   help="fixed delay per step of the slow rank (default: calibrated)")
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json")
     args = p.parse_args()
@@ -60,6 +72,7 @@ def main():
     print(f"stragglers: {args.workers} workers, {args.steps} steps, rank {args.slow_rank} slowed "
           f"{args.slow_factor}x, evaluation every {args.eval_every} steps", flush=True)
     results = {}
+    delay_ms = args.slow_delay_ms
     with tempfile.TemporaryDirectory(prefix="krab-stragglers-") as tmp:
         krab = shutil.copy(args.krab, os.path.join(tmp, "krab"))
         job = write_cnn_job(os.path.join(tmp, "job.yaml"), "stragglers", os.path.join(tmp, "ck"))
@@ -69,16 +82,29 @@ def main():
                 s = [f"parallel.workers={args.workers}", f"train.steps={args.steps}",
                      f"train.eval_every={args.eval_every}"] + sets
                 if slowed:
-                    s += [f"train.slow_rank={args.slow_rank}", f"train.slow_factor={args.slow_factor}"]
+                    s += [f"train.slow_rank={args.slow_rank}", f"train.slow_delay_ms={delay_ms:.1f}"]
                 r, elapsed = run_krab("stragglers", krab, job,
-                                      os.path.join(tmp, name.replace(" ", "-") + ".json"), s)
+                                      os.path.join(tmp, name.replace(" ", "-").replace("=", "")
+                                                   + ".json"), s)
                 results[name] = r
+                extra = ""
+                if "async" in r:
+                    steps = [w["steps"] for w in r["async"]["per_worker"]]
+                    extra = (f"  steps per worker {steps}  staleness max "
+                             f"{r['async']['max_staleness_seen']} mean "
+                             f"{r['async']['mean_staleness']:.1f}")
                 print(f"  {name:<17} {r['samples_per_sec']:7.0f} samples/s  train "
-                      f"{r['train_seconds']:6.1f} s  test accuracy {r['test_accuracy']:.4f}",
+                      f"{r['train_seconds']:6.1f} s  test accuracy {r['test_accuracy']:.4f}{extra}",
                       flush=True)
+                if name == "sync" and delay_ms <= 0:
+                    step_ms = 1000.0 * r["global_batch"] / r["samples_per_sec"]
+                    delay_ms = (args.slow_factor - 1) * step_ms
+                    print(f"  calibrated: a sync step takes {step_ms:.1f} ms; the slow rank "
+                          f"sleeps {delay_ms:.1f} ms per step", flush=True)
 
     budget = results["sync slowed"]["train_seconds"]
     print(f"\nsame wall time: accuracy at {budget:.1f} s of training (when slowed sync finished)\n")
+    print(f"slow rank: {delay_ms:.1f} ms extra per step")
     print("| mode | samples/s unslowed | samples/s slowed | slowed / unslowed | slowed / sync slowed |"
           " accuracy at the same time (slowed) |")
     print("|---|---:|---:|---:|---:|---:|")

@@ -179,7 +179,9 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   for (int v = 0; v < opt_.workers; ++v)
     if (live(v)) slowest = std::min(slowest, workers_[v].clock);
   max_lead_ = std::max(max_lead_, me.clock - slowest);
-  if (opt_.issue_tickets) r.ticket = next_ticket_++;
+  // A ticket with every push's reply and with the first pull; a pull in between (a worker
+  // refreshing its copy) keeps the ticket it has.
+  if (opt_.issue_tickets && (s.grad != nullptr || s.clock == 0)) r.ticket = next_ticket_++;
   r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
   std::memcpy(r.values.data(), param_.data_ptr<float>(), r.values.size());
   return r;

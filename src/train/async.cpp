@@ -119,8 +119,21 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
   const Straggler straggler(c, rank);
   sync::WorkerSummary summary;
   const auto t_loop = Clock::now();
-  double eval_secs = 0, last_loss = 0;
+  double last_loss = 0;
   int64_t done = 0, next_eval = eval_every;
+
+  // Worker 0 records time-to-accuracy points: at every train.eval_every global steps it keeps
+  // a copy of the parameters it just pulled, and evaluates the copies after training. An
+  // evaluation inside the loop would make worker 0 a straggler (its next gradient stale by
+  // the whole evaluation, and with max_staleness everyone waiting for it), and one in a thread
+  // beside training would take CPU from it. Memory: one parameter copy per evaluation.
+  struct Snapshot {
+    int64_t global_step;
+    double trained_seconds;
+    at::Tensor values;
+  };
+  std::vector<Snapshot> snapshots;
+  const bool evaluates = rank == 0 && eval_every > 0 && d.test;
   model->train();
   while (!next.stop) {
     KRAB_CHECK(next.ticket >= 0, "parameter server 0 gave no data ticket");
@@ -142,27 +155,32 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
     ++done;
     if (next.stop) break;
     unflatten_from(flat, params);
-    // Worker 0 evaluates the parameters it just pulled when the job's progress (the global
-    // step of its next ticket) passes a multiple of train.eval_every; the other workers keep
-    // training meanwhile.
-    if (rank == 0 && eval_every > 0 && next.ticket / W >= next_eval && d.test) {
+    // Evaluate when the job's progress (the global step of the next ticket) passes a multiple
+    // of train.eval_every.
+    if (evaluates && next.ticket / W >= next_eval) {
       next_eval = (next.ticket / W / eval_every + 1) * eval_every;
-      const auto t_eval = Clock::now();
-      const double trained = std::chrono::duration<double>(t_eval - t_loop).count() - eval_secs;
-      model->eval();
-      const auto [correct, total] = count_correct(*model, *d.test, 0, d.test->size());
-      model->train();
-      eval_secs += std::chrono::duration<double>(Clock::now() - t_eval).count();
-      const double acc = total > 0 ? static_cast<double>(correct) / total : 0;
-      summary.evals.push_back({next.ticket / W, trained, acc});
-      std::fprintf(stderr, "\nkrab: worker 0 at step %lld test accuracy %.4f\n",
-                   static_cast<long long>(next.ticket / W), acc);
+      snapshots.push_back({next.ticket / W,
+                           std::chrono::duration<double>(Clock::now() - t_loop).count(),
+                           flat.clone()});
     }
   }
   summary.steps = done;
-  summary.seconds = std::chrono::duration<double>(Clock::now() - t_loop).count() - eval_secs;
+  summary.seconds = std::chrono::duration<double>(Clock::now() - t_loop).count();
   summary.wait_seconds = client.wait_seconds();
   summary.final_loss = last_loss;
+  if (!snapshots.empty()) {
+    model->eval();
+    for (const Snapshot& snap : snapshots) {
+      client.pull(flat);  // "still here": the servers count out workers silent for
+                          // sync.worker_timeout_s, and one evaluation must take less
+      unflatten_from(snap.values, params);
+      const auto [correct, total] = count_correct(*model, *d.test, 0, d.test->size());
+      const double acc = total > 0 ? static_cast<double>(correct) / total : 0;
+      summary.evals.push_back({snap.global_step, snap.trained_seconds, acc});
+      std::fprintf(stderr, "krab: step %lld (%.1f s of training): test accuracy %.4f\n",
+                   static_cast<long long>(snap.global_step), snap.trained_seconds, acc);
+    }
+  }
   client.leave(summary);
   (void)options;
   return {{"rank", rank}, {"steps", done}, {"bytes_sent", client.bytes_sent()}};
