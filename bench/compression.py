@@ -11,7 +11,8 @@ bench/common.py):
   - samples/s (4 processes on 2 cores: compute-bound; not a speed comparison).
 Modes: sync (fp32 all-reduce), fp16, bf16, int8, onebit, topk 0.01, randomk 0.1, powersgd rank
 4, local_sgd period 8 (defaults of the comm.* keys otherwise: error feedback on, no warm-up,
-parameters under 1024 values uncompressed).
+parameters under 1024 values uncompressed), async (parameter server, 1 server) unbounded and
+with max_staleness 2.
 
 Run from the repository root with Debian's python:
   /usr/bin/python3 bench/compression.py                    # the full benchmark (~15 min)
@@ -42,6 +43,10 @@ MODES = {
     "randomk": (["comm.compression=randomk", "comm.ratio=0.1"], None),
     "powersgd": (["comm.compression=powersgd", "comm.rank=4"], 0.05),
     "local_sgd": (["sync.mode=local_sgd", "sync.period=8"], 0.13),
+    # The parameter server moves the gradient up and the parameters down every step (8n bytes
+    # per worker and step against the ring's 2(W-1)/W * 4n): it trades traffic for not waiting.
+    "async": (["sync.mode=async", "sync.servers=1", "sync.max_staleness=-1"], None),
+    "async_s2": (["sync.mode=async", "sync.servers=1", "sync.max_staleness=2"], None),
 }
 
 

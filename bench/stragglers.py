@@ -23,7 +23,7 @@ Run from the repository root with Debian's python:
   /usr/bin/python3 bench/stragglers.py                  # 300 steps per run (~10 min)
   /usr/bin/python3 bench/stragglers.py --steps 60       # quick check
 Options: --workers 4  --slow-rank 3  --slow-factor 3  --slow-delay-ms D (skip calibration)
-         --eval-every 48  --json FILE
+         --eval-every 48  --json FILE  --table-from FILE (the table of a saved run)
 It copies the krab binary to a temporary directory first. Exit status 1 if a run fails.
 Everything runs on 127.0.0.1; nothing is downloaded.
 """
@@ -53,6 +53,26 @@ def accuracy_at(evals, seconds):
     return acc
 
 
+def table(results, delay_ms):
+    """The summary table. Accuracy is read at two clocks: when the first slowed run finished
+    training (who is ahead early) and when slowed sync finished (the straggler's full cost)."""
+    early = min(r["train_seconds"] for n, r in results.items() if n.endswith("slowed"))
+    late = results["sync slowed"]["train_seconds"]
+    print(f"\nslow rank: {delay_ms:.1f} ms extra per step; accuracy of the slowed runs at "
+          f"{early:.1f} s of training (first slowed run done) and {late:.1f} s (slowed sync "
+          f"done)\n")
+    print("| mode | samples/s unslowed | samples/s slowed | slowed / unslowed | slowed / sync slowed |"
+          f" accuracy at {early:.0f} s (slowed) | accuracy at {late:.0f} s (slowed) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    modes = [n for n in results if not n.endswith("slowed")]
+    for mode in modes:
+        fast, slow = results[mode], results[f"{mode} slowed"]
+        print(f"| {mode} | {fast['samples_per_sec']:.0f} | {slow['samples_per_sec']:.0f} | "
+              f"{slow['samples_per_sec'] / fast['samples_per_sec']:.2f} | "
+              f"{slow['samples_per_sec'] / results['sync slowed']['samples_per_sec']:.2f} | "
+              f"{accuracy_at(slow['evals'], early):.4f} | {accuracy_at(slow['evals'], late):.4f} |")
+
+
 def main():
     p = argparse.ArgumentParser(description="krab with an artificial straggler")
     p.add_argument("--workers", type=int, default=4)
@@ -65,7 +85,14 @@ def main():
                    help="fixed delay per step of the slow rank (default: calibrated)")
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json")
+    p.add_argument("--table-from", metavar="FILE",
+                   help="print the table from a --json file of an earlier run, run nothing")
     args = p.parse_args()
+    if args.table_from:
+        with open(args.table_from) as f:
+            saved = json.load(f)
+        table(saved["results"], saved["slow_delay_ms"])
+        return
     if not os.access(args.krab, os.X_OK):
         sys.exit(f"stragglers: {args.krab} is not an executable; build krab first")
 
@@ -102,21 +129,10 @@ def main():
                     print(f"  calibrated: a sync step takes {step_ms:.1f} ms; the slow rank "
                           f"sleeps {delay_ms:.1f} ms per step", flush=True)
 
-    budget = results["sync slowed"]["train_seconds"]
-    print(f"\nsame wall time: accuracy at {budget:.1f} s of training (when slowed sync finished)\n")
-    print(f"slow rank: {delay_ms:.1f} ms extra per step")
-    print("| mode | samples/s unslowed | samples/s slowed | slowed / unslowed | slowed / sync slowed |"
-          " accuracy at the same time (slowed) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for mode in MODES:
-        fast, slow = results[mode], results[f"{mode} slowed"]
-        print(f"| {mode} | {fast['samples_per_sec']:.0f} | {slow['samples_per_sec']:.0f} | "
-              f"{slow['samples_per_sec'] / fast['samples_per_sec']:.2f} | "
-              f"{slow['samples_per_sec'] / results['sync slowed']['samples_per_sec']:.2f} | "
-              f"{accuracy_at(slow['evals'], budget):.4f} |")
+    table(results, delay_ms)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"slow_delay_ms": delay_ms, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -192,6 +192,12 @@ std::vector<KeySpec> build_registry() {
               "others); 0 = sync through the servers (each step's gradients averaged and "
               "applied once).",
               -1),
+      int_key("sync.aggregate", "0",
+              "`async`, `max_staleness` != 0: gradients averaged into one server update, from "
+              "whichever workers sent them. 0 = one per worker (the optimizer takes the steps "
+              "sync would, with the same batch, so learning rate, momentum and schedule carry "
+              "over); 1 = every gradient applied as it arrives, with the learning rate / workers.",
+              0),
       float_key("sync.worker_timeout_s", "10",
                 "`async`: a worker silent this long is counted out (nobody waits for it) until "
                 "it calls again; a dead worker never stops the servers.",

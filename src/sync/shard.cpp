@@ -37,7 +37,8 @@ ShardState::ShardState(ShardOptions options, const at::Tensor& init,
   workers_.resize(opt_.workers);
   last_seen_.assign(opt_.workers, Clock::now());
   in_call_.assign(opt_.workers, 0);
-  if (opt_.max_staleness == 0) round_sum_ = torch::zeros_like(init);
+  KRAB_CHECK_ARG(opt_.aggregate >= 1, "sync.aggregate must be >= 1 here, got ", opt_.aggregate);
+  if (opt_.max_staleness == 0 || opt_.aggregate > 1) round_sum_ = torch::zeros_like(init);
   t_warm_ = t_last_push_ = Clock::now();
 }
 
@@ -88,6 +89,15 @@ void ShardState::apply_locked(const at::Tensor& grad, double lr_scale, int64_t t
   ++version_;
 }
 
+// s != 0, K > 1: one update from the round_count_ gradients summed (normally K), as
+// round_count_ / W of a step; `pushes` counts this group's pushes.
+void ShardState::apply_group_locked(int64_t pushes) {
+  const double n = static_cast<double>(round_count_);
+  apply_locked(round_sum_ / n, n / opt_.workers, (pushes - round_count_) / opt_.workers);
+  round_sum_.zero_();
+  round_count_ = 0;
+}
+
 // s = 0: round `version_` is complete when every live worker has pushed it.
 void ShardState::maybe_apply_round_locked() {
   if (opt_.max_staleness != 0 || round_count_ == 0) return;
@@ -135,18 +145,28 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
       staleness_sum_ += staleness;
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
-      apply_locked(g, 1.0 / opt_.workers, pushes_ / opt_.workers);
+      if (opt_.aggregate == 1) {
+        apply_locked(g, 1.0 / opt_.workers, pushes_ / opt_.workers);
+      } else {
+        round_sum_.add_(g);
+        if (++round_count_ == opt_.aggregate) apply_group_locked(pushes_ + 1);
+      }
     }
     ++pushes_;
     t_last_push_ = Clock::now();
     if (pushes_ == opt_.warmup_pushes) t_warm_ = t_last_push_;
     me.clock = s.clock;
     maybe_apply_round_locked();
-    if (opt_.max_staleness == 0 && budget_reached_locked() && round_count_ > 0) {
-      // The work is done mid-round (a worker was counted out): apply what arrived.
-      apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
-      round_sum_.zero_();
-      round_count_ = 0;
+    if (budget_reached_locked() && round_count_ > 0) {
+      // The work is done mid-round or mid-group (a worker was counted out, or the job's
+      // gradients are not a multiple of K): apply what arrived.
+      if (opt_.max_staleness == 0) {
+        apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
+        round_sum_.zero_();
+        round_count_ = 0;
+      } else {
+        apply_group_locked(pushes_);
+      }
     }
     cv_.notify_all();
   } else {

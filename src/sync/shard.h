@@ -14,8 +14,12 @@
 //   s = 0   sync through the server: gradients of step c are summed and applied once, as their
 //           average, when every live worker has pushed step c (exactly sync data parallelism,
 //           any optimizer); pulls for step c + 1 wait for that.
-// With s != 0 each push is applied on arrival as 1/W of a step: the optimizer runs with the
-// learning rate lr(t) / W, t = pushes / W, so one epoch moves the model as far as sync does.
+// With s != 0 the gradients are applied in groups of `aggregate` (K), whoever sent them, as
+// they arrive: every K pushes the optimizer steps once on their average with the learning rate
+// lr(t) * K / W, t = pushes / W. K = W (the default) takes the steps sync takes, with the same
+// batch, so learning rate, momentum and schedule carry over from sync (K-batch asynchronous
+// SGD); K = 1 applies each gradient on arrival as 1/W of a step (Downpour-style). Either way
+// one epoch moves the model about as far as sync does.
 //
 // Work: the job is `total_pushes` gradients, whoever computes them. Once that many arrived,
 // every reply says stop and the workers leave, so a slow worker does fewer steps instead of
@@ -65,6 +69,7 @@ using OptimizerFactory =
 struct ShardOptions {
   int workers = 1;
   int max_staleness = -1;
+  int aggregate = 1;  // K (see above); s != 0 only
   std::chrono::milliseconds worker_timeout{10000};
   // Learning rate at global step t (t counts rounds for s = 0, pushes / workers otherwise).
   std::function<double(int64_t)> lr_at;
@@ -107,7 +112,7 @@ struct ShardStats {
   int64_t pushes = 0;       // gradients received
   int64_t dropped = 0;      // s = 0: gradients for a round already applied (a worker counted
                             // out that came back late)
-  int64_t max_staleness_seen = 0;  // s != 0: versions between a gradient's pull and its push
+  int64_t max_staleness_seen = 0;  // s != 0: updates between a gradient's pull and its push
   double mean_staleness = 0;
   int64_t max_lead = 0;     // largest (clock of a pull) - (slowest live worker's clock)
   double seconds_after_warmup = 0;  // from push warmup_pushes to the last push
@@ -157,6 +162,7 @@ class ShardState {
   bool budget_reached_locked() const;
   void count_out_silent_locked(Clock::time_point now);
   void maybe_apply_round_locked();
+  void apply_group_locked(int64_t pushes);
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
   bool live(int w) const;
 
@@ -172,7 +178,7 @@ class ShardState {
   int64_t pushes_ = 0;
   int64_t dropped_ = 0;
   int64_t staleness_sum_ = 0, max_staleness_seen_ = 0, max_lead_ = 0;
-  at::Tensor round_sum_;  // s = 0
+  at::Tensor round_sum_;  // s = 0, or K > 1
   int64_t round_count_ = 0;
   int64_t next_ticket_ = 0;
   bool any_finished_ = false;

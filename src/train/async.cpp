@@ -210,6 +210,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   sync::ShardOptions so;
   so.workers = W;
   so.max_staleness = static_cast<int>(c.get_int("sync.max_staleness"));
+  const int64_t aggregate = c.get_int("sync.aggregate");
+  so.aggregate = aggregate == 0 ? W : static_cast<int>(aggregate);
   so.worker_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_float("sync.worker_timeout_s") * 1000));
   const Schedule schedule = parse_schedule(c.get_string("train.lr_schedule"));
@@ -338,6 +340,7 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   report["sync_mode"] = "async";
   report["async"] = {{"servers", S},
                      {"max_staleness", c.get_int("sync.max_staleness")},
+                     {"aggregate", so.aggregate},
                      {"pushes", st.pushes},
                      {"updates", st.version},
                      {"dropped", st.dropped},

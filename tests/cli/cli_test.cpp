@@ -560,6 +560,9 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
   expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
                           "--set sync.worker_timeout_s=0")),
                  2, "sync.worker_timeout_s");
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
+                          "--set sync.aggregate=-1")),
+                 2, "sync.aggregate");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 

@@ -360,5 +360,38 @@ TEST(Shard, SyncRoundCutShortByTheBudgetIsStillApplied) {
   EXPECT_TRUE(torch::allclose(shard.values(), -3 * g));
 }
 
+// K = W (the default the CLI uses): every W gradients, whoever sent them, make one optimizer
+// step on their average — torch's SGD with momentum on those averages, the learning-rate
+// schedule indexed by the step — even when one worker sends more than its share.
+TEST(Shard, AggregatedGroupsAreSgdStepsOnTheirAverage) {
+  const int64_t n = 7;
+  const at::Tensor x0 = torch::sin(torch::arange(n, at::kFloat));
+  ShardOptions o = options(2, -1);
+  o.aggregate = 2;
+  o.lr_at = [](int64_t t) { return 0.1 / (1.0 + t); };
+  ShardState shard(o, x0, sgd(1.0, 0.9));
+  // Arrival order: w0, w0, w1, w0, w1, w1 -> groups {w0 k0, w0 k1}, {w1 k0, w0 k2}, {w1 k1, w1 k2}.
+  const std::vector<std::pair<int, int>> order{{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {1, 2}};
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(1.0).momentum(0.9));
+  for (size_t i = 0; i < order.size(); i += 2) {
+    const auto [wa, ka] = order[i];
+    const auto [wb, kb] = order[i + 1];
+    for (auto& g : opt.param_groups()) g.options().set_lr(0.1 / (1.0 + i / 2));
+    ref.mutable_grad() = (grad_of(wa, ka, n) + grad_of(wb, kb, n)) / 2;
+    opt.step();
+  }
+  shard.step(pull(0, 0), kNever);
+  shard.step(pull(1, 0), kNever);
+  int64_t versions_seen = 0;
+  for (const auto& [w, k] : order) {
+    const at::Tensor g = grad_of(w, k, n);
+    versions_seen = shard.step(push(w, k + 1, g), kNever).version;
+  }
+  EXPECT_EQ(versions_seen, 3);
+  EXPECT_TRUE(torch::allclose(shard.values(), ref.detach(), 1e-6, 1e-6));
+  EXPECT_EQ(shard.stats().pushes, 6);
+}
+
 }  // namespace
 }  // namespace krab::sync
