@@ -198,6 +198,9 @@ std::vector<KeySpec> build_registry() {
               "sync would, with the same batch, so learning rate, momentum and schedule carry "
               "over); 1 = every gradient applied as it arrives, with the learning rate / workers.",
               0),
+      bool_key("sync.staleness_damping", "false",
+               "`async`: scale each gradient by 1 / (1 + its staleness in server updates) "
+               "(staleness-aware asynchronous SGD)."),
       float_key("sync.worker_timeout_s", "10",
                 "`async`: a worker silent this long is counted out (nobody waits for it) until "
                 "it calls again; a dead worker never stops the servers.",

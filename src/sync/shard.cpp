@@ -145,10 +145,11 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
       staleness_sum_ += staleness;
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
+      const double weight = opt_.staleness_damping ? 1.0 / (1.0 + staleness) : 1.0;
       if (opt_.aggregate == 1) {
-        apply_locked(g, 1.0 / opt_.workers, pushes_ / opt_.workers);
+        apply_locked(g, weight / opt_.workers, pushes_ / opt_.workers);
       } else {
-        round_sum_.add_(g);
+        round_sum_.add_(g, weight);
         if (++round_count_ == opt_.aggregate) apply_group_locked(pushes_ + 1);
       }
     }

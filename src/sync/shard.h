@@ -70,6 +70,8 @@ struct ShardOptions {
   int workers = 1;
   int max_staleness = -1;
   int aggregate = 1;  // K (see above); s != 0 only
+  // s != 0: each gradient is scaled by 1 / (1 + staleness), staleness in updates.
+  bool staleness_damping = false;
   std::chrono::milliseconds worker_timeout{10000};
   // Learning rate at global step t (t counts rounds for s = 0, pushes / workers otherwise).
   std::function<double(int64_t)> lr_at;

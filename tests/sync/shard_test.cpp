@@ -393,5 +393,18 @@ TEST(Shard, AggregatedGroupsAreSgdStepsOnTheirAverage) {
   EXPECT_EQ(shard.stats().pushes, 6);
 }
 
+// staleness_damping: a gradient `staleness` updates old counts 1 / (1 + staleness).
+TEST(Shard, StalenessDampingScalesStaleGradients) {
+  const at::Tensor x0 = torch::linspace(-1, 1, 5);
+  ShardOptions o = options(2, -1, 0.1);
+  o.staleness_damping = true;
+  ShardState shard(o, x0, sgd(0.1));
+  const at::Tensor g1 = grad_of(0, 0, 5), g2 = grad_of(1, 0, 5), g3 = grad_of(0, 1, 5);
+  shard.step(push(0, 1, g1, 0), kNever);  // staleness 0
+  shard.step(push(0, 2, g3, 1), kNever);  // 0
+  shard.step(push(1, 1, g2, 0), kNever);  // 2: counts a third
+  EXPECT_TRUE(torch::allclose(shard.values(), x0 - 0.05 * (g1 + g3 + g2 / 3), 1e-6, 1e-6));
+}
+
 }  // namespace
 }  // namespace krab::sync
