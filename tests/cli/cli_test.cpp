@@ -346,6 +346,50 @@ TEST_F(Cli, CheckpointFromAnotherModelOrCorruptIsRefused) {
   expect_refused(run(krab("train ok.yaml --set checkpoint.resume=true")), 2, "truncated");
 }
 
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
+                   "/children");
+  pid_t p;
+  while (in >> p) out.push_back(p);
+  return out;
+}
+
+std::string environ_of(pid_t pid) {
+  std::string env = krab::core::read_file("/proc/" + std::to_string(pid) + "/environ");
+  for (char& c : env)
+    if (c == '\0') c = '\n';
+  return "\n" + env;
+}
+
+// Starts `krab ARGS...` in `dir` in the background, stderr to `log`.
+pid_t start_krab(const fs::path& dir, const std::string& log, std::vector<std::string> args) {
+  args.insert(args.begin(), kKrab);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::chdir(dir.c_str());
+    std::freopen(log.c_str(), "w", stderr);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(kKrab.c_str(), argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits up to `seconds` for `pid` to exit; false (and `pid` killed) if it did not.
+bool wait_exit(pid_t pid, int seconds, int& status) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  pid_t got = 0;
+  while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (got != 0) return true;
+  ::kill(pid, SIGKILL);
+  return false;
+}
+
 // A worker killed mid-run: the launcher names it, exits 1, and leaves no process behind.
 TEST_F(Cli, DeadWorkerStopsTheRunAndIsNamed) {
   write("job.yaml", R"(
@@ -356,33 +400,20 @@ parallel: {workers: 3}
 comm: {timeout_s: 10}
 )");
   const std::string log = (dir_ / "log.txt").string();
-  pid_t launcher = ::fork();
-  if (launcher == 0) {
-    ::chdir(dir_.c_str());
-    std::freopen(log.c_str(), "w", stderr);
-    ::execl(kKrab.c_str(), kKrab.c_str(), "train", "job.yaml", nullptr);
-    ::_exit(127);
-  }
+  pid_t launcher = start_krab(dir_, log, {"train", "job.yaml"});
   // Find the workers: children of the launcher.
   std::vector<pid_t> workers;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (workers.size() < 3 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    workers.clear();
-    std::ifstream in("/proc/" + std::to_string(launcher) + "/task/" + std::to_string(launcher) +
-                     "/children");
-    pid_t p;
-    while (in >> p) workers.push_back(p);
+    workers = children_of(launcher);
   }
   ASSERT_EQ(workers.size(), 3u);
   std::this_thread::sleep_for(std::chrono::seconds(4));  // let training start
   // Workers (exec'd by now) see torchrun's variables and an OpenBLAS pool limited to their
   // thread budget.
   for (size_t i = 0; i < workers.size(); ++i) {
-    std::string env = krab::core::read_file("/proc/" + std::to_string(workers[i]) + "/environ");
-    for (char& c : env)
-      if (c == '\0') c = '\n';
-    env = "\n" + env;
+    const std::string env = environ_of(workers[i]);
     for (const std::string& want :
          {"\nRANK=" + std::to_string(i) + "\n", "\nLOCAL_RANK=" + std::to_string(i) + "\n",
           std::string("\nWORLD_SIZE=3\n"), std::string("\nLOCAL_WORLD_SIZE=3\n"),
@@ -392,13 +423,7 @@ comm: {timeout_s: 10}
   // Children are listed in spawn order: index 1 is rank 1.
   ::kill(workers[1], SIGKILL);
   int status = 0;
-  pid_t got = 0;
-  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < stop_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (got == 0) {
-    ::kill(launcher, SIGKILL);
+  if (!wait_exit(launcher, 30, status)) {
     for (pid_t w : workers) ::kill(w, SIGKILL);
     FAIL() << "launcher did not exit after a worker died";
   }
@@ -466,22 +491,6 @@ TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
       << bounded["async"].dump();
 }
 
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
-                   "/children");
-  pid_t p;
-  while (in >> p) out.push_back(p);
-  return out;
-}
-
-std::string environ_of(pid_t pid) {
-  std::string env = krab::core::read_file("/proc/" + std::to_string(pid) + "/environ");
-  for (char& c : env)
-    if (c == '\0') c = '\n';
-  return "\n" + env;
-}
-
 // With a parameter server, a worker that dies does not stop training: the server counts it
 // out after sync.worker_timeout_s, the others do its share of the work, the launcher exits 0
 // and the report names the lost worker.
@@ -497,13 +506,7 @@ sync: {mode: async, servers: 1, max_staleness: 2, worker_timeout_s: 1}
 comm: {timeout_s: 20}
 )");
   const std::string log = (dir_ / "log.txt").string();
-  pid_t launcher = ::fork();
-  if (launcher == 0) {
-    ::chdir(dir_.c_str());
-    std::freopen(log.c_str(), "w", stderr);
-    ::execl(kKrab.c_str(), kKrab.c_str(), "train", "job.yaml", "--report", "r.json", nullptr);
-    ::_exit(127);
-  }
+  pid_t launcher = start_krab(dir_, log, {"train", "job.yaml", "--report", "r.json"});
   pid_t victim = -1;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (victim < 0 && std::chrono::steady_clock::now() < deadline) {
@@ -521,15 +524,7 @@ comm: {timeout_s: 20}
   std::this_thread::sleep_for(std::chrono::seconds(4));  // let training start
   ::kill(victim, SIGKILL);
   int status = 0;
-  pid_t got = 0;
-  const auto stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while ((got = ::waitpid(launcher, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < stop_deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (got == 0) {
-    ::kill(launcher, SIGKILL);
-    FAIL() << "launcher did not finish after a worker died";
-  }
+  if (!wait_exit(launcher, 120, status)) FAIL() << "launcher did not finish after a worker died";
   const std::string text = krab::core::read_file(log);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << text;
