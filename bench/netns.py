@@ -170,13 +170,20 @@ class Hosts:
 
     # --- counters ---------------------------------------------------------------------------
 
-    def tx_bytes(self):
-        """Transmit byte counter of every host's veth (includes TCP/IP and Ethernet headers)."""
+    def tx_counters(self):
+        """(bytes, packets) transmit counters of every host's veth. Bytes include the TCP/IP
+        and Ethernet headers; a packet is one sk_buff (a GSO super-packet of up to 64 KiB
+        counts once, with one set of headers, unless a qdisc such as tbf splits it)."""
         out = []
         for ns, dev in zip(self.ns, self.ifaces):
             info = json.loads(sh(["ip", "-n", ns, "-j", "-s", "link", "show", "dev", dev]).stdout)
-            out.append(int(info[0]["stats64"]["tx"]["bytes"]))
+            tx = info[0]["stats64"]["tx"]
+            out.append((int(tx["bytes"]), int(tx["packets"])))
         return out
+
+    def tx_bytes(self):
+        """Transmit byte counter of every host's veth (includes TCP/IP and Ethernet headers)."""
+        return [b for b, _ in self.tx_counters()]
 
     def qdisc_stats(self):
         """Per host: the root qdisc's kind, bytes, packets, drops, overlimits (cumulative)."""

@@ -24,10 +24,12 @@ same way; krab's report field samples_per_sec is kept in the JSON); krab's own t
 (`ip -s link`, read before and after the run: payload plus TCP/IP/Ethernet headers, rendezvous,
 krab's peer monitor and the evaluations' small all-reduces), their ratio, and the counters
 against the ring all-reduce model (steps x 2(W-1) x 1,686,568 B + (W-1) x 1,686,568 B for the
-initial broadcast). Then per rate the speed-up of each krab config over DDP (DDP's time to
-target / krab's, and the samples/s ratio), and each system's samples/s at a rate relative to its
-own unshaped run, with the link rate that the extra training time implies (bytes a host sent /
-(training seconds - the unshaped run's)): close to the shaped rate when the shaper holds it
+initial broadcast), and the TCP payload the veths carried (TX bytes - 66 x TX packets:
+Ethernet + IPv4 + TCP-with-timestamps headers; pure ACKs are headers only) over the meter.
+Then per rate the speed-up of each krab config over DDP (DDP's time to target / krab's, and
+the samples/s ratio), and each system's samples/s at a rate relative to its own unshaped run,
+with the link rate that the extra training time implies (bytes a host sent / (training
+seconds - the unshaped run's)): close to the shaped rate when the shaper holds it
 and communication does not overlap computation. Before the runs at each rate a 4 s link check
 sends TCP traffic around the ring of hosts (h0 -> h1 -> h2 -> h3 -> h0, all at once, as a ring
 all-reduce does) and prints the payload rate each receiver got after the first second (TCP's
@@ -372,9 +374,9 @@ def one_run(system, args, hosts, env, tmp, tag, rate, port, steps, krab=None, jo
                else 3 * estimate_seconds(steps, rate, args.eval_every) + 120)
     load, compilers = machine_load()
     leftovers = hosts.kill_all()  # nothing should be running in the namespaces now
-    tx0, q0 = hosts.tx_bytes(), hosts.qdisc_stats()
+    tx0, q0 = hosts.tx_counters(), hosts.qdisc_stats()
     rcs, order, elapsed, timed_out = run_group(cmds, cwds, logdir, names, env, timeout)
-    tx1, q1 = hosts.tx_bytes(), hosts.qdisc_stats()
+    tx1, q1 = hosts.tx_counters(), hosts.qdisc_stats()
     leftovers += hosts.kill_all()
     status = check_group(f"{system} at {rate_name(rate)}", cmds, logdir, names, rcs, order,
                          timed_out, capped=bool(args.max_minutes))
@@ -382,9 +384,16 @@ def one_run(system, args, hosts, env, tmp, tag, rate, port, steps, krab=None, jo
               "process_seconds": elapsed, "timeout_s": timeout, "load1": load,
               "compilers_running": compilers, "leftover_processes_killed": leftovers,
               "commands": [" ".join(c) for c in cmds],
-              "iface_tx_bytes": [b - a for a, b in zip(tx0, tx1)],
+              "iface_tx_bytes": [b[0] - a[0] for a, b in zip(tx0, tx1)],
+              "iface_tx_packets": [b[1] - a[1] for a, b in zip(tx0, tx1)],
               "qdisc": [delta_qdisc(a, b) for a, b in zip(q0, q1)]}
     result["iface_bytes"] = sum(result["iface_tx_bytes"])
+    # TCP payload the interfaces carried: every packet here is Ethernet (14) + IPv4 (20) + TCP
+    # with timestamps (32) = 66 bytes of headers (pure ACKs are nothing else), the rest is
+    # payload. Payload bytes are what the meter counts, plus what it rightly leaves out (the
+    # rendezvous store, the peer monitor's heartbeats, Gloo's connection set-up).
+    result["iface_payload_bytes"] = result["iface_bytes"] - HEADER_BYTES * sum(
+        result["iface_tx_packets"])
     if status == "capped":
         return result
     if system == "ddp":
@@ -422,6 +431,9 @@ def fmt_s(x):
     return "—" if x is None else f"{x:,.1f} s"
 
 
+HEADER_BYTES = 66  # Ethernet + IPv4 + TCP with the timestamp option, per packet
+
+
 def fmt_mb(x):
     return "—" if x is None else f"{x / 1e6:,.1f} MB"
 
@@ -429,25 +441,27 @@ def fmt_mb(x):
 def print_tables(runs, target, systems, rates):
     print()
     print(f"| link | system | time to {target:g} (step) | final acc. | samples/s | "
-          f"meter bytes | iface bytes | iface / meter | iface / ring model | "
-          f"TX Mbit/s per host |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"meter bytes | iface bytes | iface / meter | iface payload / meter | "
+          f"iface / ring model | TX Mbit/s per host |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         if r["status"] == "capped":
             print(f"| {rate_name(r['rate_mbit'])} | {r['system']} | capped after "
                   f"{r['process_seconds'] / 60:.1f} min | — | — | — | "
-                  f"{fmt_mb(r['iface_bytes'])} | — | — | — |")
+                  f"{fmt_mb(r['iface_bytes'])} | — | — | — | — |")
             continue
         ttt = ("not reached" if r["time_to_target"] is None
                else f"{r['time_to_target']:,.1f} s ({r['step_at_target']})")
         meter = r["meter_bytes"]
         ratio = f"{r['iface_bytes'] / meter:.3f}" if meter else "—"
+        payload = (f"{r['iface_payload_bytes'] / meter:.3f}"
+                   if meter and "iface_payload_bytes" in r else "—")
         ring = f"{r['iface_bytes'] / r['ring_model_bytes']:.3f}"
         acc = "—" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}"
         sps = "—" if r["samples_per_sec"] is None else f"{r['samples_per_sec']:,.0f}"
         tx = r["per_host_tx_mbit_during_training"]
         print(f"| {rate_name(r['rate_mbit'])} | {r['system']} | {ttt} | {acc} | {sps} | "
-              f"{fmt_mb(meter)} | {fmt_mb(r['iface_bytes'])} | {ratio} | {ring} | "
+              f"{fmt_mb(meter)} | {fmt_mb(r['iface_bytes'])} | {ratio} | {payload} | {ring} | "
               f"{'—' if tx is None else f'{tx:.1f}'} |")
 
     def find(system, rate):
