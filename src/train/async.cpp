@@ -285,14 +285,17 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   nlohmann::json per_worker = nlohmann::json::array();
   nlohmann::json evals = nlohmann::json::array();
   double loss_sum = 0, train_secs = 0;
-  int finished = 0, lost = 0;
+  int finished = 0, lost = 0, with_loss = 0;  // a worker told to stop at once has no loss
   for (int w = 0; w < W; ++w) {
     const auto& ws = st.workers[w];
     const bool ok = ws.status == sync::WorkerState::Status::kFinished;
     finished += ok;
     lost += !ok;
     if (ok) {
-      loss_sum += ws.summary.final_loss;
+      if (ws.summary.steps > 0) {
+        loss_sum += ws.summary.final_loss;
+        ++with_loss;
+      }
       train_secs = std::max(train_secs, ws.summary.seconds);
     } else {
       std::fprintf(stderr, "krab: worker %d was counted out at step %lld; training went on "
@@ -324,7 +327,7 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   report["epochs"] = static_cast<double>(st.pushes * accum) / W / sampler.steps_per_epoch();
   report["samples_per_sec"] = samples_per_sec;
   report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
-  report["final_loss"] = finished > 0 ? loss_sum / finished : 0.0;
+  report["final_loss"] = with_loss > 0 ? loss_sum / with_loss : 0.0;
   if (accuracy >= 0) {
     report["test_accuracy"] = accuracy;
     evals.push_back({{"step", steps}, {"seconds", train_secs}, {"test_accuracy", accuracy}});
