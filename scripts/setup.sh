@@ -9,7 +9,8 @@ packages=(
   libopenblas0-pthread                # switches libblas.so.3 to OpenBLAS: ~30x faster matmul
   libopenmpi-dev openmpi-bin          # MPI backend
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
-  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev  # parameter server RPC
+  libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev  # parameter server + federated RPC
+  libsodium-dev openssl               # secure aggregation (X25519, ChaCha20); TLS certificates in tests
   libgtest-dev libgmock-dev
   dataset-fashion-mnist               # the demo's data
   python3-torch                       # the peer for benchmarks and the torch.load check
