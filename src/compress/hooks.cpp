@@ -85,10 +85,6 @@ void validate(const CompressionOptions& o) {
   KRAB_CHECK_ARG(o.momentum >= 0 && o.momentum < 1, "comm.momentum_correction must be in [0, 1), got ",
                  o.momentum);
   KRAB_CHECK_ARG(o.clip_norm >= 0, "comm.clip_norm must be >= 0, got ", o.clip_norm);
-  if (o.momentum > 0 || o.clip_norm > 0)
-    KRAB_CHECK_ARG(o.name == "topk" || o.name == "randomk",
-                   "comm.momentum_correction and comm.clip_norm apply to topk and randomk only, "
-                   "not to ", o.name);
 }
 
 std::unique_ptr<parallel::CommHook> make_compression_hook(const CompressionOptions& o) {
@@ -129,6 +125,10 @@ void CompressionHook::setup(const std::vector<parallel::BucketLayout>& buckets) 
     st.large_buf = torch::zeros({st.large_numel});
     st.residual = torch::zeros({st.large_numel});
     st.sent = torch::zeros({st.large_numel});
+    if (options_.momentum > 0) {
+      st.velocity_small = torch::zeros({st.small_numel});
+      st.velocity_large = torch::zeros({st.large_numel});
+    }
     setup_bucket(st, static_cast<int64_t>(b));
   }
 }
@@ -138,10 +138,11 @@ comm::WorkPtr CompressionHook::reduce(comm::Communicator& comm, at::Tensor& buck
   KRAB_CHECK(bucket_index >= 0 && bucket_index < static_cast<int64_t>(state_.size()),
              "compression hook: bucket ", bucket_index, " was not set up");
   BucketState& st = state_[bucket_index];
+  torch::NoGradGuard no_grad;
+  correct(st, bucket);
   if (step < options_.warmup_steps || st.large.empty())
     return comm.allreduce(bucket, comm::ReduceOp::kAvg);
 
-  torch::NoGradGuard no_grad;
   auto packed = [&](const Slot& s, const at::Tensor& buf) { return buf.narrow(0, s.packed, s.numel); };
   comm::WorkPtr small_work;
   if (!st.small.empty()) {
@@ -165,6 +166,28 @@ comm::WorkPtr CompressionHook::reduce(comm::Communicator& comm, at::Tensor& buck
         for (const Slot& sl : s.large)
           out.narrow(0, sl.offset, sl.numel).copy_(s.large_buf.narrow(0, sl.packed, sl.numel));
       });
+}
+
+void CompressionHook::correct(BucketState& st, at::Tensor& bucket) const {
+  if (options_.clip_norm > 0 && !st.large.empty()) {
+    double sq = 0;
+    for (const Slot& s : st.large) sq += bucket.narrow(0, s.offset, s.numel).square().sum().item<double>();
+    const double norm = std::sqrt(sq);
+    if (norm > options_.clip_norm)
+      for (const Slot& s : st.large) bucket.narrow(0, s.offset, s.numel).mul_(options_.clip_norm / norm);
+  }
+  if (options_.momentum > 0) {
+    auto update = [&](const std::vector<Slot>& slots, const at::Tensor& velocity) {
+      for (const Slot& s : slots) {
+        at::Tensor u = velocity.narrow(0, s.packed, s.numel);
+        at::Tensor g = bucket.narrow(0, s.offset, s.numel);
+        u.mul_(options_.momentum).add_(g);
+        g.copy_(u);
+      }
+    };
+    update(st.small, st.velocity_small);
+    update(st.large, st.velocity_large);
+  }
 }
 
 void CompressionHook::accumulate(BucketState& st, at::Tensor& x, int64_t) {
@@ -234,23 +257,6 @@ comm::WorkPtr CodecHook::start(comm::Communicator& comm, BucketState& st, at::Te
 
 SparseHook::SparseHook(CompressionOptions options) : CompressionHook(std::move(options)) {}
 
-void SparseHook::setup_bucket(BucketState& st, int64_t) {
-  velocity_.push_back(options_.momentum > 0 ? torch::zeros({st.large_numel}) : at::Tensor());
-}
-
-void SparseHook::accumulate(BucketState& st, at::Tensor& x, int64_t bucket) {
-  if (options_.clip_norm > 0) {
-    const double norm = x.norm().item<double>();
-    if (norm > options_.clip_norm) x.mul_(options_.clip_norm / norm);
-  }
-  if (options_.momentum > 0) {
-    at::Tensor& u = velocity_[bucket];
-    u.mul_(options_.momentum).add_(x);
-    x.copy_(u);
-  }
-  CompressionHook::accumulate(st, x, bucket);
-}
-
 comm::WorkPtr SparseHook::start(comm::Communicator& comm, BucketState& st, at::Tensor& x,
                                 int64_t bucket, int64_t step) {
   return options_.name == "topk" ? start_topk(comm, st, x, bucket)
@@ -276,7 +282,7 @@ comm::WorkPtr SparseHook::start_topk(comm::Communicator& comm, BucketState& st, 
   }
   at::Tensor payload = torch::empty({bytes}, torch::kUInt8);
   st.sent.zero_();
-  at::Tensor& u = velocity_[bucket];
+  at::Tensor& u = st.velocity_large;
   for (const Block& b : blocks) {
     at::Tensor xb = x.narrow(0, b.start, b.len);
     at::Tensor idx = std::get<1>(xb.abs().topk(b.k, 0, /*largest=*/true, /*sorted=*/false));
@@ -341,7 +347,7 @@ comm::WorkPtr SparseHook::start_randomk(comm::Communicator& comm, BucketState& s
   at::Tensor idx = torch::from_blob(positions.data(), {k}, torch::kLong).clone();
   at::Tensor vals = x.index_select(0, idx).contiguous();
   st.sent.zero_().index_copy_(0, idx, vals);
-  if (velocity_[bucket].defined()) velocity_[bucket].index_fill_(0, idx, 0.0f);
+  if (st.velocity_large.defined()) st.velocity_large.index_fill_(0, idx, 0.0f);
   comm::WorkPtr first = comm.allreduce(vals, comm::ReduceOp::kAvg);
   at::Tensor xo = x;
   return std::make_shared<ThenWork>(std::vector<comm::WorkPtr>{first}, [xo, idx, vals]() mutable {

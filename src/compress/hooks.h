@@ -19,16 +19,25 @@
 //  * topk (SparseHook): per block of 65,536 values, the ceil(ratio · block) largest |values|
 //    of gradient + residual are sent as (uint16 index, fp16 value / block scale) pairs, all
 //    payloads all-gathered (sparse payloads cannot be summed on the way) and averaged.
-//    Optional DGC momentum correction (momentum accumulates in the hook, momentum factor
-//    masking clears it where values were sent; use the optimizer without momentum then) and
-//    local gradient clipping (L2 norm of the bucket's compressed part, before accumulation).
+//    With momentum correction (below) the velocity is cleared where values were sent
+//    (DGC's momentum factor masking).
 //  * randomk (SparseHook): ceil(ratio · n) positions drawn from a generator seeded with
 //    (seed, step, bucket) — the same positions on every rank, so the values are all-reduced
-//    and no indices travel. Same error feedback, momentum correction and clipping as topk.
+//    and no indices travel. Same error feedback and factor masking as topk.
 //  * powersgd (PowerSgdHook): each matrix M (a parameter viewed as shape[0] x rest) with
 //    (rows + cols) · rank < rows · cols is approximated as P Qᵀ: P = M Q, all-reduce P,
 //    orthonormalise it, Q = Mᵀ P, all-reduce Q; Q is kept for the next step (warm start).
 //    Two small all-reduces per bucket; other tensors go uncompressed.
+//
+// Two corrections before any of this, on every step (warm-up included), for every compressor:
+//  * local gradient clipping (clip_norm > 0): the bucket's compressed part is scaled down to
+//    that L2 norm when it is longer (DGC);
+//  * momentum correction (momentum > 0): each worker keeps its own velocity u = m u + g over
+//    the whole bucket and hands u, not g, to the reduction (DGC; 1-bit Adam compresses the
+//    momentum for the same reason). The average of the workers' velocities is the velocity of
+//    the averaged gradient, so with the optimizer's own momentum at 0 an uncompressed run is
+//    heavy-ball SGD exactly; compressed, what error feedback delays is a smooth velocity, not
+//    a noisy gradient. The sparse hooks clear the velocity where values were sent.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -51,8 +60,8 @@ struct CompressionOptions {
   int64_t warmup_steps = 0;   // plain fp32 steps first
   int64_t min_numel = 1024;   // smaller parameters go uncompressed
   bool error_feedback = true;
-  double momentum = 0;        // topk, randomk: DGC momentum correction factor (0 = off)
-  double clip_norm = 0;       // topk, randomk: local gradient clipping (0 = off)
+  double momentum = 0;        // momentum correction factor, in [0, 1) (0 = off)
+  double clip_norm = 0;       // local gradient clipping of the compressed part (0 = off)
   uint64_t seed = 0;          // random-k positions, stochastic rounding, PowerSGD's first Q
 };
 
@@ -93,7 +102,10 @@ class CompressionHook : public parallel::CommHook {
     at::Tensor small_buf, large_buf;  // packed gradients
     at::Tensor residual;              // error feedback (large part)
     at::Tensor sent;                  // last decoded own contribution (large part)
+    at::Tensor velocity_small, velocity_large;  // momentum correction (packed), if on
   };
+  // Clipping and momentum correction of the bucket, in place (see the header comment).
+  void correct(BucketState& st, at::Tensor& bucket) const;
   // Which parameters are compressed; default: numel >= min_numel.
   virtual bool compressible(const parallel::ParamSlot& slot) const;
   // Starts compressing `x` (the bucket's large part, gradient + residual already added) and
@@ -132,15 +144,12 @@ class SparseHook : public CompressionHook {
  protected:
   comm::WorkPtr start(comm::Communicator& comm, BucketState& st, at::Tensor& x, int64_t bucket,
                       int64_t step) override;
-  void setup_bucket(BucketState& st, int64_t bucket) override;
-  void accumulate(BucketState& st, at::Tensor& x, int64_t bucket) override;
 
  private:
   comm::WorkPtr start_topk(comm::Communicator& comm, BucketState& st, at::Tensor& x,
                            int64_t bucket);
   comm::WorkPtr start_randomk(comm::Communicator& comm, BucketState& st, at::Tensor& x,
                               int64_t bucket, int64_t step);
-  std::vector<at::Tensor> velocity_;  // DGC momentum, per bucket
 };
 
 class PowerSgdHook : public CompressionHook {

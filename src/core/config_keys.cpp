@@ -163,13 +163,15 @@ std::vector<KeySpec> build_registry() {
       int_key("comm.compress_min_numel", "1024",
               "Parameters with fewer elements (biases, norms) are reduced uncompressed.", 0),
       float_key("comm.momentum_correction", "0",
-                "`topk`/`randomk`: momentum factor applied inside the compressor before "
-                "selection, as in Deep Gradient Compression (0 = off); use it with "
-                "`train.optimizer.momentum: 0`.",
+                "Momentum applied by each worker before compression (every compressor): the "
+                "workers' velocities are compressed and averaged instead of their gradients, as "
+                "in Deep Gradient Compression (0 = off); use it with "
+                "`train.optimizer.momentum: 0`. `topk`/`randomk` clear the velocity where they "
+                "sent values.",
                 0, 0.999),
       float_key("comm.clip_norm", "0",
-                "`topk`/`randomk`: clip each worker's gradient to this L2 norm before it is "
-                "accumulated (0 = off).",
+                "Clip each worker's gradient (the compressed parameters of a bucket) to this L2 "
+                "norm before momentum and error feedback (0 = off).",
                 0),
 
       string_key("sync.mode", "sync",

@@ -179,6 +179,72 @@ TEST(CompressHooks, WarmupStepsArePlainAllreduce) {
   EXPECT_GT(rel_error(runs[0].outputs[2], true_average(2)), 1e-2) << "compressed after warm-up";
 }
 
+// Heavy-ball velocity of the averaged gradients: buf_s = m buf_{s-1} + average(s).
+std::vector<at::Tensor> momentum_of_average(double m, int64_t steps) {
+  std::vector<at::Tensor> bufs;
+  at::Tensor buf = torch::zeros({kBucket});
+  for (int64_t s = 0; s < steps; ++s) {
+    buf = buf * m + true_average(s);
+    bufs.push_back(buf.clone());
+  }
+  return bufs;
+}
+
+TEST(CompressHooks, MomentumCorrectionAveragesTheVelocities) {
+  // The average of the workers' velocities is the velocity of the average, so with a codec
+  // close to lossless the output follows heavy-ball momentum of the averaged gradients, for
+  // the compressed matrices and the uncompressed bias alike, in warm-up and after it.
+  auto o = options("fp16");
+  o.momentum = 0.5;
+  o.warmup_steps = 1;
+  const auto runs = run(o, 4);
+  const auto bufs = momentum_of_average(0.5, 4);
+  EXPECT_LT(rel_error(runs[0].outputs[0], bufs[0]), 1e-6) << "warm-up step";
+  for (int64_t s = 1; s < 4; ++s) {
+    EXPECT_LT(rel_error(runs[0].outputs[s], bufs[s]), 2e-3) << "step " << s;
+    EXPECT_TRUE(torch::allclose(runs[0].outputs[s].narrow(0, 1200, 30), bufs[s].narrow(0, 1200, 30),
+                                1e-5, 1e-6))
+        << "bias at step " << s;
+  }
+  // Without the correction the same hook returns the plain average, far from the velocity.
+  o.momentum = 0;
+  EXPECT_GT(rel_error(run(o, 4)[0].outputs[3], bufs[3]), 0.1);
+}
+
+TEST(CompressHooks, SparseMomentumCorrectionClearsTheVelocityWhereItSent) {
+  // randomk with ratio 1 sends every value, so factor masking leaves no velocity behind: each
+  // step is the plain average (DGC's rule), not the momentum of the averages.
+  auto o = options("randomk");
+  o.ratio = 1;
+  o.momentum = 0.9;
+  const auto runs = run(o, 3);
+  for (int64_t s = 0; s < 3; ++s)
+    EXPECT_LT(rel_error(large_part(runs[0].outputs[s]), large_part(true_average(s))), 1e-6)
+        << "step " << s;
+  // The uncompressed bias is not masked: it keeps its momentum.
+  const auto bufs = momentum_of_average(0.9, 3);
+  EXPECT_TRUE(torch::allclose(runs[0].outputs[2].narrow(0, 1200, 30), bufs[2].narrow(0, 1200, 30),
+                              1e-5, 1e-6));
+}
+
+TEST(CompressHooks, ClippingBoundsEachWorkersCompressedGradient) {
+  // randomk with ratio 1 is exact, so the output is the average of the clipped gradients.
+  auto o = options("randomk");
+  o.ratio = 1;
+  o.clip_norm = 1.0;
+  const auto runs = run(o, 1);
+  at::Tensor want = torch::zeros({4400});
+  for (int q = 0; q < kRanks; ++q) {
+    at::Tensor g = large_part(gradient(q, 0));
+    want += g * std::min(1.0, 1.0 / g.norm().item<double>());
+  }
+  want /= kRanks;
+  EXPECT_LT(rel_error(large_part(runs[0].outputs[0]), want), 1e-5);
+  EXPECT_TRUE(torch::allclose(runs[0].outputs[0].narrow(0, 1200, 30),
+                              true_average(0).narrow(0, 1200, 30), 1e-5, 1e-6))
+      << "the bias is not clipped";
+}
+
 TEST(CompressHooks, CodecTrafficIsTheEncodedShareOfARing) {
   // int8, chunk 64: the 4400 compressed values are cut into 3 pieces of 1472 (a multiple of
   // 64); each piece encodes to 23 x (4 + 64) bytes. All-to-all and all-gather each send two
@@ -213,8 +279,11 @@ TEST(CompressHooks, BadOptionsNameTheKey) {
   o.rank = 0;
   expect_key(o, "comm.rank");
   o = options("int8");
-  o.momentum = 0.9;
+  o.momentum = 1.0;
   expect_key(o, "comm.momentum_correction");
+  o.momentum = 0;
+  o.clip_norm = -1;
+  expect_key(o, "comm.clip_norm");
   EXPECT_EQ(make_compression_hook(options("none")), nullptr);
 }
 
