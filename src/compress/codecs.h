@@ -8,8 +8,8 @@
 //   bf16    bfloat16 (fp32's exponent, 8-bit mantissa), nearest even 2 bytes / value
 //   int8    per chunk: fp32 scale s = max|x| / 127, then q = floor(x / s + u), u ~ U[0, 1)
 //           (stochastic rounding: E[q s] = x, unbiased; QSGD-style)  1 byte / value + 4 / chunk
-//   onebit  per chunk: fp32 scale s = mean|x|, then one sign bit per value; decodes to ±s
-//           (1-bit SGD / EF-signSGD; biased: use it with error feedback) 1 bit / value + 4 / chunk
+//   onebit  per chunk: bf16 scale s = mean|x|, then one sign bit per value; decodes to ±s
+//           (1-bit SGD / EF-signSGD; biased: use it with error feedback) 1 bit / value + 2 / chunk
 //
 // Pure functions of their input (and, for int8, the Rng), no state: testable without a network.
 #pragma once
@@ -53,7 +53,8 @@ class Codec {
   virtual bool unbiased() const = 0;
 };
 
-// `name`: fp16 | bf16 | int8 | onebit. `chunk`: values per scale (int8, onebit).
+// `name`: fp16 | bf16 | int8 | onebit. `chunk`: values per scale (int8, onebit); 0 picks the
+// codec's default: 256 for int8 (4 bytes of scale per 256), 128 for onebit (2 per 128).
 std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk);
 
 }  // namespace krab::compress

@@ -78,7 +78,8 @@ void validate(const CompressionOptions& o) {
   if (o.name == "powersgd")
     KRAB_CHECK_ARG(o.rank >= 1, "comm.rank must be >= 1 for powersgd, got ", o.rank);
   if (o.name == "int8" || o.name == "onebit")
-    KRAB_CHECK_ARG(o.chunk >= 8, "comm.chunk must be >= 8 for ", o.name, ", got ", o.chunk);
+    KRAB_CHECK_ARG(o.chunk == 0 || o.chunk >= 8, "comm.chunk must be 0 (the codec's default) or >= 8 for ",
+                   o.name, ", got ", o.chunk);
   KRAB_CHECK_ARG(o.warmup_steps >= 0, "comm.compress_warmup_steps must be >= 0, got ",
                  o.warmup_steps);
   KRAB_CHECK_ARG(o.min_numel >= 0, "comm.compress_min_numel must be >= 0, got ", o.min_numel);

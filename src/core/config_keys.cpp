@@ -152,9 +152,10 @@ std::vector<KeySpec> build_registry() {
       float_key("comm.ratio", "0.01",
                 "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
       int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),
-      int_key("comm.chunk", "256",
-              "Values per fp32 scale for `int8` and `onebit` (traffic grows by 4 bytes per chunk).",
-              8),
+      int_key("comm.chunk", "0",
+              "Values per scale for `int8` (fp32 scale, 4 bytes per chunk) and `onebit` (bf16 "
+              "scale, 2 bytes per chunk); 0 picks 256 for `int8`, 128 for `onebit`.",
+              0),
       bool_key("comm.error_feedback", "true",
                "Add what compression left out to the next step's gradient (per worker, and per "
                "averaged piece for the codecs)."),
