@@ -1,0 +1,51 @@
+// Client-level differential privacy for federated rounds (DP-FedAvg, McMahan et al. 2018).
+//
+// The mechanism, per round:
+//   1. the server samples each client with probability q (sample_clients() with fraction q
+//      approximates this; the accountant assumes Poisson sampling);
+//   2. every sampled client's update is clipped to L2 norm C: clip_to_norm(update, C);
+//   3. the clipped updates are summed (in the clear, or under secure aggregation, which reveals
+//      only the sum) and Gaussian noise of standard deviation sigma * C is added to the sum:
+//      add_gaussian_noise(sum, sigma * C, generator);
+//   4. the noisy sum divided by the expected cohort size (q times the population) is the
+//      round's update; dividing by the actual count would leak it.
+// Then one RdpAccountant::step(sigma, q) per round tracks the spent (epsilon, delta); see
+// accountant.h, which this header includes, for the accounting itself.
+//
+// sigma is the noise multiplier. A client's influence on the sum is at most C after clipping, so
+// noise sigma * C gives each round the privacy of a Gaussian mechanism with multiplier sigma,
+// whatever C is; the unit protected is one client (all of its data), not one example.
+//
+// Tensors: 1-D float32 updates on any device; results are new tensors (inputs untouched).
+// Errors: InvalidArgument naming the argument (a non-positive C, a negative stddev). Pure
+// functions; the only state is the caller's generator, which must not be shared between
+// threads without locking (as for any torch generator).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "federated/accountant.h"
+
+namespace krab::federated {
+
+struct ClipResult {
+  at::Tensor clipped;  // update * min(1, C / norm): same direction, norm <= C
+  double norm = 0;     // the original L2 norm (for logs and adaptive clipping)
+};
+
+// Scales `update` down to L2 norm `max_norm` (C > 0, finite) if it is longer; a copy is returned
+// either way. A zero update stays zero. The norm is computed in double.
+ClipResult clip_to_norm(const at::Tensor& update, double max_norm);
+
+// Returns sum + N(0, stddev^2) elementwise (stddev >= 0; 0 returns a copy). The noise is drawn
+// with `generator`, which must be a generator for sum's device (CPU generator for a CPU tensor):
+// the same seed gives the same noise. Pass sigma * C as `stddev` for the mechanism above.
+at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, at::Generator generator);
+
+// A CPU generator seeded with `seed`, for add_gaussian_noise on CPU tensors. The server should
+// seed it from a secure source in production: noise that can be predicted can be subtracted.
+at::Generator make_cpu_generator(uint64_t seed);
+
+}  // namespace krab::federated
