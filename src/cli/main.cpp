@@ -1,4 +1,6 @@
-// krab command line: `krab train JOB.yaml [--set key=value ...] [--report FILE]`.
+// krab command line: `krab train JOB.yaml [--set key=value ...] [--report FILE]`,
+// `krab privacy epsilon --noise-multiplier S --sampling-rate Q --steps T --delta D`,
+// `krab config-doc`.
 //
 // Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
 // the key, file or value; 1 runtime failure (a worker died, a timeout), naming the rank.
@@ -16,11 +18,36 @@
 #include "comm/store.h"
 #include "core/config.h"
 #include "core/errors.h"
+#include "federated/accountant.h"
 #include "train/trainer.h"
 
 namespace {
 
 using namespace krab;
+
+struct EpsilonArgs {
+  double noise = 0, rate = 0, delta = 0;
+  int64_t steps = 0;
+  std::string conversion = "balle2020";
+};
+
+// Prints epsilon alone on stdout (for scripts that compare it with TF Privacy or Opacus) and
+// how it was obtained on stderr.
+int run_epsilon(const EpsilonArgs& a) {
+  KRAB_CHECK_ARG(a.conversion == "balle2020" || a.conversion == "mironov2017",
+                 "--conversion must be balle2020 or mironov2017, got '", a.conversion, "'");
+  const auto spent = federated::privacy_spent(
+      a.noise, a.rate, a.steps, a.delta,
+      a.conversion == "balle2020" ? federated::RdpConversion::kBalle2020
+                                  : federated::RdpConversion::kMironov2017);
+  std::printf("%.6g\n", spent.epsilon);
+  std::fprintf(stderr,
+               "krab: epsilon %.6g at delta %g after %lld steps (noise multiplier %g, sampling "
+               "rate %g; RDP of the subsampled Gaussian, best order %g, %s conversion)\n",
+               spent.epsilon, a.delta, static_cast<long long>(a.steps), a.noise, a.rate,
+               spent.order, a.conversion.c_str());
+  return 0;
+}
 
 struct TrainArgs {
   std::string job;
@@ -151,6 +178,20 @@ int main(int argc, char** argv) {
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (default 127.0.0.1, a free port)");
   auto* config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
+  EpsilonArgs eps;
+  auto* privacy = app.add_subcommand("privacy", "Differential-privacy tools");
+  privacy->require_subcommand(1);
+  auto* epsilon = privacy->add_subcommand(
+      "epsilon", "Print the epsilon a subsampled Gaussian mechanism spends (RDP accountant)");
+  epsilon->add_option("--noise-multiplier", eps.noise, "Noise std / clipping norm (sigma)")
+      ->required();
+  epsilon->add_option("--sampling-rate", eps.rate, "Probability a client (or example) is in a step")
+      ->required();
+  epsilon->add_option("--steps", eps.steps, "Number of steps (rounds)")->required();
+  epsilon->add_option("--delta", eps.delta, "Target delta")->required();
+  epsilon->add_option("--conversion", eps.conversion,
+                      "RDP to (epsilon, delta): balle2020 (default; Opacus, dp_accounting) or "
+                      "mironov2017 (TF Privacy before 2020)");
 
   try {
     app.parse(argc, argv);
@@ -162,6 +203,7 @@ int main(int argc, char** argv) {
   const std::string who = worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
                                  : std::string("krab");
   try {
+    if (epsilon->parsed()) return run_epsilon(eps);
     if (config_doc->parsed()) {
       std::cout << krab::core::render_markdown();
       return 0;

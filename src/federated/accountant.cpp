@@ -190,14 +190,15 @@ PrivacySpent rdp_to_epsilon(const std::vector<double>& orders, const std::vector
   return best;
 }
 
-double epsilon(double noise_multiplier, double sampling_rate, int64_t steps, double delta) {
+PrivacySpent privacy_spent(double noise_multiplier, double sampling_rate, int64_t steps,
+                           double delta, RdpConversion conversion) {
   check_noise(noise_multiplier);
   check_rate(sampling_rate);
   KRAB_CHECK_ARG(steps >= 1, "steps (--steps) must be >= 1, got ", steps);
   check_delta(delta);
   const auto& orders = default_orders();
-  return rdp_to_epsilon(orders, compute_rdp(noise_multiplier, sampling_rate, steps, orders), delta)
-      .epsilon;
+  return rdp_to_epsilon(orders, compute_rdp(noise_multiplier, sampling_rate, steps, orders), delta,
+                        conversion);
 }
 
 RdpAccountant::RdpAccountant(std::vector<double> orders) : orders_(std::move(orders)) {

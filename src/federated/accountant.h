@@ -67,9 +67,13 @@ PrivacySpent rdp_to_epsilon(const std::vector<double>& orders, const std::vector
 
 // The one-call form the CLI uses (`krab privacy epsilon --noise-multiplier S --sampling-rate Q
 // --steps T --delta D`): epsilon after `steps` rounds at (noise_multiplier, sampling_rate),
-// default_orders(), kBalle2020. Requires noise_multiplier > 0, 0 < sampling_rate <= 1,
-// steps >= 1, 0 < delta < 1.
-double epsilon(double noise_multiplier, double sampling_rate, int64_t steps, double delta);
+// default_orders(). Requires noise_multiplier > 0, 0 < sampling_rate <= 1, steps >= 1,
+// 0 < delta < 1, each named by its CLI flag when violated.
+PrivacySpent privacy_spent(double noise_multiplier, double sampling_rate, int64_t steps,
+                           double delta, RdpConversion conversion = RdpConversion::kBalle2020);
+inline double epsilon(double noise_multiplier, double sampling_rate, int64_t steps, double delta) {
+  return privacy_spent(noise_multiplier, sampling_rate, steps, delta).epsilon;
+}
 
 // Accumulates rounds whose noise and sampling rate may change (adaptive clipping, a new cohort
 // size), like Opacus' RDPAccountant. A checkpoint stores history(); a restore replays it through

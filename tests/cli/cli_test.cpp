@@ -561,4 +561,29 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
+
+// `krab privacy epsilon` prints epsilon alone on stdout; the expected values are the published
+// ones of Opacus (tests of its RDP accountant: sigma 1.5, q 0.04, 2250 steps, delta 1e-5 ->
+// 7.32911117143) and TF Privacy (compute_dp_sgd_privacy docstring: N 60000, batch 256,
+// sigma 1.12, 60 epochs, delta 1e-5 -> 2.92 with the pre-2020 conversion).
+TEST_F(Cli, PrivacyEpsilonMatchesOpacusAndTfPrivacy) {
+  auto opacus = run(krab("privacy epsilon --noise-multiplier 1.5 --sampling-rate 0.04 "
+                         "--steps 2250 --delta 1e-5 2>/dev/null"));
+  ASSERT_EQ(opacus.code, 0) << opacus.output;
+  EXPECT_NEAR(std::stod(opacus.output), 7.32911117143, 1e-5);
+  auto tfp = run(krab("privacy epsilon --noise-multiplier 1.12 --sampling-rate 0.00426666667 "
+                      "--steps 14063 --delta 1e-5 --conversion mironov2017 2>/dev/null"));
+  ASSERT_EQ(tfp.code, 0) << tfp.output;
+  EXPECT_NEAR(std::stod(tfp.output), 2.92, 0.005);
+  const std::string ok = "--sampling-rate 0.04 --steps 10 --delta 1e-5";
+  expect_refused(run(krab("privacy epsilon --noise-multiplier 0 " + ok)), 2, "--noise-multiplier");
+  expect_refused(run(krab("privacy epsilon --noise-multiplier 1 --sampling-rate 0.04 --steps 10 "
+                          "--delta 2")),
+                 2, "--delta");
+  expect_refused(run(krab("privacy epsilon --noise-multiplier 1 --steps 10 --delta 1e-5")), 2,
+                 "--sampling-rate");
+  expect_refused(run(krab("privacy epsilon --noise-multiplier 1 " + ok + " --conversion x")), 2,
+                 "--conversion");
+}
+
 }  // namespace
