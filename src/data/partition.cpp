@@ -18,8 +18,8 @@ std::vector<int64_t> labels_of(const at::Tensor& labels, int64_t num_classes) {
   at::Tensor l = labels.contiguous().cpu();
   std::vector<int64_t> out(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
   for (size_t i = 0; i < out.size(); ++i)
-    KRAB_CHECK_ARG(out[i] >= 0 && out[i] < num_classes, "partition: label ", out[i],
-                   " of example ", i, " is outside [0, ", num_classes, ")");
+    KRAB_CHECK_ARG(out[i] >= 0 && out[i] < num_classes, "partition: label ", out[i], " of example ",
+                   i, " is outside [0, ", num_classes, ")");
   return out;
 }
 
@@ -32,14 +32,12 @@ std::vector<std::vector<int64_t>> iid(int64_t n, int64_t clients, std::mt19937_6
   return out;
 }
 
-std::vector<std::vector<int64_t>> by_classes(const std::vector<int64_t>& labels,
-                                             int64_t clients, int64_t per_client,
-                                             std::mt19937_64& rng) {
+std::vector<std::vector<int64_t>> by_classes(const std::vector<int64_t>& labels, int64_t clients,
+                                             int64_t per_client, std::mt19937_64& rng) {
   const int64_t n = static_cast<int64_t>(labels.size());
   const int64_t shards = clients * per_client;
-  KRAB_CHECK_ARG(shards <= n, "federated.classes_per_client: ", clients, " clients x ",
-                 per_client, " shards each needs at least ", shards, " examples, the data has ",
-                 n);
+  KRAB_CHECK_ARG(shards <= n, "federated.classes_per_client: ", clients, " clients x ", per_client,
+                 " shards each needs at least ", shards, " examples, the data has ", n);
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
   // Stable, so examples of one class stay in index order and the result is reproducible.
@@ -56,9 +54,8 @@ std::vector<std::vector<int64_t>> by_classes(const std::vector<int64_t>& labels,
   return out;
 }
 
-std::vector<std::vector<int64_t>> dirichlet(const std::vector<int64_t>& labels,
-                                            int64_t num_classes, int64_t clients, double alpha,
-                                            uint64_t seed) {
+std::vector<std::vector<int64_t>> dirichlet(const std::vector<int64_t>& labels, int64_t num_classes,
+                                            int64_t clients, double alpha, uint64_t seed) {
   std::vector<std::vector<int64_t>> members(num_classes);
   for (size_t i = 0; i < labels.size(); ++i) members[labels[i]].push_back(static_cast<int64_t>(i));
   for (int attempt = 0; attempt < 100; ++attempt) {
@@ -87,8 +84,9 @@ std::vector<std::vector<int64_t>> dirichlet(const std::vector<int64_t>& labels,
     }
     if (std::all_of(out.begin(), out.end(), [](const auto& v) { return !v.empty(); })) return out;
   }
-  throw InvalidArgument(str_cat("federated.alpha: a dirichlet split with alpha ", alpha,
-                                " over ", clients, " clients left a client without examples in "
+  throw InvalidArgument(str_cat("federated.alpha: a dirichlet split with alpha ", alpha, " over ",
+                                clients,
+                                " clients left a client without examples in "
                                 "100 draws; use fewer clients or a larger alpha"));
 }
 
@@ -121,19 +119,19 @@ std::vector<std::vector<int64_t>> partition(const at::Tensor& labels, int64_t nu
   const std::vector<int64_t> l = labels_of(labels, num_classes);
   const int64_t n = static_cast<int64_t>(l.size());
   KRAB_CHECK_ARG(spec.clients >= 1, "federated.clients must be >= 1, got ", spec.clients);
-  KRAB_CHECK_ARG(spec.clients <= n, "federated.clients: ", spec.clients,
-                 " clients but only ", n, " examples to share among them");
+  KRAB_CHECK_ARG(spec.clients <= n, "federated.clients: ", spec.clients, " clients but only ", n,
+                 " examples to share among them");
   std::mt19937_64 rng(derive_seed(spec.seed, 0x70617274ULL));
   std::vector<std::vector<int64_t>> out;
   if (spec.kind == "iid") {
     out = iid(n, spec.clients, rng);
   } else if (spec.kind == "classes") {
-    KRAB_CHECK_ARG(spec.classes_per_client >= 1,
-                   "federated.classes_per_client must be >= 1, got ", spec.classes_per_client);
+    KRAB_CHECK_ARG(spec.classes_per_client >= 1, "federated.classes_per_client must be >= 1, got ",
+                   spec.classes_per_client);
     out = by_classes(l, spec.clients, spec.classes_per_client, rng);
   } else if (spec.kind == "dirichlet") {
-    KRAB_CHECK_ARG(spec.alpha > 0 && std::isfinite(spec.alpha),
-                   "federated.alpha must be > 0, got ", spec.alpha);
+    KRAB_CHECK_ARG(spec.alpha > 0 && std::isfinite(spec.alpha), "federated.alpha must be > 0, got ",
+                   spec.alpha);
     out = dirichlet(l, num_classes, spec.clients, spec.alpha, spec.seed);
   } else {
     throw InvalidArgument(str_cat("federated.partition: unknown kind '", spec.kind,

@@ -40,7 +40,7 @@
 namespace krab::data {
 
 struct PartitionSpec {
-  std::string kind = "iid";        // iid | classes | dirichlet
+  std::string kind = "iid";  // iid | classes | dirichlet
   int64_t clients = 1;
   double alpha = 0.5;              // dirichlet
   int64_t classes_per_client = 2;  // classes

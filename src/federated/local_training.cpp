@@ -1,0 +1,98 @@
+#include "federated/local_training.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+#include "core/errors.h"
+#include "data/sampler.h"
+#include "federated/privacy.h"
+#include "federated/strategy.h"
+#include "train/job.h"
+
+namespace krab::federated {
+
+at::Tensor flatten_parameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> parts;
+  for (const auto& p : module.parameters()) parts.push_back(p.detach().reshape(-1).to(at::kFloat));
+  if (parts.empty()) return torch::zeros({0});
+  return torch::cat(parts).contiguous();
+}
+
+void load_flat_parameters(torch::nn::Module& module, const at::Tensor& flat) {
+  const int64_t expected = models::parameter_count(module);
+  KRAB_CHECK_ARG(flat.defined() && flat.dim() == 1 && flat.scalar_type() == at::kFloat,
+                 "global parameters must be a 1-D float32 tensor");
+  KRAB_CHECK_ARG(flat.numel() == expected, "global parameters have ", flat.numel(),
+                 " elements, the model has ", expected);
+  torch::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (auto& p : module.parameters()) {
+    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+}
+
+LocalTrainer::LocalTrainer(const core::Config& job, const models::ModelSpec& spec)
+    : job_(job), model_(models::make_model(spec)) {
+  num_parameters_ = models::parameter_count(*model_);
+}
+
+LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorDataset& data,
+                                const RoundOptions& options) {
+  KRAB_CHECK_ARG(data.size() > 0, "a federated client has no training examples");
+  load_flat_parameters(*model_, global);
+  model_->train();
+  std::vector<at::Tensor> params = model_->parameters();
+  std::vector<at::Tensor> start;
+  if (options.proximal_mu > 0)
+    for (const auto& p : params) start.push_back(p.detach().clone());
+  auto optimizer = train::make_optimizer(job_, params);
+
+  const int64_t batch = std::min<int64_t>(job_.get_int("data.batch_size"), data.size());
+  data::GlobalBatchSampler sampler(data.size(), batch, options.seed);
+  int64_t steps = job_.get_int("federated.local_epochs") * sampler.steps_per_epoch();
+  if (job_.get_int("federated.local_steps") > 0) steps = job_.get_int("federated.local_steps");
+
+  double loss_sum = 0;
+  for (int64_t s = 0; s < steps; ++s) {
+    auto [x, y] = data::gather(data, sampler.indices(s, 0, 1));
+    optimizer->zero_grad();
+    at::Tensor loss = model_->loss(model_->forward(x), y);
+    loss.backward();
+    // FedProx on the gradients: no second graph through the penalty.
+    if (options.proximal_mu > 0) fedprox_add_grad(params, start, options.proximal_mu);
+    optimizer->step();
+    loss_sum += loss.item<double>();
+  }
+
+  LocalResult r;
+  r.update = flatten_parameters(*model_) - global;
+  r.update_norm = r.update.norm().item<double>();
+  if (options.clip_norm > 0) r.update = clip_to_norm(r.update, options.clip_norm).clipped;
+  if (options.local_noise_std > 0)
+    r.update = add_gaussian_noise(r.update, options.local_noise_std,
+                                  make_cpu_generator(options.noise_seed));
+  r.num_examples = data.size();
+  r.steps = steps;
+  r.mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0;
+  return r;
+}
+
+double accuracy(models::Model& model, const data::TensorDataset& data) {
+  if (data.size() == 0) return 0;
+  model.eval();
+  torch::NoGradGuard no_grad;
+  int64_t correct = 0, total = 0;
+  for (int64_t i = 0; i < data.size(); i += 1024) {
+    const int64_t len = std::min<int64_t>(1024, data.size() - i);
+    auto [c, t] =
+        model.correct(model.forward(data.inputs.narrow(0, i, len)), data.targets.narrow(0, i, len));
+    correct += c;
+    total += t;
+  }
+  model.train();
+  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+}
+
+}  // namespace krab::federated

@@ -1,0 +1,371 @@
+#include "federated/rounds.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <thread>
+
+#include "core/errors.h"
+#include "federated/accountant.h"
+#include "federated/privacy.h"
+#include "federated/secagg.h"
+#include "federated/secure_client.h"
+
+namespace krab::federated {
+namespace {
+
+// DP noise must not be predictable from anything a reader of the job file knows.
+uint64_t entropy_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// Calls fn(i) for i in [0, n): in this thread, or one thread each.
+template <typename Fn>
+void for_each_index(size_t n, bool parallel, Fn fn) {
+  if (!parallel || n < 2) {
+    for (size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(n);
+  for (size_t i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
+  for (auto& t : threads) t.join();
+}
+
+// The reason a call failed, for the record; any exception counts as a dropout.
+template <typename Fn>
+std::string try_call(Fn fn) {
+  try {
+    fn();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what()[0] != '\0' ? e.what() : "failed";
+  }
+}
+
+}  // namespace
+
+FederatedOptions read_options(const core::Config& c) {
+  FederatedOptions o;
+  o.rounds = c.get_int("federated.rounds");
+  o.fraction = c.get_float("federated.fraction");
+  o.min_clients = c.get_int("federated.min_clients");
+  o.strategy = c.get_string("federated.strategy");
+  o.strategy_options.server_lr = c.get_float("federated.server_lr");
+  o.strategy_options.proximal_mu = c.get_float("federated.proximal_mu");
+  o.strategy_options.eta = c.get_float("federated.eta");
+  o.strategy_options.beta1 = c.get_float("federated.beta1");
+  o.strategy_options.beta2 = c.get_float("federated.beta2");
+  o.strategy_options.tau = c.get_float("federated.tau");
+  o.aggregator = c.get_string("federated.aggregator");
+  o.aggregator_options.trim_beta = c.get_float("federated.trim_beta");
+  o.aggregator_options.byzantine_f = c.get_int("federated.byzantine_f");
+  o.aggregator_options.krum_m = c.get_int("federated.krum_m");
+  o.max_update_norm = c.get_float("federated.max_update_norm");
+  o.secure = c.get_bool("federated.secure_aggregation");
+  o.secagg_threshold = c.get_float("federated.secagg_threshold");
+  o.secagg_clip = c.get_float("federated.secagg_clip");
+  o.dp = c.get_string("federated.dp");
+  o.dp_clip = c.get_float("federated.dp_clip");
+  o.dp_noise_multiplier = c.get_float("federated.dp_noise_multiplier");
+  o.dp_delta = c.get_float("federated.dp_delta");
+  o.eval_every = c.get_int("federated.eval_every");
+  o.seed = static_cast<uint64_t>(c.get_int("train.seed"));
+
+  KRAB_CHECK_ARG(!o.secure || o.aggregator == "mean", "federated.aggregator '", o.aggregator,
+                 "' needs each client's update, which federated.secure_aggregation hides from "
+                 "the server; use federated.aggregator: mean with secure aggregation");
+  KRAB_CHECK_ARG(o.dp == "none" || o.aggregator == "mean", "federated.aggregator '", o.aggregator,
+                 "' cannot be combined with federated.dp '", o.dp,
+                 "' (the accountant assumes a sum of clipped updates); use mean");
+  KRAB_CHECK_ARG(!o.secure || o.min_clients >= 2,
+                 "federated.min_clients must be >= 2 with "
+                 "federated.secure_aggregation (one client's sum is its update)");
+  return o;
+}
+
+nlohmann::json RoundRecord::to_json() const {
+  auto list = [](const std::vector<Rejection>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& r : v) a.push_back({{"client", r.client}, {"reason", r.reason}});
+    return a;
+  };
+  nlohmann::json j = {{"round", round},           {"ok", ok},
+                      {"cohort", cohort},         {"counted", counted},
+                      {"dropped", list(dropped)}, {"rejected", list(rejected)},
+                      {"bytes_down", bytes_down}, {"bytes_up", bytes_up},
+                      {"mean_loss", mean_loss},   {"seconds", seconds}};
+  if (!ok) j["failure"] = failure;
+  if (test_accuracy >= 0) j["test_accuracy"] = test_accuracy;
+  if (epsilon >= 0) j["epsilon"] = epsilon;
+  return j;
+}
+
+RoundRunner::RoundRunner(FederatedOptions options, at::Tensor global, bool parallel_calls,
+                         Evaluator evaluate)
+    : options_(std::move(options)),
+      global_(std::move(global)),
+      parallel_calls_(parallel_calls),
+      evaluate_(std::move(evaluate)),
+      strategy_(make_strategy(options_.strategy, options_.strategy_options)),
+      aggregator_(make_aggregator(options_.aggregator, options_.aggregator_options)) {
+  KRAB_CHECK_ARG(global_.defined() && global_.dim() == 1 && global_.scalar_type() == at::kFloat,
+                 "the global model must be a 1-D float32 tensor");
+}
+
+void RoundRunner::restore(at::Tensor global, int64_t rounds_done,
+                          std::vector<RoundRecord> history) {
+  KRAB_CHECK_ARG(global.numel() == global_.numel(), "checkpoint: global model has ", global.numel(),
+                 " parameters, the job's model has ", global_.numel());
+  global_ = std::move(global);
+  rounds_done_ = rounds_done;
+  history_ = std::move(history);
+  dp_rounds_ = 0;
+  for (const auto& r : history_) dp_rounds_ += r.ok && r.epsilon >= 0;
+}
+
+std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Participant*>& cohort,
+                                                         RoundRecord& rec) {
+  FitInstruction ins;
+  ins.round = rec.round;
+  ins.global = global_;
+  if (options_.strategy == "fedprox") ins.proximal_mu = options_.strategy_options.proximal_mu;
+  if (options_.dp != "none") ins.clip_norm = options_.dp_clip;
+  if (options_.dp == "local") ins.local_noise_std = options_.dp_noise_multiplier * options_.dp_clip;
+  ins.secure = options_.secure;
+
+  if (ins.secure) {
+    ins.secagg_clients = cohort.size();
+    ins.secagg_threshold = secagg_threshold(cohort.size());
+    ins.secagg_clip = options_.secagg_clip;
+  }
+  std::vector<FitReply> replies(cohort.size());
+  std::vector<std::string> errors(cohort.size());
+  for_each_index(cohort.size(), parallel_calls_, [&](size_t i) {
+    FitInstruction mine = ins;
+    mine.secagg_id = i + 1;  // protocol ids: position in the cohort, from 1
+    errors[i] = try_call([&] { replies[i] = cohort[i]->fit(mine); });
+  });
+  const int64_t model_bytes = global_.numel() * 4;
+  std::vector<Fitted> fitted;
+  for (size_t i = 0; i < cohort.size(); ++i) {
+    rec.bytes_down += model_bytes;
+    if (!errors[i].empty()) {
+      rec.dropped.push_back({cohort[i]->id(), errors[i]});
+      continue;
+    }
+    rec.bytes_up += replies[i].update.defined() ? replies[i].update.numel() * 4 : 0;
+    rec.bytes_up += static_cast<int64_t>(replies[i].secagg.size()) + 16;
+    fitted.push_back({cohort[i], std::move(replies[i])});
+  }
+  return fitted;
+}
+
+at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& rec) {
+  const bool dp = options_.dp != "none";
+  double bound = std::numeric_limits<double>::infinity();
+  if (options_.max_update_norm > 0) bound = options_.max_update_norm;
+  // Clients clip to C; allow float rounding (clip_to_norm scales by C / norm in float32), and a
+  // local-DP update carries its noise on top, so only the central case is bounded by C.
+  if (options_.dp == "central") bound = std::min(bound, options_.dp_clip * (1 + 1e-4));
+
+  std::vector<at::Tensor> updates;
+  std::vector<double> weights;
+  for (const auto& f : fitted) {
+    std::string why = validate_update(f.who->id(), f.reply.update, global_.numel(), bound);
+    if (why.empty() && f.reply.num_examples <= 0)
+      why = str_cat("client '", f.who->id(), "': reported ", f.reply.num_examples, " examples");
+    if (!why.empty()) {
+      rec.rejected.push_back({f.who->id(), why});
+      continue;
+    }
+    updates.push_back(f.reply.update);
+    weights.push_back(static_cast<double>(f.reply.num_examples));
+    rec.counted.push_back(f.who->id());
+  }
+  if (static_cast<int64_t>(updates.size()) < options_.min_clients) {
+    rec.failure = str_cat(updates.size(), " usable update(s), federated.min_clients is ",
+                          options_.min_clients);
+    return {};
+  }
+  if (!dp) return aggregator_->aggregate(updates, weights);
+  at::Tensor sum = torch::stack(updates).sum(0);
+  if (options_.dp == "central")
+    sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
+                             make_cpu_generator(entropy_seed()));
+  return sum / static_cast<double>(updates.size());
+}
+
+size_t RoundRunner::secagg_threshold(size_t cohort) const {
+  return std::max<size_t>(
+      2, static_cast<size_t>(std::ceil(options_.secagg_threshold * static_cast<double>(cohort))));
+}
+
+// Bonawitz et al.'s rounds 1-3 over the participants that answered fit (round 0's keys came
+// with their fit replies). A participant that fails a stage is dropped from the rest; the
+// protocol's own bookkeeping (secagg::Server) decides who is in the sum.
+at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& rec) {
+  FitInstruction ins;
+  ins.round = rec.round;
+  ins.secagg_clients = rec.cohort.size();
+  ins.secagg_threshold = secagg_threshold(rec.cohort.size());
+  ins.secagg_clip = options_.secagg_clip;
+  secagg::Server server(secagg_config(ins, static_cast<size_t>(global_.numel())));
+
+  // Who is still in, by protocol id (cohort position + 1).
+  std::map<uint64_t, Fitted*> live;
+  std::map<uint64_t, double> examples;
+  for (auto& f : fitted) {
+    const std::string why = try_call([&] {
+      const auto msg = secagg::AdvertiseKeys::from_bytes(f.reply.secagg);
+      KRAB_CHECK_ARG(f.reply.num_examples > 0, "reported ", f.reply.num_examples, " examples");
+      server.receive(msg);
+      live[msg.client_id] = &f;
+      examples[msg.client_id] = static_cast<double>(f.reply.num_examples);
+    });
+    if (!why.empty()) rec.rejected.push_back({f.who->id(), why});
+  }
+  auto fail = [&](const std::string& why) {
+    rec.failure = "secure aggregation: " + why;
+    return at::Tensor();
+  };
+  // One stage: call every live participant (in parallel if asked), feed the replies to the
+  // server, drop the ones that fail.
+  auto stage = [&](SecAggRequest::Stage st, auto make_request, auto take_reply) {
+    std::vector<std::pair<uint64_t, Fitted*>> who(live.begin(), live.end());
+    std::vector<SecAggRequest> requests(who.size());
+    for (size_t i = 0; i < who.size(); ++i) {
+      requests[i] = make_request(who[i].first);
+      requests[i].stage = st;
+      rec.bytes_down += static_cast<int64_t>(requests[i].payload.size()) + 16;
+    }
+    std::vector<std::vector<uint8_t>> replies(who.size());
+    std::vector<std::string> errors(who.size());
+    for_each_index(who.size(), parallel_calls_, [&](size_t i) {
+      errors[i] = try_call([&] { replies[i] = who[i].second->who->secagg(requests[i]); });
+    });
+    for (size_t i = 0; i < who.size(); ++i) {
+      if (errors[i].empty()) {
+        rec.bytes_up += static_cast<int64_t>(replies[i].size()) + 16;
+        errors[i] = try_call([&] { take_reply(replies[i]); });
+      }
+      if (!errors[i].empty()) {
+        rec.dropped.push_back({who[i].second->who->id(), errors[i]});
+        live.erase(who[i].first);
+      }
+    }
+  };
+
+  double total = 0;
+  for (const auto& [id, n] : examples) total += n;
+  const bool dp = options_.dp != "none";
+  std::vector<uint8_t> roster;
+  std::string why = try_call([&] { roster = server.roster().to_bytes(); });
+  if (!why.empty()) return fail(why);
+  stage(
+      SecAggRequest::kShareKeys,
+      [&](uint64_t id) {
+        SecAggRequest r;
+        r.weight = dp ? 1.0 : examples[id] / total;
+        r.payload = roster;
+        return r;
+      },
+      [&](const std::vector<uint8_t>& b) { server.receive(secagg::ShareKeys::from_bytes(b)); });
+
+  // shares_for() closes round 1; a client that never shared has no inbox and is not asked.
+  std::map<uint64_t, std::vector<uint8_t>> inbox;
+  why = try_call([&] {
+    for (const auto& [id, f] : live) inbox[id] = server.shares_for(id).to_bytes();
+  });
+  if (!why.empty()) return fail(why);
+  stage(
+      SecAggRequest::kMaskedInput,
+      [&](uint64_t id) {
+        SecAggRequest r;
+        r.payload = inbox[id];
+        return r;
+      },
+      [&](const std::vector<uint8_t>& b) { server.receive(secagg::MaskedInput::from_bytes(b)); });
+
+  std::vector<uint8_t> request;
+  why = try_call([&] { request = server.unmask_request().to_bytes(); });
+  if (!why.empty()) return fail(why);
+  stage(
+      SecAggRequest::kUnmask,
+      [&](uint64_t) {
+        SecAggRequest r;
+        r.payload = request;
+        return r;
+      },
+      [&](const std::vector<uint8_t>& b) {
+        server.receive(secagg::UnmaskResponse::from_bytes(b));
+      });
+
+  const secagg::Result* result = nullptr;
+  why = try_call([&] { result = &server.result(); });
+  if (!why.empty()) return fail(why);
+  if (static_cast<int64_t>(result->counted.size()) < options_.min_clients)
+    return fail(str_cat(result->counted.size(), " client(s) in the sum, federated.min_clients is ",
+                        options_.min_clients));
+  double counted_examples = 0;
+  for (uint64_t id : result->counted) {
+    counted_examples += examples[id];
+    rec.counted.push_back(rec.cohort[id - 1]);
+  }
+  at::Tensor sum = torch::from_blob(const_cast<float*>(result->sum.data()),
+                                    {static_cast<int64_t>(result->sum.size())}, torch::kFloat)
+                       .clone();
+  if (!dp) return sum * (total / counted_examples);  // renormalise the weights over the counted
+  if (options_.dp == "central")
+    sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
+                             make_cpu_generator(entropy_seed()));
+  return sum / static_cast<double>(result->counted.size());
+}
+
+RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RoundRecord rec;
+  rec.round = rounds_done_ + 1;
+  std::vector<std::string> ids;
+  for (auto* p : available) ids.push_back(p->id());
+  rec.cohort =
+      sample_clients(ids, options_.fraction, options_.min_clients, rec.round, options_.seed);
+  std::vector<Participant*> cohort;
+  for (const auto& id : rec.cohort)
+    for (auto* p : available)
+      if (p->id() == id) cohort.push_back(p);
+
+  std::vector<Fitted> fitted = fit_cohort(cohort, rec);
+  at::Tensor delta = options_.secure ? secure_delta(fitted, rec) : plain_delta(fitted, rec);
+  if (delta.defined()) {
+    ClientResult combined{"aggregate", delta, 1};
+    global_ = strategy_->aggregate(global_, {combined});
+    rec.ok = true;
+    double loss = 0, n = 0;
+    for (const auto& f : fitted)
+      for (const auto& id : rec.counted)
+        if (id == f.who->id()) {
+          loss += f.reply.mean_loss * static_cast<double>(f.reply.num_examples);
+          n += static_cast<double>(f.reply.num_examples);
+        }
+    rec.mean_loss = n > 0 ? loss / n : 0;
+    if (options_.dp != "none")
+      rec.epsilon = privacy_spent(options_.dp_noise_multiplier, options_.fraction, ++dp_rounds_,
+                                  options_.dp_delta)
+                        .epsilon;
+  } else {
+    rec.counted.clear();
+  }
+  rounds_done_ = rec.round;
+  if (evaluate_ && (rec.round % options_.eval_every == 0 || rec.round == options_.rounds))
+    rec.test_accuracy = evaluate_(global_);
+  rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  history_.push_back(rec);
+  return rec;
+}
+
+}  // namespace krab::federated

@@ -1,0 +1,191 @@
+// The server's round loop: one federated round from cohort to new global model.
+//
+// The loop is transport-agnostic. It talks to clients through Participant, the server's
+// handle on one client: in `krab fl-sim` a Participant trains in the calling thread on a data
+// shard held in the same process; behind `krab fl-server` it forwards to a remote client and
+// waits for the reply. Either way a round is:
+//
+//   1. cohort   sample_clients(available, federated.fraction, federated.min_clients, round,
+//               train.seed) (strategy.h);
+//   2. fit      each cohort member gets a FitInstruction (the global parameters and the
+//               round's privacy and FedProx settings) and replies with its update and example
+//               count. A member that throws (PeerLost, Timeout, or any krab::Error: it dropped,
+//               missed federated.round_deadline_s, or failed) is left out: it is *dropped*, with
+//               the reason in the round's record;
+//   3. checks   plain aggregation: every update goes through validate_update() (robust.h:
+//               shape, NaN/Inf, federated.max_update_norm, and with DP the clipping bound); a
+//               failing update is *rejected* and logged with the client id;
+//   4. combine  plain: the aggregator (federated.aggregator) turns the accepted updates into one
+//               delta (mean weighted by examples, or median / trimmed mean / krum / multi-krum);
+//               secure (federated.secure_aggregation): the clients' weighted updates are summed
+//               under pairwise masks (secagg.h) and the server learns only the sum of the
+//               clients that survived the masking step. Central DP adds N(0, (sigma C)^2) to the
+//               sum before it is divided by the cohort size;
+//   5. step     the strategy (fedavg, fedprox, fedadam, fedyogi) applies the delta to the global
+//               model (Strategy::aggregate with the delta as its single result);
+//   6. record   a RoundRecord: who was sampled, counted, dropped and rejected (with reasons),
+//               bytes each way, the mean client loss, test accuracy when evaluated, and with DP
+//               the epsilon spent so far.
+// When fewer than federated.min_clients updates remain after steps 2-4, the round fails: the
+// global model is left exactly as it was and the record says why (never a silent partial
+// aggregate).
+//
+// Differential privacy (federated.dp): `central` — clients clip to federated.dp_clip, the
+// server adds noise of std sigma C to the sum of the cohort's clipped updates and divides by the
+// cohort size (DP-FedAvg, McMahan et al. 2018, with the fixed denominator its accounting
+// assumes); `local` — each client adds that noise to its own clipped update before sending it.
+// In both cases aggregation is unweighted (a weight is data-dependent and would leak). The
+// accountant (accountant.h) reports epsilon at federated.dp_delta for sampling rate
+// federated.fraction after each round.
+//
+// Thread safety: a RoundRunner is driven by one thread. With `parallel_calls`, a stage calls
+// its participants from one thread each, so Participant implementations must then tolerate
+// concurrent calls on *different* participants (never on the same one).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "federated/robust.h"
+#include "federated/strategy.h"
+
+namespace krab::federated {
+
+// What a client is asked to do in a round.
+struct FitInstruction {
+  int64_t round = 0;
+  at::Tensor global;           // 1-D float32; shared, read-only
+  double proximal_mu = 0;      // FedProx
+  double clip_norm = 0;        // > 0: clip the update (DP)
+  double local_noise_std = 0;  // > 0: local DP noise
+  bool secure = false;         // true: keep the update, answer with secagg keys instead
+  // Secure rounds: this client's protocol id (>= 1, unique in the round), the Shamir threshold,
+  // the cohort size and the clamp range the fixed-point encoding is sized for (secagg.h).
+  uint64_t secagg_id = 0;
+  size_t secagg_threshold = 0;
+  size_t secagg_clients = 0;
+  double secagg_clip = 0;
+};
+
+struct FitReply {
+  at::Tensor update;  // plain rounds: 1-D float32 (empty in secure rounds)
+  int64_t num_examples = 0;
+  double mean_loss = 0;
+  std::vector<uint8_t> secagg;  // secure rounds: the client's AdvertiseKeys message
+};
+
+// One step of secure aggregation after fit (secagg.h's rounds 1-3).
+struct SecAggRequest {
+  enum Stage { kShareKeys = 1, kMaskedInput = 2, kUnmask = 3 };
+  Stage stage = kShareKeys;
+  double weight = 0;             // kShareKeys: the factor the client scales its update by
+  std::vector<uint8_t> payload;  // the server's message for this stage
+};
+
+class Participant {
+ public:
+  virtual ~Participant() = default;
+  virtual const std::string& id() const = 0;
+  // Throws a krab::Error (PeerLost, Timeout, ...) when the client cannot answer.
+  virtual FitReply fit(const FitInstruction& instruction) = 0;
+  virtual std::vector<uint8_t> secagg(const SecAggRequest& request) = 0;
+};
+
+// The federated.* keys, read once.
+struct FederatedOptions {
+  int64_t rounds = 20;
+  double fraction = 0.1;
+  int64_t min_clients = 2;
+  std::string strategy = "fedavg";
+  StrategyOptions strategy_options;
+  std::string aggregator = "mean";
+  AggregatorOptions aggregator_options;
+  double max_update_norm = 0;  // 0 = no bound
+  bool secure = false;
+  double secagg_threshold = 0.66;  // of the cohort size
+  double secagg_clip = 4.0;        // per-coordinate range of a weighted update
+  std::string dp = "none";         // none | central | local
+  double dp_clip = 1.0, dp_noise_multiplier = 1.0, dp_delta = 1e-5;
+  int64_t eval_every = 1;
+  uint64_t seed = 0;
+};
+
+// Reads and cross-checks the keys; InvalidArgument naming the key for combinations that cannot
+// work (a robust aggregator with secure aggregation — it needs individual updates — or with
+// DP; min_clients above the clients there will be; secagg_threshold leaving t < 2).
+FederatedOptions read_options(const core::Config& config);
+
+struct Rejection {
+  std::string client;
+  std::string reason;
+};
+
+struct RoundRecord {
+  int64_t round = 0;
+  bool ok = false;
+  std::string failure;  // why, when !ok
+  std::vector<std::string> cohort, counted;
+  std::vector<Rejection> dropped, rejected;
+  int64_t bytes_down = 0, bytes_up = 0;
+  double mean_loss = 0;  // example-weighted over counted clients
+  double seconds = 0;
+  double test_accuracy = -1;  // -1: not evaluated this round
+  double epsilon = -1;        // -1: no DP
+  nlohmann::json to_json() const;
+};
+
+class RoundRunner {
+ public:
+  // Test accuracy of a flat parameter vector on the server's held-out data.
+  using Evaluator = std::function<double(const at::Tensor& global)>;
+
+  // `global`: the initial flat parameters. `parallel_calls`: see the header comment.
+  // `evaluate` (may be empty: no held-out data) runs every federated.eval_every rounds and
+  // after the last one.
+  RoundRunner(FederatedOptions options, at::Tensor global, bool parallel_calls,
+              Evaluator evaluate = {});
+
+  // Runs round `rounds_done() + 1` over `available` (the clients that can be sampled) and
+  // returns its record (also kept in history()). Never throws for a client's failure; throws
+  // InvalidArgument when fewer clients are available than federated.min_clients.
+  RoundRecord run_round(const std::vector<Participant*>& available);
+
+  const at::Tensor& global() const { return global_; }
+  int64_t rounds_done() const { return rounds_done_; }
+  const std::vector<RoundRecord>& history() const { return history_; }
+  Strategy& strategy() { return *strategy_; }
+  const FederatedOptions& options() const { return options_; }
+
+  // For resuming after a crash: the state a checkpoint holds.
+  void restore(at::Tensor global, int64_t rounds_done, std::vector<RoundRecord> history);
+
+ private:
+  struct Fitted {
+    Participant* who;
+    FitReply reply;
+  };
+  std::vector<Fitted> fit_cohort(const std::vector<Participant*>& cohort, RoundRecord& rec);
+  // Returns the delta, or an undefined tensor after recording why the round failed.
+  at::Tensor plain_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
+  at::Tensor secure_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
+  size_t secagg_threshold(size_t cohort) const;
+
+  FederatedOptions options_;
+  at::Tensor global_;
+  bool parallel_calls_;
+  Evaluator evaluate_;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<Aggregator> aggregator_;
+  int64_t rounds_done_ = 0;
+  int64_t dp_rounds_ = 0;
+  std::vector<RoundRecord> history_;
+};
+
+}  // namespace krab::federated

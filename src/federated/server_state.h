@@ -1,0 +1,33 @@
+// The federated server's checkpoint: what it needs to resume after a crash.
+//
+// One file, `<checkpoint.dir>/fl-state.krab`, rewritten atomically after every round
+// (core::write_file_atomic: a crash leaves the previous round's file, never a torn one):
+//
+//   "KRABFLS1" | u64 payload length | u32 CRC-32 of the payload | payload
+//
+// where the payload is a LibTorch archive with the global parameters, the strategy's state
+// (FedAdam/FedYogi moments), the number of rounds done, the model signature and the round
+// history as JSON text. Loading checks magic, length, CRC and signature before touching the
+// runner: a truncated, corrupt or foreign file is refused (CorruptData / InvalidArgument naming
+// the file), and the runner is left as it was.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "federated/rounds.h"
+
+namespace krab::federated {
+
+std::string state_path(const std::string& run_dir);
+
+// Writes the runner's state; `signature` is train::model_signature() of the job's model.
+void save_server_state(const std::string& path, RoundRunner& runner, const std::string& signature);
+
+// Loads `path` into `runner`. Returns false (runner untouched) when the file does not exist.
+bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature);
+
+// RoundRecord from its to_json() form.
+RoundRecord record_from_json(const nlohmann::json& j);
+
+}  // namespace krab::federated

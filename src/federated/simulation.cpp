@@ -1,0 +1,233 @@
+#include "federated/simulation.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "core/errors.h"
+#include "core/fs.h"
+#include "core/progress.h"
+#include "data/partition.h"
+#include "data/rng.h"
+#include "data/sampler.h"
+#include "federated/local_training.h"
+#include "federated/rounds.h"
+#include "federated/secure_client.h"
+#include "federated/server_state.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace krab::federated {
+namespace {
+
+uint64_t entropy_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// A client living in this process. Everything it does is what `krab fl-client` does, except
+// that the data arrives as a shard of the simulation's split and faults can be injected.
+class SimClient : public Participant {
+ public:
+  SimClient(std::string id, int64_t index, data::TensorDataset data, LocalTrainer* trainer,
+            uint64_t seed, double dropout, double attack_scale)
+      : id_(std::move(id)),
+        index_(index),
+        data_(std::move(data)),
+        trainer_(trainer),
+        seed_(seed),
+        dropout_(dropout),
+        attack_scale_(attack_scale) {}
+
+  const std::string& id() const override { return id_; }
+
+  FitReply fit(const FitInstruction& ins) override {
+    round_ = ins.round;
+    drop_stage_ = drop_stage(ins.round, ins.secure);
+    if (drop_stage_ == 0) throw PeerLost(str_cat(id_, ": simulated dropout before training"));
+    RoundOptions ro;
+    ro.proximal_mu = ins.proximal_mu;
+    ro.clip_norm = ins.clip_norm;
+    ro.local_noise_std = ins.local_noise_std;
+    ro.seed = data::derive_seed(seed_, static_cast<uint64_t>(ins.round) * 1000003u + index_);
+    ro.noise_seed = entropy_seed();
+    LocalResult r = trainer_->train(ins.global, data_, ro);
+    if (attack_scale_ != 0) r.update = r.update * (-attack_scale_);
+    FitReply reply;
+    reply.num_examples = r.num_examples;
+    reply.mean_loss = r.mean_loss;
+    if (!ins.secure) {
+      reply.update = std::move(r.update);
+      return reply;
+    }
+    secure_ = std::make_unique<SecureClient>(ins, std::move(r.update));
+    reply.secagg = secure_->advertise();
+    return reply;
+  }
+
+  std::vector<uint8_t> secagg(const SecAggRequest& request) override {
+    KRAB_CHECK(secure_ != nullptr, "secagg request before a secure fit");
+    if (drop_stage_ == static_cast<int>(request.stage))
+      throw PeerLost(str_cat(id_, ": simulated dropout in secure aggregation stage ",
+                             static_cast<int>(request.stage)));
+    return secure_->handle(request);
+  }
+
+ private:
+  // Where this client drops out in this round: 0 before training, 1-3 in that secure
+  // aggregation stage (after it advertised its keys), -1 never.
+  int drop_stage(int64_t round, bool secure) const {
+    if (dropout_ <= 0) return -1;
+    std::mt19937_64 rng(data::derive_seed(seed_ ^ 0x64726f70ULL, round * 1000003u + index_));
+    if (data::uniform01(rng) >= dropout_) return -1;
+    // Secure rounds: uniformly before training or in stage 1, 2 or 3.
+    return secure ? static_cast<int>(data::uniform_below(rng, 4)) : 0;
+  }
+
+  std::string id_;
+  int64_t index_;
+  data::TensorDataset data_;
+  LocalTrainer* trainer_;
+  uint64_t seed_;
+  double dropout_, attack_scale_;
+  int64_t round_ = 0;
+  int drop_stage_ = -1;
+  std::unique_ptr<SecureClient> secure_;
+};
+
+}  // namespace
+
+nlohmann::json run_simulation(const core::Config& config, const SimulationOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FederatedOptions fo = read_options(config);
+  torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
+  const data::DataSplits d = train::load_data(config);
+  const models::ModelSpec spec = train::model_spec(config, d);
+  const uint64_t seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  const int64_t num_clients = config.get_int("federated.clients");
+  KRAB_CHECK_ARG(fo.min_clients <= num_clients, "federated.min_clients (", fo.min_clients,
+                 ") is more than federated.clients (", num_clients, ")");
+
+  data::PartitionSpec ps;
+  ps.kind = config.get_string("federated.partition");
+  ps.clients = num_clients;
+  ps.alpha = config.get_float("federated.alpha");
+  ps.classes_per_client = config.get_int("federated.classes_per_client");
+  ps.seed = seed;
+  KRAB_CHECK_ARG(!d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
+                 "' splits by label; text data needs iid");
+  const auto shards = data::partition(
+      d.language_model ? torch::zeros({d.train.size()}, torch::kLong) : d.train.targets,
+      d.language_model ? 1 : d.num_classes, ps);
+
+  torch::manual_seed(seed);
+  LocalTrainer trainer(config, spec);
+  auto eval_model = models::make_model(spec);
+  const std::string signature = train::model_signature(trainer.model());
+
+  // Byzantine clients: the first round(fraction * n) of a seeded permutation.
+  std::mt19937_64 rng(data::derive_seed(seed, 0x62797a));
+  const std::vector<int64_t> order = data::random_permutation(num_clients, rng);
+  const auto attackers = static_cast<int64_t>(
+      std::llround(config.get_float("federated.sim_byzantine_fraction") * num_clients));
+  std::vector<bool> byzantine(num_clients, false);
+  for (int64_t i = 0; i < attackers; ++i) byzantine[order[i]] = true;
+
+  std::vector<std::unique_ptr<SimClient>> clients;
+  std::vector<Participant*> available;
+  nlohmann::json sizes = nlohmann::json::array();
+  char name[32];
+  for (int64_t i = 0; i < num_clients; ++i) {
+    std::snprintf(name, sizeof name, "client-%04lld", static_cast<long long>(i));
+    clients.push_back(std::make_unique<SimClient>(
+        name, i,
+        [&] {
+          auto [x, y] = data::gather(d.train, shards[i]);
+          return data::TensorDataset{x, y};
+        }(),
+        &trainer, seed, config.get_float("federated.sim_dropout"),
+        byzantine[i] ? config.get_float("federated.sim_attack_scale") : 0.0));
+    available.push_back(clients.back().get());
+    sizes.push_back(shards[i].size());
+  }
+
+  RoundRunner::Evaluator evaluate;
+  if (d.test && d.test->size() > 0)
+    evaluate = [&](const at::Tensor& global) {
+      load_flat_parameters(*eval_model, global);
+      return accuracy(*eval_model, *d.test);
+    };
+  RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false, evaluate);
+
+  const std::string run_dir = train::run_directory(config);
+  const std::string state = state_path(run_dir);
+  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature))
+    std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
+                 static_cast<long long>(runner.rounds_done()));
+
+  std::fprintf(stderr,
+               "krab: fl-sim — %lld clients (%s), %lld rounds of %s/%s, model %s (%lld "
+               "parameters)%s%s\n",
+               static_cast<long long>(num_clients), ps.kind.c_str(),
+               static_cast<long long>(fo.rounds), fo.strategy.c_str(), fo.aggregator.c_str(),
+               spec.name.c_str(), static_cast<long long>(trainer.num_parameters()),
+               fo.secure ? ", secure aggregation" : "",
+               fo.dp != "none" ? (", dp " + fo.dp).c_str() : "");
+  std::unique_ptr<core::ProgressBar> bar;
+  if (options.show_progress) bar = std::make_unique<core::ProgressBar>("fl-sim", fo.rounds);
+  double last_acc = -1;
+  while (runner.rounds_done() < fo.rounds) {
+    const RoundRecord rec = runner.run_round(available);
+    for (const auto& r : rec.rejected)
+      std::fprintf(stderr, "krab: round %lld: rejected %s\n", static_cast<long long>(rec.round),
+                   r.reason.c_str());
+    if (!rec.ok)
+      std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n",
+                   static_cast<long long>(rec.round), rec.failure.c_str());
+    if (rec.test_accuracy >= 0) last_acc = rec.test_accuracy;
+    save_server_state(state, runner, signature);
+    if (bar)
+      bar->update(
+          rec.round,
+          str_cat("acc ", last_acc >= 0 ? std::to_string(last_acc).substr(0, 6) : std::string("-"),
+                  " loss ", std::to_string(rec.mean_loss).substr(0, 6), " clients ",
+                  rec.counted.size(), "/", rec.cohort.size()));
+  }
+  if (bar) bar->finish(str_cat("acc ", last_acc));
+
+  load_flat_parameters(trainer.model(), runner.global());
+  train::save_model_pt(run_dir + "/model.pt", trainer.model());
+
+  nlohmann::json report;
+  report["mode"] = "fl-sim";
+  report["clients"] = num_clients;
+  report["partition"] = ps.kind;
+  report["client_examples"] = sizes;
+  report["strategy"] = fo.strategy;
+  report["aggregator"] = fo.aggregator;
+  report["secure_aggregation"] = fo.secure;
+  report["dp"] = fo.dp;
+  report["model"] = spec.name;
+  report["parameters"] = trainer.num_parameters();
+  nlohmann::json rounds = nlohmann::json::array();
+  int64_t down = 0, up = 0;
+  for (const auto& r : runner.history()) {
+    rounds.push_back(r.to_json());
+    down += r.bytes_down;
+    up += r.bytes_up;
+  }
+  report["rounds"] = rounds;
+  report["bytes_down"] = down;
+  report["bytes_up"] = up;
+  if (last_acc >= 0) report["test_accuracy"] = last_acc;
+  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
+    report["epsilon"] = runner.history().back().epsilon;
+  report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
+  return report;
+}
+
+}  // namespace krab::federated

@@ -1,0 +1,285 @@
+// The round loop against hand-computed aggregates: scripted participants whose updates are
+// known, so every expectation is arithmetic done here, not by the code under test. Covers
+// dropouts, rejections, failed rounds, robust aggregation, central DP, secure aggregation
+// (with dropouts at every stage) and the server checkpoint.
+#include "federated/rounds.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/errors.h"
+#include "federated/accountant.h"
+#include "federated/secure_client.h"
+#include "federated/server_state.h"
+
+namespace krab::federated {
+namespace {
+
+// A client that returns a fixed update (or fails at a chosen point).
+class Scripted : public Participant {
+ public:
+  Scripted(std::string id, at::Tensor update, int64_t examples, int fail_at = -1)
+      : id_(std::move(id)), update_(std::move(update)), examples_(examples), fail_at_(fail_at) {}
+  const std::string& id() const override { return id_; }
+  FitReply fit(const FitInstruction& ins) override {
+    if (fail_at_ == 0) throw PeerLost(id_ + " went away");
+    seen_global_ = ins.global;
+    FitReply r;
+    r.num_examples = examples_;
+    r.mean_loss = 1.0;
+    at::Tensor u = update_;
+    if (ins.clip_norm > 0) u = u * std::min(1.0, ins.clip_norm / u.norm().item<double>());
+    if (!ins.secure) {
+      r.update = u;
+      return r;
+    }
+    secure_ = std::make_unique<SecureClient>(ins, u);
+    r.secagg = secure_->advertise();
+    return r;
+  }
+  std::vector<uint8_t> secagg(const SecAggRequest& req) override {
+    if (fail_at_ == static_cast<int>(req.stage)) throw PeerLost(id_ + " lost in stage");
+    return secure_->handle(req);
+  }
+  at::Tensor seen_global_;
+
+ private:
+  std::string id_;
+  at::Tensor update_;
+  int64_t examples_;
+  int fail_at_;
+  std::unique_ptr<SecureClient> secure_;
+};
+
+FederatedOptions all_clients(int64_t min_clients = 1) {
+  FederatedOptions o;
+  o.fraction = 1.0;
+  o.min_clients = min_clients;
+  o.rounds = 3;
+  return o;
+}
+
+std::vector<Participant*> ptrs(std::vector<std::unique_ptr<Scripted>>& v) {
+  std::vector<Participant*> out;
+  for (auto& p : v) out.push_back(p.get());
+  return out;
+}
+
+TEST(Rounds, FedAvgIsTheExampleWeightedMean) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f, 0.f, -2.f}), 10));
+  c.push_back(std::make_unique<Scripted>("b", torch::tensor({4.f, 3.f, 1.f}), 30));
+  RoundRunner run(all_clients(), torch::tensor({0.5f, 0.5f, 0.5f}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  // 0.5 + (10 u_a + 30 u_b) / 40
+  EXPECT_TRUE(
+      torch::allclose(run.global(), torch::tensor({0.5f + 3.25f, 0.5f + 2.25f, 0.5f + 0.25f})));
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(rec.bytes_down, 2 * 3 * 4);  // the global model to each
+  EXPECT_GE(rec.bytes_up, 2 * 3 * 4);
+  EXPECT_TRUE(torch::equal(c[0]->seen_global_, torch::tensor({0.5f, 0.5f, 0.5f})));
+}
+
+TEST(Rounds, DroppedAndRejectedClientsAreLeftOutAndNamed) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f, 1.f}), 1));
+  c.push_back(std::make_unique<Scripted>("b", torch::tensor({3.f, 5.f}), 1));
+  c.push_back(std::make_unique<Scripted>("c", torch::tensor({9.f, 9.f}), 1, /*fail_at=*/0));
+  c.push_back(std::make_unique<Scripted>("d", torch::tensor({NAN, 1.f}), 1));
+  c.push_back(std::make_unique<Scripted>("e", torch::tensor({1.f, 2.f, 3.f}), 1));
+  c.push_back(std::make_unique<Scripted>("f", torch::tensor({300.f, 400.f}), 1));
+  FederatedOptions o = all_clients(2);
+  o.max_update_norm = 100;
+  RoundRunner run(o, torch::zeros({2}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok);
+  EXPECT_TRUE(torch::allclose(run.global(), torch::tensor({2.f, 3.f})));
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(rec.dropped.size(), 1u);
+  EXPECT_EQ(rec.dropped[0].client, "c");
+  EXPECT_NE(rec.dropped[0].reason.find("went away"), std::string::npos);
+  ASSERT_EQ(rec.rejected.size(), 3u);
+  EXPECT_NE(rec.rejected[0].reason.find("'d'"), std::string::npos);
+  EXPECT_NE(rec.rejected[0].reason.find("NaN"), std::string::npos);
+  EXPECT_NE(rec.rejected[1].reason.find("3 elements"), std::string::npos);
+  EXPECT_NE(rec.rejected[2].reason.find("norm 500"), std::string::npos);
+  // The record survives a JSON round trip (it is the report and the checkpoint's history).
+  const RoundRecord back = record_from_json(rec.to_json());
+  EXPECT_EQ(back.to_json(), rec.to_json());
+}
+
+TEST(Rounds, TooFewUsableUpdatesFailTheRoundAndKeepTheModel) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f}), 1));
+  c.push_back(std::make_unique<Scripted>("b", torch::tensor({2.f}), 1, 0));
+  c.push_back(std::make_unique<Scripted>("c", torch::tensor({INFINITY}), 1));
+  RoundRunner run(all_clients(2), torch::tensor({7.f}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  EXPECT_FALSE(rec.ok);
+  EXPECT_NE(rec.failure.find("min_clients is 2"), std::string::npos);
+  EXPECT_TRUE(rec.counted.empty());
+  EXPECT_TRUE(torch::equal(run.global(), torch::tensor({7.f})));
+  EXPECT_EQ(run.rounds_done(), 1);
+}
+
+TEST(Rounds, MedianResistsAttackersTheMeanFollows) {
+  auto make = [](std::vector<std::unique_ptr<Scripted>>& c) {
+    for (int i = 0; i < 3; ++i)
+      c.push_back(
+          std::make_unique<Scripted>(str_cat("h", i), torch::full({4}, 1.0f + 0.1f * i), 1));
+    for (int i = 0; i < 2; ++i)
+      c.push_back(std::make_unique<Scripted>(str_cat("x", i), torch::full({4}, -100.f), 1));
+  };
+  std::vector<std::unique_ptr<Scripted>> c1, c2;
+  make(c1);
+  make(c2);
+  FederatedOptions o = all_clients();
+  RoundRunner mean(o, torch::zeros({4}), false);
+  mean.run_round(ptrs(c1));
+  o.aggregator = "median";
+  RoundRunner med(o, torch::zeros({4}), false);
+  med.run_round(ptrs(c2));
+  EXPECT_TRUE(torch::allclose(mean.global(), torch::full({4}, (3.3f - 200.f) / 5)));
+  // Sorted per coordinate: -100, -100, 1.0, 1.1, 1.2 — the median is an honest value.
+  EXPECT_TRUE(torch::allclose(med.global(), torch::full({4}, 1.0f)));
+}
+
+TEST(Rounds, CentralDpClipsAddsNoiseOfSigmaCAndCountsEpsilon) {
+  const int64_t n = 200000;
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 4; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::full({n}, 0.01f * (i + 1)), 5));
+  FederatedOptions o = all_clients();
+  o.dp = "central";
+  o.dp_clip = 2.0;
+  o.dp_noise_multiplier = 1.5;
+  o.fraction = 1.0;
+  RoundRunner run(o, torch::zeros({n}), false);
+  const RoundRecord r1 = run.run_round(ptrs(c));
+  ASSERT_TRUE(r1.ok);
+  // Each update has norm 0.01 (i+1) sqrt(n) > 2, so it is clipped to norm 2: every coordinate
+  // 2 / sqrt(n). The mean of the 4 clipped updates is that; noise std on the mean 1.5 * 2 / 4.
+  const at::Tensor g = run.global().to(at::kDouble);
+  EXPECT_NEAR(g.mean().item<double>(), 2.0 / std::sqrt(double(n)), 0.01);
+  EXPECT_NEAR(g.std().item<double>(), 1.5 * 2.0 / 4, 0.01);
+  EXPECT_DOUBLE_EQ(r1.epsilon, privacy_spent(1.5, 1.0, 1, 1e-5).epsilon);
+  const RoundRecord r2 = run.run_round(ptrs(c));
+  EXPECT_DOUBLE_EQ(r2.epsilon, privacy_spent(1.5, 1.0, 2, 1e-5).epsilon);
+  EXPECT_GT(r2.epsilon, r1.epsilon);
+}
+
+TEST(Rounds, RobustAggregatorWithSecureAggregationIsRefused) {
+  core::Config c;
+  c.set("federated.secure_aggregation", "true");
+  c.set("federated.aggregator", "median");
+  try {
+    read_options(c);
+    FAIL() << "accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("federated.aggregator 'median'"), std::string::npos);
+  }
+}
+
+// Secure rounds: the sum the server unmasks equals the plain weighted mean of the clients that
+// made it through, with dropouts before training and in each protocol stage.
+TEST(Rounds, SecureAggregationMatchesThePlainMeanDespiteDropouts) {
+  torch::manual_seed(1);
+  const int64_t m = 1000;
+  std::vector<at::Tensor> u;
+  for (int i = 0; i < 10; ++i) u.push_back(torch::randn({m}) * 0.3);
+  const std::vector<int> fail_at = {-1, 0, -1, 1, -1, 2, -1, 3, -1, -1};
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 10; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), u[i], 10 + i, fail_at[i]));
+  FederatedOptions o = all_clients(2);
+  o.secure = true;
+  o.secagg_threshold = 0.6;  // t = 6 of 10
+  RoundRunner run(o, torch::zeros({m}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  // Counted: everyone who sent a masked input — all but c1 (before fit), c3 (stage 1) and c5
+  // (stage 2). c7 dropped in stage 3 but its masked input is in the sum.
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"c0", "c2", "c4", "c6", "c7", "c8", "c9"}));
+  at::Tensor want = torch::zeros({m});
+  double total = 0;
+  for (int i : {0, 2, 4, 6, 7, 8, 9}) {
+    want += u[i] * (10 + i);
+    total += 10 + i;
+  }
+  want /= total;
+  EXPECT_LT((run.global() - want).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(rec.dropped.size(), 4u);
+}
+
+TEST(Rounds, SecureAggregationFailsCleanlyBelowTheThreshold) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 5; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({8}), 1, i < 3 ? 2 : -1));
+  FederatedOptions o = all_clients(2);
+  o.secure = true;
+  o.secagg_threshold = 0.6;  // t = 3; only 2 send masked inputs
+  RoundRunner run(o, torch::full({8}, 3.f), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  EXPECT_FALSE(rec.ok);
+  EXPECT_NE(rec.failure.find("secure aggregation"), std::string::npos) << rec.failure;
+  EXPECT_TRUE(torch::equal(run.global(), torch::full({8}, 3.f)));
+}
+
+TEST(ServerState, RoundTripAndRefusesCorruptFiles) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("krab-flstate-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = state_path(dir.string());
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f, -1.f}), 3));
+  c.push_back(std::make_unique<Scripted>("b", torch::tensor({2.f, 0.5f}), 1));
+  FederatedOptions o = all_clients();
+  o.strategy = "fedadam";
+  o.strategy_options.eta = 0.1;
+  RoundRunner a(o, torch::zeros({2}), false);
+  a.run_round(ptrs(c));
+  a.run_round(ptrs(c));
+  save_server_state(path, a, "sig");
+
+  RoundRunner b(o, torch::zeros({2}), false);
+  ASSERT_TRUE(load_server_state(path, b, "sig"));
+  EXPECT_TRUE(torch::equal(a.global(), b.global()));
+  EXPECT_EQ(b.rounds_done(), 2);
+  ASSERT_EQ(b.history().size(), 2u);
+  EXPECT_EQ(b.history()[1].to_json(), a.history()[1].to_json());
+  // The next round continues the optimizer (moments restored): same result as the original.
+  a.run_round(ptrs(c));
+  b.run_round(ptrs(c));
+  EXPECT_TRUE(torch::equal(a.global(), b.global()));
+
+  EXPECT_THROW(load_server_state(path, b, "other-model"), InvalidArgument);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  RoundRunner fresh(o, torch::zeros({2}), false);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes.substr(0, bytes.size() - 7);
+  }
+  EXPECT_THROW(load_server_state(path, fresh, "sig"), CorruptData);
+  {
+    std::string flipped = bytes;
+    flipped[flipped.size() / 2] ^= 0x20;
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << flipped;
+  }
+  EXPECT_THROW(load_server_state(path, fresh, "sig"), CorruptData);
+  EXPECT_EQ(fresh.rounds_done(), 0);
+  EXPECT_TRUE(torch::equal(fresh.global(), torch::zeros({2})));
+  EXPECT_FALSE(load_server_state((dir / "none.krab").string(), fresh, "sig"));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace krab::federated
