@@ -11,6 +11,7 @@ packages=(
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev  # parameter server + federated RPC
   libsodium-dev openssl               # secure aggregation (X25519, ChaCha20); TLS certificates in tests
+  strace                              # tests: the federated server never opens a client's data
   libgtest-dev libgmock-dev
   dataset-fashion-mnist               # the demo's data
   python3-torch                       # the peer for benchmarks and the torch.load check

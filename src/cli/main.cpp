@@ -1,13 +1,16 @@
 // krab command line: `krab train JOB.yaml [--set key=value ...] [--report FILE]`,
 // `krab privacy epsilon --noise-multiplier S --sampling-rate Q --steps T --delta D`,
-// `krab fl-sim FED.yaml [--clients N] [--set key=value ...] [--report FILE]`, `krab config-doc`.
+// `krab fl-sim FED.yaml [--clients N] [--set key=value ...] [--report FILE]`,
+// `krab fl-server FED.yaml [--report FILE] [--port-file FILE]`,
+// `krab fl-client --server HOST:PORT --token T --ca CA.pem [--data PATH] [--partition K/N]`,
+// `krab config-doc`.
 //
 // Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
 // the key, file or value; 1 runtime failure (a worker died, a timeout), naming the rank.
-#include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 #include <malloc.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +22,7 @@
 #include "core/config.h"
 #include "core/errors.h"
 #include "federated/accountant.h"
+#include "federated/processes.h"
 #include "federated/simulation.h"
 #include "train/trainer.h"
 
@@ -37,10 +41,10 @@ struct EpsilonArgs {
 int run_epsilon(const EpsilonArgs& a) {
   KRAB_CHECK_ARG(a.conversion == "balle2020" || a.conversion == "mironov2017",
                  "--conversion must be balle2020 or mironov2017, got '", a.conversion, "'");
-  const auto spent = federated::privacy_spent(
-      a.noise, a.rate, a.steps, a.delta,
-      a.conversion == "balle2020" ? federated::RdpConversion::kBalle2020
-                                  : federated::RdpConversion::kMironov2017);
+  const auto spent = federated::privacy_spent(a.noise, a.rate, a.steps, a.delta,
+                                              a.conversion == "balle2020"
+                                                  ? federated::RdpConversion::kBalle2020
+                                                  : federated::RdpConversion::kMironov2017);
   std::printf("%.6g\n", spent.epsilon);
   std::fprintf(stderr,
                "krab: epsilon %.6g at delta %g after %lld steps (noise multiplier %g, sampling "
@@ -77,6 +81,30 @@ int run_fl_sim(const SimArgs& a) {
   return 0;
 }
 
+struct ServerArgs {
+  std::string job;
+  std::vector<std::string> sets;
+  std::string report, port_file;
+};
+
+int run_fl_server(const ServerArgs& a) {
+  const core::Config config = core::Config::load_file(a.job, a.sets);
+  if (!a.report.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(a.report).parent_path();
+    KRAB_CHECK_ARG(dir.empty() || std::filesystem::is_directory(dir), "--report: directory '",
+                   dir.string(), "' does not exist");
+  }
+  federated::ServerRunOptions options;
+  options.report_path = a.report;
+  options.port_file = a.port_file;
+  const auto report = federated::run_fl_server(config, options);
+  if (report.contains("test_accuracy"))
+    std::fprintf(stderr, "krab: test accuracy %.4f after %zu rounds\n",
+                 report["test_accuracy"].get<double>(), report["rounds"].size());
+  if (!a.report.empty()) std::fprintf(stderr, "krab: report %s\n", a.report.c_str());
+  return 0;
+}
+
 struct TrainArgs {
   std::string job;
   std::vector<std::string> sets;
@@ -104,8 +132,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   const bool mpi = config.get_string("comm.backend") == "mpi";
 
   if (plan.role == cli::Role::kLauncher) {
-    KRAB_CHECK_ARG(!mpi, "comm.backend 'mpi' needs the job started by mpirun "
-                         "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
+    KRAB_CHECK_ARG(!mpi,
+                   "comm.backend 'mpi' needs the job started by mpirun "
+                   "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
     train::preflight(config, plan.world_size);
     if (!args.report.empty()) {
       // Fail now, not after training, if the report cannot be written.
@@ -124,15 +153,17 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
       p.tolerate_worker_loss = true;
     }
     std::unique_ptr<comm::StoreServer> server;
-    const auto timeout = std::chrono::milliseconds(
-        static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
+    const auto timeout =
+        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
     if (p.host_store) {
       server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
       p.rendezvous.port = server->port();
     }
     std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
                  args.job.c_str(), p.world_size,
-                 args.launch.nnodes > 1 ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str() : "",
+                 args.launch.nnodes > 1
+                     ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
+                     : "",
                  config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
                  p.rendezvous.to_string().c_str());
     const int code = cli::spawn_and_supervise(p, argv, 5.0);
@@ -156,8 +187,8 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
                    "several machines");
     train::check_async_options(config);
     if (plan.ps_shard >= 0) {
-      auto report = train::run_param_server(config, plan.ps_shard, plan.rendezvous,
-                                            plan.world_size, options);
+      auto report =
+          train::run_param_server(config, plan.ps_shard, plan.rendezvous, plan.world_size, options);
       if (plan.ps_shard == 0 && report.contains("test_accuracy"))
         std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",
                      report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
@@ -213,6 +244,33 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   fl_sim->add_option("--set", sim.sets, "Override a key: --set federated.rounds=5 (repeatable)");
   fl_sim->add_option("--report", sim.report, "Write a JSON report of the run to FILE");
+  ServerArgs srv;
+  auto* fl_server = app.add_subcommand(
+      "fl-server", "Federated server: waits for clients, runs rounds, writes the global model");
+  fl_server->add_option("job", srv.job, "Federated job file (YAML); see docs/config.md")
+      ->required();
+  fl_server->add_option("--set", srv.sets, "Override a key (repeatable)");
+  fl_server->add_option("--report", srv.report, "Write a JSON report of the run to FILE");
+  fl_server->add_option("--port-file", srv.port_file,
+                        "Write the port it listens on to FILE (with federated.address HOST:0)");
+  federated::ClientRunOptions cli_opts;
+  auto* fl_client = app.add_subcommand(
+      "fl-client", "Federated client: trains on local data, sends back only model updates");
+  fl_client->add_option("--server", cli_opts.server, "Server HOST:PORT")->required();
+  fl_client->add_option("--token", cli_opts.token, "This client's token")->required();
+  fl_client
+      ->add_option("--ca", cli_opts.ca_file,
+                   "PEM file of the CA that signed the server's certificate")
+      ->required();
+  fl_client->add_option("--data", cli_opts.data,
+                        "This client's data: a dataset directory or file (data.path)");
+  fl_client->add_option("--partition", cli_opts.partition,
+                        "K/N: train on partition K of N of --data (experiments)");
+  fl_client->add_option("--cert", cli_opts.cert_file, "PEM client certificate (mutual TLS)");
+  fl_client->add_option("--key", cli_opts.key_file, "PEM key of --cert");
+  fl_client->add_option("--retry-s", cli_opts.retry_s,
+                        "Keep retrying an unreachable server this long (default 60)");
+  fl_client->add_option("--threads", cli_opts.threads, "Intra-op threads (default 1)");
   auto* config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
   EpsilonArgs eps;
   auto* privacy = app.add_subcommand("privacy", "Differential-privacy tools");
@@ -236,10 +294,20 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   const bool worker = std::getenv("KRAB_WORKER") != nullptr;
-  const std::string who = worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
-                                 : std::string("krab");
+  const std::string who =
+      worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
+             : std::string("krab");
   try {
     if (epsilon->parsed()) return run_epsilon(eps);
+    if (fl_server->parsed()) {
+      keep_freed_memory();
+      return run_fl_server(srv);
+    }
+    if (fl_client->parsed()) {
+      keep_freed_memory();
+      federated::run_fl_client(cli_opts);
+      return 0;
+    }
     if (fl_sim->parsed()) {
       keep_freed_memory();
       return run_fl_sim(sim);

@@ -286,6 +286,28 @@ std::vector<KeySpec> build_registry() {
               "Evaluate the global model on the held-out split every N rounds (and after the "
               "last).",
               1),
+      string_key("federated.address", "0.0.0.0:7070",
+                 "`fl-server`: HOST:PORT to listen on (port 0 picks a free one; see "
+                 "`--port-file`)."),
+      string_key("federated.tls_cert", "",
+                 "`fl-server`: PEM certificate it presents (required: there is no plaintext "
+                 "mode)."),
+      string_key("federated.tls_key", "", "`fl-server`: PEM private key of `federated.tls_cert`."),
+      string_key("federated.tls_client_ca", "",
+                 "`fl-server`: PEM CA; when set, clients must present a certificate it signed "
+                 "(mutual TLS)."),
+      string_key("federated.tokens", "",
+                 "`fl-server`: file of `NAME TOKEN [EXPIRES_UNIX]` lines; each client "
+                 "authenticates with its token."),
+      float_key("federated.max_message_mb", "64",
+                "Largest message either side accepts, in MiB; larger ones are refused.", 0.001),
+      float_key("federated.wait_clients_s", "120",
+                "`fl-server`: how long to wait for `federated.clients` clients before the first "
+                "round (it starts with fewer if at least `federated.min_clients` came).",
+                0),
+      string_key("federated.eval_data", "",
+                 "`fl-server`: held-out data to evaluate on (a Fashion-MNIST directory, of which "
+                 "only the t10k files are read); empty = none."),
       float_key("federated.sim_dropout", "0",
                 "`fl-sim`: probability that a sampled client drops out of a round.", 0, 1),
       float_key("federated.sim_byzantine_fraction", "0",

@@ -59,6 +59,10 @@ struct DataSplits {
 // is InvalidArgument naming it.
 DataSplits load_fashion_mnist(const std::string& dir, bool normalize);
 
+// Only the t10k files of `dir` (the same checks), as the test split; train is empty. For a
+// federated server, whose held-out data must not require the clients' training files.
+DataSplits load_fashion_mnist_test(const std::string& dir, bool normalize);
+
 // A synthetic classification problem an MLP learns to high accuracy: `classes` Gaussian
 // centroids in `features` dimensions, examples drawn around them with unit noise, labels drawn
 // uniformly. Generated with krab's own generator from `seed` alone, so the same arguments give

@@ -73,4 +73,14 @@ DataSplits load_fashion_mnist(const std::string& dir, bool normalize) {
   return splits;
 }
 
+DataSplits load_fashion_mnist_test(const std::string& dir, bool normalize) {
+  KRAB_CHECK_ARG(fs::is_directory(dir), "dataset directory '", dir, "' does not exist");
+  DataSplits splits;
+  splits.test = load_split(dir, "t10k", normalize);
+  splits.input_shape = splits.test->inputs.sizes().slice(1).vec();
+  splits.num_classes = kClasses;
+  splits.language_model = false;
+  return splits;
+}
+
 }  // namespace krab::data

@@ -1,0 +1,315 @@
+#include "federated/processes.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "core/errors.h"
+#include "core/fs.h"
+#include "core/progress.h"
+#include "data/partition.h"
+#include "data/rng.h"
+#include "data/sampler.h"
+#include "federated/local_training.h"
+#include "federated/rounds.h"
+#include "federated/secure_client.h"
+#include "federated/server_state.h"
+#include "federated/transport.h"
+#include "train/checkpoint.h"
+#include "train/job.h"
+#include "train/trainer.h"
+
+namespace krab::federated {
+namespace {
+
+using std::chrono::milliseconds;
+
+milliseconds seconds_key(const core::Config& c, const char* key) {
+  return milliseconds(static_cast<int64_t>(c.get_float(key) * 1000));
+}
+
+// The server's own data: held-out examples only. It never reads a training split a client
+// might hold; for fashion-mnist without eval data it knows the shape without opening anything.
+data::DataSplits server_data(const core::Config& c) {
+  const std::string& name = c.get_string("data.name");
+  const std::string& eval = c.get_string("federated.eval_data");
+  if (name == "fashion-mnist") {
+    if (!eval.empty()) return data::load_fashion_mnist_test(eval, c.get_bool("data.normalize"));
+    data::DataSplits d;
+    d.input_shape = {1, 28, 28};
+    d.num_classes = 10;
+    return d;
+  }
+  if (name == "synthetic") {
+    // Generated from train.seed: there are no client files to protect; keep the test split.
+    data::DataSplits d = train::load_data(c);
+    d.train = {};
+    return d;
+  }
+  throw NotSupported(
+      str_cat("fl-server: data.name '", name, "' is not supported yet (fashion-mnist, synthetic)"));
+}
+
+// What a client is told: everything but the server's own files.
+std::string client_config_yaml(core::Config c) {
+  for (const char* key : {"federated.tls_cert", "federated.tls_key", "federated.tls_client_ca",
+                          "federated.tokens", "federated.eval_data", "checkpoint.dir", "data.path"})
+    c.set(key, "");
+  return c.to_yaml();
+}
+
+}  // namespace
+
+nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FederatedOptions fo = read_options(config);
+  torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
+  const data::DataSplits d = server_data(config);
+  const models::ModelSpec spec = train::model_spec(config, d);
+  torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
+  auto model = models::make_model(spec);
+  const std::string signature = train::model_signature(*model);
+  KRAB_CHECK_ARG(!config.get_string("federated.tokens").empty(),
+                 "federated.tokens: fl-server needs a tokens file (NAME TOKEN [EXPIRES] lines)");
+
+  ServerTransportOptions so;
+  so.address = config.get_string("federated.address");
+  so.cert_file = config.get_string("federated.tls_cert");
+  so.key_file = config.get_string("federated.tls_key");
+  so.client_ca_file = config.get_string("federated.tls_client_ca");
+  so.tokens = read_tokens(config.get_string("federated.tokens"));
+  so.max_message_bytes =
+      static_cast<int64_t>(config.get_float("federated.max_message_mb") * (1 << 20));
+  so.config_yaml = client_config_yaml(config);
+  so.model_signature = signature;
+  so.deadline = seconds_key(config, "federated.round_deadline_s");
+  const int64_t model_bytes = models::parameter_count(*model) * 4;
+  KRAB_CHECK_ARG(model_bytes + (64 << 10) <= so.max_message_bytes, "federated.max_message_mb (",
+                 config.get_float("federated.max_message_mb"), ") is too small for the model (",
+                 model_bytes / double(1 << 20), " MiB of parameters plus framing)");
+  FederationServer server(so);
+  std::fprintf(stderr, "krab: fl-server listening on %s (port %d, TLS%s), %zu client tokens\n",
+               so.address.c_str(), server.port(),
+               so.client_ca_file.empty() ? "" : ", client certificates required", so.tokens.size());
+  if (!options.port_file.empty())
+    core::write_file_atomic(options.port_file, std::to_string(server.port()) + "\n");
+
+  RoundRunner::Evaluator evaluate;
+  if (d.test && d.test->size() > 0)
+    evaluate = [&](const at::Tensor& global) {
+      load_flat_parameters(*model, global);
+      return accuracy(*model, *d.test);
+    };
+  RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true, evaluate);
+  const std::string run_dir = train::run_directory(config);
+  const std::string state = state_path(run_dir);
+  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature))
+    std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
+                 static_cast<long long>(runner.rounds_done()));
+
+  const auto wait = seconds_key(config, "federated.wait_clients_s");
+  const auto want = static_cast<size_t>(config.get_int("federated.clients"));
+  const size_t joined = server.wait_for_clients(want, wait);
+  if (static_cast<int64_t>(joined) < fo.min_clients)
+    throw Timeout(str_cat("fl-server: only ", joined, " client(s) joined within ",
+                          config.get_float("federated.wait_clients_s"),
+                          " s; federated.min_clients is ", fo.min_clients));
+  std::fprintf(stderr, "krab: %zu client(s) ready; %lld rounds of %s\n", joined,
+               static_cast<long long>(fo.rounds), fo.strategy.c_str());
+
+  std::unique_ptr<core::ProgressBar> bar;
+  if (options.show_progress) bar = std::make_unique<core::ProgressBar>("fl-server", fo.rounds);
+  double last_acc = -1;
+  while (runner.rounds_done() < fo.rounds) {
+    std::vector<Participant*> available = server.available();
+    if (static_cast<int64_t>(available.size()) < fo.min_clients) {
+      server.wait_for_clients(static_cast<size_t>(fo.min_clients), wait);
+      available = server.available();
+      if (static_cast<int64_t>(available.size()) < fo.min_clients)
+        throw Timeout(str_cat("fl-server: ", available.size(), " client(s) alive before round ",
+                              runner.rounds_done() + 1, "; federated.min_clients is ",
+                              fo.min_clients));
+    }
+    const RoundRecord rec = runner.run_round(available);
+    for (const auto& r : rec.dropped)
+      std::fprintf(stderr, "krab: round %lld: dropped %s: %s\n", static_cast<long long>(rec.round),
+                   r.client.c_str(), r.reason.c_str());
+    for (const auto& r : rec.rejected)
+      std::fprintf(stderr, "krab: round %lld: rejected %s\n", static_cast<long long>(rec.round),
+                   r.reason.c_str());
+    if (!rec.ok)
+      std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n",
+                   static_cast<long long>(rec.round), rec.failure.c_str());
+    if (rec.test_accuracy >= 0) last_acc = rec.test_accuracy;
+    save_server_state(state, runner, signature);
+    if (bar)
+      bar->update(
+          rec.round,
+          str_cat("acc ", last_acc >= 0 ? std::to_string(last_acc).substr(0, 6) : std::string("-"),
+                  " clients ", rec.counted.size(), "/", rec.cohort.size()));
+  }
+  if (bar) bar->finish(str_cat("acc ", last_acc));
+  server.finish(milliseconds(3000));
+
+  load_flat_parameters(*model, runner.global());
+  train::save_model_pt(run_dir + "/model.pt", *model);
+  const TransportStats st = server.stats();
+  nlohmann::json report;
+  report["mode"] = "fl-server";
+  report["model"] = spec.name;
+  report["parameters"] = models::parameter_count(*model);
+  report["strategy"] = fo.strategy;
+  report["aggregator"] = fo.aggregator;
+  report["secure_aggregation"] = fo.secure;
+  report["dp"] = fo.dp;
+  report["clients_joined"] = joined;
+  nlohmann::json rounds = nlohmann::json::array();
+  for (const auto& r : runner.history()) rounds.push_back(r.to_json());
+  report["rounds"] = rounds;
+  report["wire_bytes_in"] = st.bytes_in;
+  report["wire_bytes_out"] = st.bytes_out;
+  report["refused_calls"] = st.refused_calls;
+  report["refusals"] = st.refusals;
+  if (last_acc >= 0) report["test_accuracy"] = last_acc;
+  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
+    report["epsilon"] = runner.history().back().epsilon;
+  report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
+  std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
+  return report;
+}
+
+namespace {
+
+uint64_t entropy_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+// "K/N" -> {K, N} with 0 <= K < N.
+std::pair<int64_t, int64_t> parse_partition(const std::string& s) {
+  const size_t slash = s.find('/');
+  try {
+    KRAB_CHECK_ARG(slash != std::string::npos, "");
+    size_t a = 0, b = 0;
+    const int64_t k = std::stoll(s.substr(0, slash), &a);
+    const int64_t n = std::stoll(s.substr(slash + 1), &b);
+    KRAB_CHECK_ARG(a == slash && b == s.size() - slash - 1 && n >= 1 && k >= 0 && k < n, "");
+    return {k, n};
+  } catch (const std::exception&) {
+    throw InvalidArgument(str_cat("--partition must be K/N with 0 <= K < N, got '", s, "'"));
+  }
+}
+
+}  // namespace
+
+int64_t run_fl_client(const ClientRunOptions& options) {
+  torch::set_num_threads(options.threads);
+  ClientTransportOptions to;
+  to.server = options.server;
+  to.ca_file = options.ca_file;
+  to.cert_file = options.cert_file;
+  to.key_file = options.key_file;
+  to.token = options.token;
+  FederationClient client(to);
+  // The server may still be starting: retry an unreachable one for retry_s.
+  const auto retry = milliseconds(static_cast<int64_t>(options.retry_s * 1000));
+  const auto first = std::chrono::steady_clock::now();
+  FederationClient::Hello hello;
+  for (;;) {
+    try {
+      hello = client.hello();
+      break;
+    } catch (const PeerLost&) {
+      if (std::chrono::steady_clock::now() - first > retry) throw;
+      std::this_thread::sleep_for(milliseconds(500));
+    }
+  }
+  core::Config config = core::Config::parse(hello.config_yaml, "the server's configuration");
+  if (!options.data.empty()) config.set("data.path", options.data);
+  const std::string who = "krab[" + hello.client_name + "]";
+  data::DataSplits d = train::load_data(config);
+  data::TensorDataset mine = d.train;
+  if (!options.partition.empty()) {
+    const auto [k, n] = parse_partition(options.partition);
+    data::PartitionSpec ps;
+    ps.kind = config.get_string("federated.partition");
+    ps.clients = n;
+    ps.alpha = config.get_float("federated.alpha");
+    ps.classes_per_client = config.get_int("federated.classes_per_client");
+    ps.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+    const auto parts = data::partition(d.train.targets, d.num_classes, ps);
+    auto [x, y] = data::gather(d.train, parts[k]);
+    mine = data::TensorDataset{x, y};
+  }
+  d.test.reset();
+  const models::ModelSpec spec = train::model_spec(config, d);
+  torch::manual_seed(0);
+  LocalTrainer trainer(config, spec);
+  const std::string signature = train::model_signature(trainer.model());
+  KRAB_CHECK_ARG(signature == hello.model_signature, who, ": this data gives a model of shape ",
+                 signature, " but the server's model is ", hello.model_signature);
+  client.ready(signature, mine.size());
+  std::fprintf(stderr, "%s: joined %s with %lld examples\n", who.c_str(), options.server.c_str(),
+               static_cast<long long>(mine.size()));
+
+  int64_t rounds = 0;
+  std::unique_ptr<SecureClient> secure;
+  auto last_contact = std::chrono::steady_clock::now();
+  for (;;) {
+    RemoteTask task;
+    try {
+      task = client.next_task();
+      last_contact = std::chrono::steady_clock::now();
+    } catch (const PeerLost& e) {
+      if (std::chrono::steady_clock::now() - last_contact > retry) throw;
+      std::this_thread::sleep_for(milliseconds(500));
+      continue;
+    }
+    if (task.kind == RemoteTask::kDone) break;
+    if (task.kind == RemoteTask::kWait) continue;
+    try {
+      if (task.kind == RemoteTask::kFit) {
+        RoundOptions ro;
+        ro.proximal_mu = task.fit.proximal_mu;
+        ro.clip_norm = task.fit.clip_norm;
+        ro.local_noise_std = task.fit.local_noise_std;
+        ro.seed = data::derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
+                                    static_cast<uint64_t>(task.fit.round));
+        ro.noise_seed = entropy_seed();
+        LocalResult r = trainer.train(task.fit.global, mine, ro);
+        FitReply reply;
+        reply.num_examples = r.num_examples;
+        reply.mean_loss = r.mean_loss;
+        if (task.fit.secure) {
+          secure = std::make_unique<SecureClient>(task.fit, r.update);
+          reply.secagg = secure->advertise();
+        } else {
+          reply.update = r.update;
+        }
+        client.submit_fit(task.task_id, reply);
+        ++rounds;
+        std::fprintf(stderr, "%s: round %lld: %lld steps, loss %.4f\n", who.c_str(),
+                     static_cast<long long>(task.fit.round), static_cast<long long>(r.steps),
+                     r.mean_loss);
+      } else {
+        KRAB_CHECK_ARG(secure != nullptr, "secure aggregation request without a secure round");
+        client.submit_secagg(task.task_id, secure->handle(task.secagg));
+      }
+    } catch (const PeerLost&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Tell the server now rather than let it wait for the deadline.
+      std::fprintf(stderr, "%s: task failed: %s\n", who.c_str(), e.what());
+      client.submit_error(task.task_id, e.what());
+    }
+  }
+  std::fprintf(stderr, "%s: done after %lld round(s)\n", who.c_str(),
+               static_cast<long long>(rounds));
+  return rounds;
+}
+
+}  // namespace krab::federated
