@@ -23,8 +23,9 @@ test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 1
 
 # Sanitizer builds of the unit and multi-rank tests (the e2e tests run the release binary):
-# ASan + UBSan over every layer, TSan over comm, parallel, compress and the parameter-server shard.
-SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test compress_test sync_shard_test sync_rpc_test
+# ASan + UBSan over every layer (secure aggregation's parsing and crypto included), TSan over comm,
+# parallel, compress and the parameter-server shard.
+SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test compress_test sync_shard_test sync_rpc_test secagg_test fl_test
 asan: setup
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=address
 	cmake --build build-asan -j $(JOBS) --target $(SANITIZE_TARGETS)
