@@ -271,6 +271,12 @@ int64_t run_fl_client(const ClientRunOptions& options) {
     }
     if (task.kind == RemoteTask::kDone) break;
     if (task.kind == RemoteTask::kWait) continue;
+    if (task.kind == RemoteTask::kRejoin) {
+      std::fprintf(stderr, "%s: the server restarted; joining again\n", who.c_str());
+      client.ready(signature, mine.size());
+      secure.reset();
+      continue;
+    }
     try {
       if (task.kind == RemoteTask::kFit) {
         RoundOptions ro;
@@ -299,12 +305,17 @@ int64_t run_fl_client(const ClientRunOptions& options) {
         KRAB_CHECK_ARG(secure != nullptr, "secure aggregation request without a secure round");
         client.submit_secagg(task.task_id, secure->handle(task.secagg));
       }
-    } catch (const PeerLost&) {
-      throw;
+    } catch (const PeerLost& e) {
+      // The server went away with this task; the next poll retries for retry_s.
+      std::fprintf(stderr, "%s: lost the server (%s); retrying\n", who.c_str(), e.what());
     } catch (const std::exception& e) {
       // Tell the server now rather than let it wait for the deadline.
       std::fprintf(stderr, "%s: task failed: %s\n", who.c_str(), e.what());
-      client.submit_error(task.task_id, e.what());
+      try {
+        client.submit_error(task.task_id, e.what());
+      } catch (const std::exception&) {
+        // The task is void anyway (late, or the server is gone).
+      }
     }
   }
   std::fprintf(stderr, "%s: done after %lld round(s)\n", who.c_str(),

@@ -208,8 +208,9 @@ class Service final : public wire::Federation::Service {
     if (auto st = s_->authenticate(ctx, &name); !st.ok()) return st;
     std::unique_lock<std::mutex> lock(s_->mu);
     auto it = s_->slots.find(name);
+    // NOT_FOUND tells a client whose server restarted to call Ready again.
     if (it == s_->slots.end() || !it->second.ready)
-      return {grpc::StatusCode::FAILED_PRECONDITION, "call Ready before GetTask"};
+      return {grpc::StatusCode::NOT_FOUND, "unknown client session: call Ready"};
     Slot& slot = it->second;
     slot.last_seen = Clock::now();
     s_->cv.wait_for(lock, s_->options.poll_timeout, [&] {
@@ -488,8 +489,12 @@ RemoteTask FederationClient::next_task() {
   impl_->prepare(ctx, std::chrono::milliseconds(30000));
   wire::Task t;
   grpc::Status st = impl_->stub->GetTask(&ctx, wire::TaskRequest(), &t);
-  if (!st.ok()) impl_->fail(st, "GetTask");
   RemoteTask out;
+  if (st.error_code() == grpc::StatusCode::NOT_FOUND) {
+    out.kind = RemoteTask::kRejoin;
+    return out;
+  }
+  if (!st.ok()) impl_->fail(st, "GetTask");
   out.kind = static_cast<RemoteTask::Kind>(t.kind());
   out.task_id = t.task_id();
   if (t.kind() == wire::Task::FIT) {

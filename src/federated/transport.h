@@ -100,7 +100,8 @@ struct ClientTransportOptions {
 };
 
 struct RemoteTask {
-  enum Kind { kWait = 0, kFit = 1, kSecAgg = 2, kDone = 3 };
+  // kRejoin: the server does not know this client (it restarted): call ready() again.
+  enum Kind { kWait = 0, kFit = 1, kSecAgg = 2, kDone = 3, kRejoin = 4 };
   Kind kind = kWait;
   uint64_t task_id = 0;
   FitInstruction fit;    // kFit (fit.global holds the parameters)
