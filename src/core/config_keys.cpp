@@ -55,23 +55,28 @@ std::vector<KeySpec> build_registry() {
 
       string_key("data.name", "fashion-mnist",
                  "Dataset: `fashion-mnist` (28x28 grey images, 10 classes), `synthetic` "
-                 "(generated classification data) or `text` (a character-level corpus).",
-                 {"fashion-mnist", "synthetic", "text"}),
+                 "(generated classification data), `text` (a character-level corpus) or `csv` "
+                 "(a table of numeric columns with a label column).",
+                 {"fashion-mnist", "synthetic", "text", "csv"}),
       string_key("data.path", "/usr/share/datasets/fashion-mnist",
-                 "Dataset directory for `fashion-mnist`, or the corpus file for `text`; unused "
-                 "by `synthetic`."),
+                 "Dataset directory for `fashion-mnist`, the corpus file for `text`, or the "
+                 "`.csv` file for `csv`; unused by `synthetic`."),
+      string_key("data.label_column", "label",
+                 "`csv`: the column holding the class (an integer 0, 1, ...); every other "
+                 "column is a feature."),
       int_key("data.batch_size", "64",
               "Samples in each worker's batch; the global batch is this times "
               "`parallel.workers`.",
               1),
       bool_key("data.normalize", "true",
-               "For `fashion-mnist`, standardise pixels with mean 0.286 and std 0.353."),
+               "For `fashion-mnist`, standardise pixels with mean 0.286 and std 0.353; for `csv`, "
+               "standardise each column with the training split's mean and std."),
       int_key("data.synthetic_samples", "8192",
               "Samples generated for `synthetic`, train and test splits together.", 1),
       int_key("data.synthetic_features", "32", "Input features of each `synthetic` sample.", 1),
       int_key("data.synthetic_classes", "4", "Number of classes in `synthetic` data.", 2),
       float_key("data.test_fraction", "0.1",
-                "Share of `synthetic` or `text` data held out as the test split.", 0, 0.9),
+                "Share of `synthetic`, `text` or `csv` data held out as the test split.", 0, 0.9),
 
       int_key("train.steps", "0", "Optimizer steps to run; 0 runs `train.epochs` epochs instead.",
               0),

@@ -82,4 +82,19 @@ DataSplits make_synthetic(int64_t samples, int64_t features, int64_t classes, do
 // the file, its size and the bytes needed).
 DataSplits load_text(const std::string& path, int64_t context, double test_fraction);
 
+// A table of numbers from the CSV file at `path` (credit scoring, sensor readings): a header
+// row naming the columns, then one example per line, comma-separated. The column named
+// `label_column` holds the class, an integer in [0, classes); every other column is a float
+// feature. Rows are shuffled with a fixed seed (so a file sorted by label still gives a fair
+// split) and the last round(rows * test_fraction) become the test split. With `normalize`, each
+// feature is standardised with the training split's mean and standard deviation (a constant
+// column is only centred). input_shape is {features}; num_classes is the largest label + 1
+// (at least 2).
+// InvalidArgument: a missing file, no column `label_column` (the message lists the header),
+// test_fraction outside [0, 1), fewer than 2 rows, or no feature column. CorruptData naming the
+// file, line and column: a row with the wrong number of fields, an empty or non-numeric value,
+// a label that is not a non-negative integer.
+DataSplits load_csv(const std::string& path, const std::string& label_column,
+                    double test_fraction, bool normalize);
+
 }  // namespace krab::data

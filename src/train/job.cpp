@@ -21,6 +21,9 @@ data::DataSplits load_data(const core::Config& c) {
   if (name == "text")
     return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
                            c.get_float("data.test_fraction"));
+  if (name == "csv")
+    return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
+                          c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
   throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
 }
 

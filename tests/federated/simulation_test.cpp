@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <random>
 
 #include "core/config.h"
 #include "core/errors.h"
@@ -152,6 +155,43 @@ TEST_F(SimDir, DropoutsAreReportedAndRoundsStillComplete) {
   }
   EXPECT_GT(dropped, 0);
   EXPECT_GE(ok, 4);
+}
+
+// Credit scoring on a table: regional branches hold rows of (age, income, debt ratio, late
+// payments); the label is a fixed rule of those columns, so a model that learns it beats the
+// majority class by far.
+TEST_F(SimDir, TabularCsvFederationLearnsTheRule) {
+  const std::string csv = (dir_ / "credit.csv").string();
+  {
+    std::ofstream out(csv);
+    out << "age,income,debt_ratio,late_payments,default\n";
+    std::mt19937_64 rng(5);
+    std::uniform_real_distribution<double> u(0, 1);
+    for (int i = 0; i < 3000; ++i) {
+      const double age = 20 + 50 * u(rng), income = 15000 * std::exp(1.5 * u(rng));
+      const double debt = u(rng);
+      const int late = static_cast<int>(4 * u(rng) * u(rng));
+      const double score =
+          0.03 * (age - 45) - 2.0 * (debt - 0.5) + 0.8 * std::log(income / 40000) - 0.5 * late;
+      out << age << "," << income << "," << debt << "," << late << "," << (score < 0 ? 1 : 0)
+          << "\n";
+    }
+  }
+  core::Config c = job();
+  c.set("data.name", "csv");
+  c.set("data.path", csv);
+  c.set("data.label_column", "default");
+  c.set("data.test_fraction", "0.2");
+  c.set("federated.partition", "dirichlet");
+  c.set("federated.clients", "8");
+  c.set("federated.rounds", "10");
+  c.set("train.optimizer.lr", "0.2");
+  const nlohmann::json rep = run_simulation(c, SimulationOptions{"", false});
+  const data::DataSplits d = train::load_data(c);
+  const double majority = std::max(d.test->targets.to(at::kDouble).mean().item<double>(),
+                                   1 - d.test->targets.to(at::kDouble).mean().item<double>());
+  EXPECT_GT(rep["test_accuracy"].get<double>(), 0.9) << "majority " << majority;
+  EXPECT_GT(rep["test_accuracy"].get<double>(), majority + 0.1);
 }
 
 TEST_F(SimDir, BadCombinationsNameTheKey) {

@@ -1,0 +1,112 @@
+#include <torch/torch.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/fs.h"
+#include "data/dataset.h"
+#include "data/rng.h"
+
+namespace krab::data {
+namespace {
+
+std::vector<std::string> split_fields(const std::string& line) {
+  std::vector<std::string> out;
+  std::string field;
+  std::istringstream in(line);
+  while (std::getline(in, field, ',')) {
+    // Trim spaces and a Windows line end.
+    const size_t b = field.find_first_not_of(" \t\r");
+    const size_t e = field.find_last_not_of(" \t\r");
+    out.push_back(b == std::string::npos ? "" : field.substr(b, e - b + 1));
+  }
+  if (!line.empty() && line.back() == ',') out.push_back("");
+  return out;
+}
+
+}  // namespace
+
+DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
+                    bool normalize) {
+  KRAB_CHECK_ARG(core::path_exists(path), "CSV file '", path, "' does not exist");
+  KRAB_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0,
+                 "test fraction must be in [0, 1), got ", test_fraction);
+  std::istringstream in(core::read_file(path));
+  std::string line;
+  KRAB_CHECK_ARG(static_cast<bool>(std::getline(in, line)), "CSV file '", path, "' is empty");
+  const std::vector<std::string> header = split_fields(line);
+  int64_t label = -1;
+  std::string names;
+  for (size_t i = 0; i < header.size(); ++i) {
+    if (header[i] == label_column) label = static_cast<int64_t>(i);
+    names += (i ? ", " : "") + header[i];
+  }
+  KRAB_CHECK_ARG(label >= 0, "data.label_column: '", path, "' has no column '", label_column,
+                 "' (columns: ", names, ")");
+  const int64_t cols = static_cast<int64_t>(header.size());
+  KRAB_CHECK_ARG(cols >= 2, "CSV file '", path, "' has no feature column besides the label");
+
+  std::vector<float> features;
+  std::vector<int64_t> labels;
+  int64_t max_label = 0;
+  for (int64_t no = 2; std::getline(in, line); ++no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::vector<std::string> f = split_fields(line);
+    if (static_cast<int64_t>(f.size()) != cols)
+      throw CorruptData(str_cat(path, ":", no, ": ", f.size(), " fields, the header has ", cols));
+    for (int64_t c = 0; c < cols; ++c) {
+      const std::string& v = f[c];
+      const std::string where = str_cat(path, ":", no, ": column '", header[c], "'");
+      if (v.empty()) throw CorruptData(str_cat(where, ": missing value"));
+      char* end = nullptr;
+      errno = 0;
+      const double x = std::strtod(v.c_str(), &end);
+      if (end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(x))
+        throw CorruptData(str_cat(where, ": '", v, "' is not a finite number"));
+      if (c == label) {
+        if (x < 0 || x != std::floor(x) || x > 1e6)
+          throw CorruptData(str_cat(where, ": label '", v, "' is not a class index (0, 1, ...)"));
+        labels.push_back(static_cast<int64_t>(x));
+        max_label = std::max(max_label, labels.back());
+      } else {
+        features.push_back(static_cast<float>(x));
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(labels.size());
+  KRAB_CHECK_ARG(n >= 2, "CSV file '", path, "' has ", n, " data rows; need at least 2");
+  const int64_t width = cols - 1;
+  at::Tensor x = torch::from_blob(features.data(), {n, width}, torch::kFloat).clone();
+  at::Tensor y = torch::from_blob(labels.data(), {n}, torch::kLong).clone();
+  // A fixed shuffle: the split must not depend on the job's seed or on how the file is sorted.
+  std::mt19937_64 rng(derive_seed(0x637376ULL, static_cast<uint64_t>(n)));
+  const std::vector<int64_t> perm = random_permutation(n, rng);
+  const at::Tensor idx = torch::tensor(perm, torch::kLong);
+  x = x.index_select(0, idx);
+  y = y.index_select(0, idx);
+  const int64_t n_test = std::llround(static_cast<double>(n) * test_fraction);
+  KRAB_CHECK_ARG(n_test < n, "test fraction ", test_fraction, " of ", n,
+                 " rows leaves no training examples");
+  const int64_t n_train = n - n_test;
+  if (normalize) {
+    const at::Tensor train = x.narrow(0, 0, n_train);
+    const at::Tensor mean = train.mean(0, true);
+    at::Tensor std = n_train > 1 ? train.std(0, true, true) : torch::ones_like(mean);
+    std = torch::where(std > 1e-12, std, torch::ones_like(std));  // constant columns: centre
+    x = (x - mean) / std;
+  }
+  DataSplits d;
+  d.train = {x.narrow(0, 0, n_train).clone(), y.narrow(0, 0, n_train).clone()};
+  if (n_test > 0)
+    d.test =
+        TensorDataset{x.narrow(0, n_train, n_test).clone(), y.narrow(0, n_train, n_test).clone()};
+  d.input_shape = {width};
+  d.num_classes = std::max<int64_t>(2, max_label + 1);
+  d.language_model = false;
+  return d;
+}
+
+}  // namespace krab::data

@@ -1,0 +1,80 @@
+// The CSV loader: values, split, standardisation, and bad files named by line and column.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+
+#include "core/errors.h"
+#include "data/dataset.h"
+#include "test_util.h"
+
+namespace krab::data {
+namespace {
+
+using testing::expect_throw_containing;
+using testing::TempDir;
+
+std::string write_csv(const TempDir& dir, const std::string& text) {
+  const std::string path = dir.file("table.csv");
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(LoadCsv, ReadsFeaturesAndLabelsWhateverTheColumnOrder) {
+  TempDir dir;
+  const std::string path =
+      write_csv(dir, "age, default ,income\n30,1,5000\n40,0,7000\r\n\n50,2,9000\n");
+  const DataSplits d = load_csv(path, "default", 0.0, false);
+  ASSERT_EQ(d.train.size(), 3);
+  EXPECT_FALSE(d.test.has_value());
+  EXPECT_EQ(d.input_shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(d.num_classes, 3);
+  // Rows are shuffled, but each keeps its features with its label.
+  for (int64_t i = 0; i < 3; ++i) {
+    const int64_t y = d.train.targets[i].item<int64_t>();
+    const float age = d.train.inputs[i][0].item<float>(),
+                income = d.train.inputs[i][1].item<float>();
+    if (y == 1) EXPECT_EQ(std::make_pair(age, income), std::make_pair(30.f, 5000.f));
+    if (y == 0) EXPECT_EQ(std::make_pair(age, income), std::make_pair(40.f, 7000.f));
+    if (y == 2) EXPECT_EQ(std::make_pair(age, income), std::make_pair(50.f, 9000.f));
+  }
+}
+
+TEST(LoadCsv, SplitsTheTailAndStandardisesWithTrainingStatistics) {
+  TempDir dir;
+  std::string text = "x,const,label\n";
+  for (int i = 0; i < 100; ++i) text += std::to_string(i) + ",7," + std::to_string(i % 2) + "\n";
+  const DataSplits d = load_csv(write_csv(dir, text), "label", 0.2, true);
+  ASSERT_EQ(d.train.size(), 80);
+  ASSERT_EQ(d.test->size(), 20);
+  const at::Tensor x = d.train.inputs.select(1, 0);
+  EXPECT_NEAR(x.mean().item<double>(), 0.0, 1e-5);
+  EXPECT_NEAR(x.std().item<double>(), 1.0, 1e-5);
+  // A constant column is centred, not divided by zero.
+  EXPECT_EQ(d.train.inputs.select(1, 1).abs().max().item<float>(), 0.f);
+  EXPECT_TRUE(torch::isfinite(d.test->inputs).all().item<bool>());
+}
+
+TEST(LoadCsv, BadFilesAreNamedByLineAndColumn) {
+  TempDir dir;
+  expect_throw_containing<InvalidArgument>(
+      [&] { load_csv(write_csv(dir, "a,b\n1,0\n2,1\n"), "label", 0.0, false); },
+      {"data.label_column", "'label'", "a, b"});
+  expect_throw_containing<CorruptData>(
+      [&] { load_csv(write_csv(dir, "a,label\n1,0\n2\n"), "label", 0.0, false); },
+      {"table.csv:3", "1 fields", "has 2"});
+  expect_throw_containing<CorruptData>(
+      [&] { load_csv(write_csv(dir, "a,label\n1,0\nyes,1\n"), "label", 0.0, false); },
+      {"table.csv:3", "column 'a'", "'yes'"});
+  expect_throw_containing<CorruptData>(
+      [&] { load_csv(write_csv(dir, "a,label\n1,0\n2,\n"), "label", 0.0, false); },
+      {"table.csv:3", "column 'label'", "missing value"});
+  expect_throw_containing<CorruptData>(
+      [&] { load_csv(write_csv(dir, "a,label\n1,0\n2,0.5\n"), "label", 0.0, false); },
+      {"label '0.5'"});
+  expect_throw_containing<InvalidArgument>(
+      [&] { load_csv(dir.file("missing.csv"), "label", 0.0, false); }, {"missing.csv"});
+}
+
+}  // namespace
+}  // namespace krab::data
