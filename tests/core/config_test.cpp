@@ -367,5 +367,17 @@ TEST(ConfigDocs, CheckedInFileMatchesTheRegistry) {
          "--gtest_filter='*Docs*'";
 }
 
+// Every job file shipped in examples/ parses against the registry (the README points to them).
+TEST(ConfigExamples, AllParse) {
+  int seen = 0;
+  for (const auto& e :
+       std::filesystem::directory_iterator(std::string(KRAB_SOURCE_DIR) + "/examples")) {
+    if (e.path().extension() != ".yaml") continue;
+    ++seen;
+    EXPECT_NO_THROW(Config::load_file(e.path().string())) << e.path();
+  }
+  EXPECT_GE(seen, 3);
+}
+
 }  // namespace
 }  // namespace krab::core
