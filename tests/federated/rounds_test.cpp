@@ -42,8 +42,11 @@ class Scripted : public Participant {
   }
   std::vector<uint8_t> secagg(const SecAggRequest& req) override {
     if (fail_at_ == static_cast<int>(req.stage)) throw PeerLost(id_ + " lost in stage");
-    return secure_->handle(req);
+    std::vector<uint8_t> out = secure_->handle(req);
+    if (truncate_at_ == static_cast<int>(req.stage)) out.resize(out.size() - 5);
+    return out;
   }
+  int truncate_at_ = -1;  // secure rounds: cut 5 bytes off this stage's message
   at::Tensor seen_global_;
 
  private:
@@ -213,6 +216,24 @@ TEST(Rounds, SecureAggregationMatchesThePlainMeanDespiteDropouts) {
   want /= total;
   EXPECT_LT((run.global() - want).abs().max().item<double>(), 1e-5);
   EXPECT_EQ(rec.dropped.size(), 4u);
+}
+
+TEST(Rounds, ATruncatedSecureMessageDropsOnlyItsSender) {
+  std::vector<at::Tensor> u = {torch::full({16}, 1.f), torch::full({16}, 2.f),
+                               torch::full({16}, 3.f), torch::full({16}, 4.f)};
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 4; ++i) c.push_back(std::make_unique<Scripted>(str_cat("c", i), u[i], 1));
+  c[2]->truncate_at_ = SecAggRequest::kMaskedInput;
+  FederatedOptions o = all_clients(2);
+  o.secure = true;
+  o.secagg_threshold = 0.5;
+  RoundRunner run(o, torch::zeros({16}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"c0", "c1", "c3"}));
+  ASSERT_EQ(rec.dropped.size(), 1u);
+  EXPECT_EQ(rec.dropped[0].client, "c2");
+  EXPECT_LT((run.global() - torch::full({16}, 7.f / 3)).abs().max().item<double>(), 1e-5);
 }
 
 TEST(Rounds, SecureAggregationFailsCleanlyBelowTheThreshold) {

@@ -2,10 +2,13 @@
 #include "federated/transport.h"
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "core/errors.h"
 
@@ -59,6 +62,137 @@ TEST(Tokens, BadLinesAreNamedByFileAndLine) {
   EXPECT_NE(error_of("lonely\n").find("expected 'NAME TOKEN [EXPIRES]'"), std::string::npos);
   EXPECT_NE(error_of("# nothing\n").find("lists no clients"), std::string::npos);
   EXPECT_THROW(read_tokens("/nonexistent/tokens.txt"), InvalidArgument);
+}
+
+// A CA and a server certificate for 127.0.0.1, made with openssl for this test.
+class Tls : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("krab-tls-" + std::to_string(::getpid())));
+    std::filesystem::create_directories(*dir_);
+    const std::string d = dir_->string();
+    const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+    const std::string cmd =
+        "cd " + d + " && openssl req -x509 " + ec +
+        " -days 1 -subj /CN=ca -keyout ca.key -out ca.pem" + " && openssl req " + ec +
+        " -subj /CN=localhost -keyout server.key -out server.csr" +
+        " && printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext" +
+        " && openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1" +
+        " -extfile san.ext -out server.pem 2>/dev/null >/dev/null";
+    ASSERT_EQ(std::system((cmd + " 2>/dev/null").c_str()), 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete dir_;
+  }
+  ServerTransportOptions server_options() const {
+    ServerTransportOptions o;
+    o.address = "127.0.0.1:0";
+    o.cert_file = (*dir_ / "server.pem").string();
+    o.key_file = (*dir_ / "server.key").string();
+    o.tokens["token-of-alice-0123456"] = {"alice", 0};
+    o.config_yaml = "name: remote\n";
+    o.model_signature = "w:[4]";
+    o.poll_timeout = std::chrono::milliseconds(200);
+    o.deadline = std::chrono::milliseconds(5000);
+    return o;
+  }
+  ClientTransportOptions client_options(int port, const std::string& token) const {
+    ClientTransportOptions o;
+    o.server = "127.0.0.1:" + std::to_string(port);
+    o.ca_file = (*dir_ / "ca.pem").string();
+    o.token = token;
+    o.timeout = std::chrono::milliseconds(5000);
+    return o;
+  }
+  static std::filesystem::path* dir_;
+};
+std::filesystem::path* Tls::dir_ = nullptr;
+
+// A client loop in a thread: answers each fit with global * 2 as its update.
+void serve_fits(FederationClient& c, int fits) {
+  for (int done = 0; done < fits;) {
+    RemoteTask t = c.next_task();
+    if (t.kind != RemoteTask::kFit) continue;
+    FitReply r;
+    r.update = t.fit.global * 2;
+    r.num_examples = 7;
+    c.submit_fit(t.task_id, r);
+    ++done;
+  }
+}
+
+TEST_F(Tls, FitTravelsBothWaysAndWrongModelsAndTokensAreRefused) {
+  FederationServer server(server_options());
+  FederationClient stranger(client_options(server.port(), "not-a-known-token-000"));
+  try {
+    stranger.hello();
+    FAIL() << "an unknown token was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("token refused: unknown token"), std::string::npos);
+  }
+  FederationClient alice(client_options(server.port(), "token-of-alice-0123456"));
+  const auto hello = alice.hello();
+  EXPECT_EQ(hello.client_name, "alice");
+  EXPECT_EQ(hello.config_yaml, "name: remote\n");
+  try {
+    alice.ready("w:[5]", 7);
+    FAIL() << "a model of another shape was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("another shape"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(server.available().empty());
+  alice.ready("w:[4]", 7);
+  ASSERT_EQ(server.available().size(), 1u);
+  std::thread t([&] { serve_fits(alice, 1); });
+  FitInstruction ins;
+  ins.round = 1;
+  ins.global = torch::tensor({1.f, -2.f, 3.f, 0.5f});
+  const FitReply r = server.available()[0]->fit(ins);
+  t.join();
+  EXPECT_TRUE(torch::equal(r.update, ins.global * 2));
+  EXPECT_EQ(r.num_examples, 7);
+  const TransportStats st = server.stats();
+  EXPECT_GE(st.bytes_out, 16);  // the 4 floats went out, and came back
+  EXPECT_GE(st.bytes_in, 16);
+  EXPECT_GE(st.refused_calls, 2);
+}
+
+TEST_F(Tls, AnOversizedMessageIsRefusedAndTheServerGoesOn) {
+  ServerTransportOptions so = server_options();
+  so.deadline = std::chrono::milliseconds(1000);
+  FederationServer server(so);
+  ClientTransportOptions small = client_options(server.port(), "token-of-alice-0123456");
+  small.max_message_bytes = 4096;
+  FederationClient alice(small);
+  alice.hello();
+  alice.ready("w:[4]", 7);
+  std::string client_error;
+  std::thread t([&] {
+    try {
+      for (;;) {
+        RemoteTask task = alice.next_task();
+        if (task.kind == RemoteTask::kDone) return;
+      }
+    } catch (const InvalidArgument& e) {
+      client_error = e.what();
+    }
+  });
+  FitInstruction ins;
+  ins.round = 1;
+  ins.global = torch::zeros({4000});  // 16 kB: above the client's 4 kB
+  Participant* p = server.available()[0];
+  EXPECT_THROW(p->fit(ins), Timeout);  // the client never got it: the deadline ends the wait
+  t.join();
+  EXPECT_NE(client_error.find("message too large"), std::string::npos) << client_error;
+  // The server still serves: a well-behaved client with the default limit gets a small task.
+  FederationClient again(client_options(server.port(), "token-of-alice-0123456"));
+  again.ready("w:[4]", 7);
+  std::thread t2([&] { serve_fits(again, 1); });
+  ins.global = torch::ones({4});
+  EXPECT_TRUE(torch::equal(server.available()[0]->fit(ins).update, torch::full({4}, 2.f)));
+  t2.join();
 }
 
 }  // namespace
