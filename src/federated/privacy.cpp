@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <random>
 
 #include "core/errors.h"
 
@@ -49,6 +50,11 @@ at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, at::Generato
 
 at::Generator make_cpu_generator(uint64_t seed) {
   return at::make_generator<at::CPUGeneratorImpl>(seed);
+}
+
+uint64_t entropy_seed() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
 }
 
 }  // namespace krab::federated

@@ -48,4 +48,8 @@ at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, at::Generato
 // seed it from a secure source in production: noise that can be predicted can be subtracted.
 at::Generator make_cpu_generator(uint64_t seed);
 
+// 64 bits from the operating system's entropy source (std::random_device), for DP noise: noise
+// seeded from anything in a job file could be predicted, and then subtracted.
+uint64_t entropy_seed();
+
 }  // namespace krab::federated

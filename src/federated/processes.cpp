@@ -14,6 +14,7 @@
 #include "data/rng.h"
 #include "data/sampler.h"
 #include "federated/local_training.h"
+#include "federated/privacy.h"
 #include "federated/rounds.h"
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
@@ -120,9 +121,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   std::fprintf(stderr, "krab: %zu client(s) ready; %lld rounds of %s\n", joined,
                static_cast<long long>(fo.rounds), fo.strategy.c_str());
 
-  std::unique_ptr<core::ProgressBar> bar;
-  if (options.show_progress) bar = std::make_unique<core::ProgressBar>("fl-server", fo.rounds);
-  double last_acc = -1;
+  RoundLog progress("fl-server", fo.rounds, options.show_progress, /*log_dropped=*/true);
   while (runner.rounds_done() < fo.rounds) {
     std::vector<Participant*> available = server.available();
     if (static_cast<int64_t>(available.size()) < fo.min_clients) {
@@ -134,24 +133,10 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
                               fo.min_clients));
     }
     const RoundRecord rec = runner.run_round(available);
-    for (const auto& r : rec.dropped)
-      std::fprintf(stderr, "krab: round %lld: dropped %s: %s\n", static_cast<long long>(rec.round),
-                   r.client.c_str(), r.reason.c_str());
-    for (const auto& r : rec.rejected)
-      std::fprintf(stderr, "krab: round %lld: rejected %s\n", static_cast<long long>(rec.round),
-                   r.reason.c_str());
-    if (!rec.ok)
-      std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n",
-                   static_cast<long long>(rec.round), rec.failure.c_str());
-    if (rec.test_accuracy >= 0) last_acc = rec.test_accuracy;
-    save_server_state(state, runner, signature);
-    if (bar)
-      bar->update(
-          rec.round,
-          str_cat("acc ", last_acc >= 0 ? std::to_string(last_acc).substr(0, 6) : std::string("-"),
-                  " clients ", rec.counted.size(), "/", rec.cohort.size()));
+    save_server_state(state, runner, signature);  // durable before it is reported
+    progress.record(rec);
   }
-  if (bar) bar->finish(str_cat("acc ", last_acc));
+  progress.finish();
   server.finish(milliseconds(3000));
 
   load_flat_parameters(*model, runner.global());
@@ -166,16 +151,11 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["secure_aggregation"] = fo.secure;
   report["dp"] = fo.dp;
   report["clients_joined"] = joined;
-  nlohmann::json rounds = nlohmann::json::array();
-  for (const auto& r : runner.history()) rounds.push_back(r.to_json());
-  report["rounds"] = rounds;
+  add_history(report, runner);
   report["wire_bytes_in"] = st.bytes_in;
   report["wire_bytes_out"] = st.bytes_out;
   report["refused_calls"] = st.refused_calls;
   report["refusals"] = st.refusals;
-  if (last_acc >= 0) report["test_accuracy"] = last_acc;
-  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
-    report["epsilon"] = runner.history().back().epsilon;
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
   std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
@@ -183,11 +163,6 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
 }
 
 namespace {
-
-uint64_t entropy_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 // "K/N" -> {K, N} with 0 <= K < N.
 std::pair<int64_t, int64_t> parse_partition(const std::string& s) {

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <thread>
@@ -16,12 +17,6 @@
 
 namespace krab::federated {
 namespace {
-
-// DP noise must not be predictable from anything a reader of the job file knows.
-uint64_t entropy_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 // Calls fn(i) for i in [0, n): in this thread, or one thread each.
 template <typename Fn>
@@ -103,6 +98,55 @@ nlohmann::json RoundRecord::to_json() const {
   if (test_accuracy >= 0) j["test_accuracy"] = test_accuracy;
   if (epsilon >= 0) j["epsilon"] = epsilon;
   return j;
+}
+
+RoundLog::RoundLog(const char* label, int64_t rounds, bool show_progress, bool log_dropped)
+    : log_dropped_(log_dropped) {
+  if (show_progress) bar_ = std::make_unique<core::ProgressBar>(label, rounds);
+}
+
+RoundLog::~RoundLog() = default;
+
+void RoundLog::record(const RoundRecord& rec) {
+  const auto round = static_cast<long long>(rec.round);
+  if (log_dropped_)
+    for (const auto& r : rec.dropped)
+      std::fprintf(stderr, "krab: round %lld: dropped %s: %s\n", round, r.client.c_str(),
+                   r.reason.c_str());
+  for (const auto& r : rec.rejected)
+    std::fprintf(stderr, "krab: round %lld: rejected %s\n", round, r.reason.c_str());
+  if (!rec.ok)
+    std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n", round,
+                 rec.failure.c_str());
+  if (rec.test_accuracy >= 0) accuracy_ = rec.test_accuracy;
+  if (bar_)
+    bar_->update(
+        rec.round,
+        str_cat("acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
+                " loss ", std::to_string(rec.mean_loss).substr(0, 6), " clients ",
+                rec.counted.size(), "/", rec.cohort.size()));
+}
+
+void RoundLog::finish() {
+  if (bar_) bar_->finish(str_cat("acc ", accuracy_));
+}
+
+void add_history(nlohmann::json& report, const RoundRunner& runner) {
+  nlohmann::json rounds = nlohmann::json::array();
+  int64_t down = 0, up = 0;
+  double accuracy = -1;
+  for (const auto& r : runner.history()) {
+    rounds.push_back(r.to_json());
+    down += r.bytes_down;
+    up += r.bytes_up;
+    if (r.test_accuracy >= 0) accuracy = r.test_accuracy;
+  }
+  report["rounds"] = rounds;
+  report["bytes_down"] = down;
+  report["bytes_up"] = up;
+  if (accuracy >= 0) report["test_accuracy"] = accuracy;
+  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
+    report["epsilon"] = runner.history().back().epsilon;
 }
 
 RoundRunner::RoundRunner(FederatedOptions options, at::Tensor global, bool parallel_calls,

@@ -53,6 +53,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/progress.h"
 #include "federated/robust.h"
 #include "federated/strategy.h"
 
@@ -140,6 +141,28 @@ struct RoundRecord {
   double epsilon = -1;        // -1: no DP
   nlohmann::json to_json() const;
 };
+
+// What a run shows as rounds finish: one stderr line per dropped (if `log_dropped`) and
+// rejected client and for a failed round, and a progress bar with the latest test accuracy.
+class RoundLog {
+ public:
+  RoundLog(const char* label, int64_t rounds, bool show_progress, bool log_dropped);
+  ~RoundLog();
+  void record(const RoundRecord& record);
+  void finish();
+
+ private:
+  std::unique_ptr<core::ProgressBar> bar_;
+  bool log_dropped_;
+  double accuracy_ = -1;
+};
+
+class RoundRunner;
+
+// The report's part every federated run shares: "rounds" (the records), "bytes_down" and
+// "bytes_up" (the runner's totals, payload sizes), "test_accuracy" (the last evaluation) and,
+// with DP, "epsilon" (spent so far).
+void add_history(nlohmann::json& report, const RoundRunner& runner);
 
 class RoundRunner {
  public:

@@ -132,44 +132,43 @@ Roster Roster::from_bytes(const uint8_t* data, size_t size) {
   return m;
 }
 
-std::vector<uint8_t> ShareKeys::to_bytes() const {
-  wire::Writer w(24 + 196 * shares.size());
-  w.magic(kShareKeysMagic);
-  w.u64(round);
-  w.u64(client_id);
-  write_encrypted(w, shares);
+// ShareKeys and IncomingShares have one layout: tag, round, client id, the ciphertexts.
+template <typename M>
+std::vector<uint8_t> share_list_bytes(const char (&magic)[5], const M& m) {
+  wire::Writer w(24 + 196 * m.shares.size());
+  w.magic(magic);
+  w.u64(m.round);
+  w.u64(m.client_id);
+  write_encrypted(w, m.shares);
   return w.take();
+}
+
+template <typename M>
+M share_list_from(const char (&magic)[5], const char* what, const uint8_t* data, size_t size) {
+  wire::Reader r(data, size, what);
+  r.magic(magic);
+  M m;
+  m.round = r.u64();
+  m.client_id = r.u64();
+  m.shares = read_encrypted(r);
+  r.finish();
+  return m;
+}
+
+std::vector<uint8_t> ShareKeys::to_bytes() const {
+  return share_list_bytes(kShareKeysMagic, *this);
 }
 
 ShareKeys ShareKeys::from_bytes(const uint8_t* data, size_t size) {
-  wire::Reader r(data, size, "secagg ShareKeys");
-  r.magic(kShareKeysMagic);
-  ShareKeys m;
-  m.round = r.u64();
-  m.client_id = r.u64();
-  m.shares = read_encrypted(r);
-  r.finish();
-  return m;
+  return share_list_from<ShareKeys>(kShareKeysMagic, "secagg ShareKeys", data, size);
 }
 
 std::vector<uint8_t> IncomingShares::to_bytes() const {
-  wire::Writer w(24 + 196 * shares.size());
-  w.magic(kIncomingMagic);
-  w.u64(round);
-  w.u64(client_id);
-  write_encrypted(w, shares);
-  return w.take();
+  return share_list_bytes(kIncomingMagic, *this);
 }
 
 IncomingShares IncomingShares::from_bytes(const uint8_t* data, size_t size) {
-  wire::Reader r(data, size, "secagg IncomingShares");
-  r.magic(kIncomingMagic);
-  IncomingShares m;
-  m.round = r.u64();
-  m.client_id = r.u64();
-  m.shares = read_encrypted(r);
-  r.finish();
-  return m;
+  return share_list_from<IncomingShares>(kIncomingMagic, "secagg IncomingShares", data, size);
 }
 
 std::vector<uint8_t> MaskedInput::to_bytes() const {

@@ -13,6 +13,7 @@
 #include "data/rng.h"
 #include "data/sampler.h"
 #include "federated/local_training.h"
+#include "federated/privacy.h"
 #include "federated/rounds.h"
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
@@ -22,11 +23,6 @@
 
 namespace krab::federated {
 namespace {
-
-uint64_t entropy_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 // A client living in this process. Everything it does is what `krab fl-client` does, except
 // that the data arrives as a shard of the simulation's split and faults can be injected.
@@ -176,27 +172,13 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
                spec.name.c_str(), static_cast<long long>(trainer.num_parameters()),
                fo.secure ? ", secure aggregation" : "",
                fo.dp != "none" ? (", dp " + fo.dp).c_str() : "");
-  std::unique_ptr<core::ProgressBar> bar;
-  if (options.show_progress) bar = std::make_unique<core::ProgressBar>("fl-sim", fo.rounds);
-  double last_acc = -1;
+  RoundLog progress("fl-sim", fo.rounds, options.show_progress, /*log_dropped=*/false);
   while (runner.rounds_done() < fo.rounds) {
     const RoundRecord rec = runner.run_round(available);
-    for (const auto& r : rec.rejected)
-      std::fprintf(stderr, "krab: round %lld: rejected %s\n", static_cast<long long>(rec.round),
-                   r.reason.c_str());
-    if (!rec.ok)
-      std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n",
-                   static_cast<long long>(rec.round), rec.failure.c_str());
-    if (rec.test_accuracy >= 0) last_acc = rec.test_accuracy;
-    save_server_state(state, runner, signature);
-    if (bar)
-      bar->update(
-          rec.round,
-          str_cat("acc ", last_acc >= 0 ? std::to_string(last_acc).substr(0, 6) : std::string("-"),
-                  " loss ", std::to_string(rec.mean_loss).substr(0, 6), " clients ",
-                  rec.counted.size(), "/", rec.cohort.size()));
+    save_server_state(state, runner, signature);  // durable before it is reported
+    progress.record(rec);
   }
-  if (bar) bar->finish(str_cat("acc ", last_acc));
+  progress.finish();
 
   load_flat_parameters(trainer.model(), runner.global());
   train::save_model_pt(run_dir + "/model.pt", trainer.model());
@@ -212,19 +194,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["dp"] = fo.dp;
   report["model"] = spec.name;
   report["parameters"] = trainer.num_parameters();
-  nlohmann::json rounds = nlohmann::json::array();
-  int64_t down = 0, up = 0;
-  for (const auto& r : runner.history()) {
-    rounds.push_back(r.to_json());
-    down += r.bytes_down;
-    up += r.bytes_up;
-  }
-  report["rounds"] = rounds;
-  report["bytes_down"] = down;
-  report["bytes_up"] = up;
-  if (last_acc >= 0) report["test_accuracy"] = last_acc;
-  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
-    report["epsilon"] = runner.history().back().epsilon;
+  add_history(report, runner);
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
   return report;
