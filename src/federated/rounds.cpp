@@ -385,9 +385,26 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
 
   std::vector<Fitted> fitted = fit_cohort(cohort, rec);
   at::Tensor delta = options_.secure ? secure_delta(fitted, rec) : plain_delta(fitted, rec);
+  // Last line of defence: a step that would leave a non-finite model (finite but huge updates
+  // overflowing, or a server optimizer's state gone bad) is not taken, and the strategy's state
+  // is put back, so one bad round cannot poison every later one.
+  if (delta.defined() && !torch::isfinite(delta).all().item<bool>()) {
+    rec.failure = "the aggregate of the counted updates is not finite";
+    delta = at::Tensor();
+  }
   if (delta.defined()) {
+    const auto saved = strategy_->state();
     ClientResult combined{"aggregate", delta, 1};
-    global_ = strategy_->aggregate(global_, {combined});
+    at::Tensor next = strategy_->aggregate(global_, {combined});
+    if (torch::isfinite(next).all().item<bool>()) {
+      global_ = std::move(next);
+    } else {
+      strategy_->load_state(saved);
+      rec.failure = "the step would make the global model non-finite";
+      delta = at::Tensor();
+    }
+  }
+  if (delta.defined()) {
     rec.ok = true;
     double loss = 0, n = 0;
     for (const auto& f : fitted)

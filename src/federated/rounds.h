@@ -26,9 +26,11 @@
 //   6. record   a RoundRecord: who was sampled, counted, dropped and rejected (with reasons),
 //               bytes each way, the mean client loss, test accuracy when evaluated, and with DP
 //               the epsilon spent so far.
-// When fewer than federated.min_clients updates remain after steps 2-4, the round fails: the
-// global model is left exactly as it was and the record says why (never a silent partial
-// aggregate).
+// When fewer than federated.min_clients updates remain after steps 2-4, or the step would make
+// the global model non-finite (updates that are finite but huge enough to overflow), the round
+// fails: the global model and the strategy's state are left exactly as they were and the record
+// says why (never a silent partial aggregate). Finite but merely large updates are stopped only
+// by federated.max_update_norm or a robust aggregator.
 //
 // Differential privacy (federated.dp): `central` — clients clip to federated.dp_clip, the
 // server adds noise of std sigma C to the sum of the cohort's clipped updates and divides by the

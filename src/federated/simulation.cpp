@@ -188,6 +188,10 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["clients"] = num_clients;
   report["partition"] = ps.kind;
   report["client_examples"] = sizes;
+  nlohmann::json attackers_json = nlohmann::json::array();
+  for (int64_t i = 0; i < num_clients; ++i)
+    if (byzantine[i]) attackers_json.push_back(clients[i]->id());
+  report["byzantine_clients"] = attackers_json;
   report["strategy"] = fo.strategy;
   report["aggregator"] = fo.aggregator;
   report["secure_aggregation"] = fo.secure;

@@ -129,6 +129,19 @@ TEST(Rounds, TooFewUsableUpdatesFailTheRoundAndKeepTheModel) {
   EXPECT_EQ(run.rounds_done(), 1);
 }
 
+TEST(Rounds, AStepThatWouldOverflowTheModelIsNotTaken) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({3e38f, 1.f}), 1));
+  c.push_back(std::make_unique<Scripted>("b", torch::tensor({3e38f, 1.f}), 1));
+  RoundRunner run(all_clients(2), torch::tensor({3e38f, 0.f}), false);
+  // Each update and their mean are finite; the model plus the mean is not.
+  const RoundRecord rec = run.run_round(ptrs(c));
+  EXPECT_FALSE(rec.ok);
+  EXPECT_NE(rec.failure.find("non-finite"), std::string::npos) << rec.failure;
+  EXPECT_TRUE(rec.counted.empty());
+  EXPECT_TRUE(torch::equal(run.global(), torch::tensor({3e38f, 0.f})));
+}
+
 TEST(Rounds, MedianResistsAttackersTheMeanFollows) {
   auto make = [](std::vector<std::unique_ptr<Scripted>>& c) {
     for (int i = 0; i < 3; ++i)
