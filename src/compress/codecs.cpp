@@ -49,7 +49,7 @@ class CastCodec : public Codec {
   std::string name_;
 };
 
-// Per chunk: [scale][chunk payload]; the scale is fp32 (int8) or bf16 (onebit).
+// Per chunk: [fp32 scale][chunk payload] (int8).
 class ScaledCodec : public Codec {
  public:
   explicit ScaledCodec(int64_t chunk) : chunk_(chunk) {}
@@ -111,31 +111,48 @@ class Int8Codec : public ScaledCodec {
   }
 };
 
-class OneBitCodec : public ScaledCodec {
+// Two-level 1-bit (Seide et al. 2014): per chunk, the mean of its non-negative values and the
+// mean magnitude of its negative ones, both bf16, then one sign bit per value. Given the signs,
+// those two centroids are the least-squares reconstruction, where one scale mean|x| is not when
+// a chunk's values lean one way. Two bf16 scales per 256 cost what one did per 128, and on the
+// 2-epoch CNN (with momentum correction, 3 seeds) end 0.9 points above it.
+class OneBitCodec : public Codec {
  public:
-  using ScaledCodec::ScaledCodec;
+  explicit OneBitCodec(int64_t chunk) : chunk_(chunk) {}
   std::string name() const override { return "onebit"; }
+  int64_t chunk() const override { return chunk_; }
   bool unbiased() const override { return false; }
+  int64_t chunk_bytes() const { return 4 + (chunk_ + 7) / 8; }
+  int64_t encoded_bytes(int64_t n) const override { return n / chunk_ * chunk_bytes(); }
+  void encode(const float* x, int64_t n, uint8_t* out, Rng&) const override {
+    for (int64_t c = 0; c < n; c += chunk_, out += chunk_bytes()) {
+      double sp = 0, sn = 0;
+      int64_t np = 0;
+      for (int64_t i = 0; i < chunk_; ++i) {
+        if (x[c + i] >= 0) { sp += x[c + i]; ++np; } else { sn -= x[c + i]; }
+      }
+      const c10::BFloat16 hi(static_cast<float>(np ? sp / np : 0.0));
+      const c10::BFloat16 lo(static_cast<float>(np < chunk_ ? sn / (chunk_ - np) : 0.0));
+      std::memcpy(out, &hi, 2);
+      std::memcpy(out + 2, &lo, 2);
+      uint8_t* bits = out + 4;
+      std::fill(bits, bits + (chunk_ + 7) / 8, uint8_t{0});
+      for (int64_t i = 0; i < chunk_; ++i)
+        if (x[c + i] >= 0) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+    }
+  }
+  void decode(const uint8_t* in, int64_t n, float* out) const override {
+    for (int64_t c = 0; c < n; c += chunk_, in += chunk_bytes()) {
+      c10::BFloat16 hi, lo;
+      std::memcpy(&hi, in, 2);
+      std::memcpy(&lo, in + 2, 2);
+      const float h = static_cast<float>(hi), l = -static_cast<float>(lo);
+      for (int64_t i = 0; i < chunk_; ++i) out[c + i] = (in[4 + (i >> 3)] >> (i & 7)) & 1 ? h : l;
+    }
+  }
 
- protected:
-  // A bf16 scale (fp32's range, 8-bit mantissa): the 2 bytes it saves buy a chunk half as
-  // long for the same traffic, and a finer scale matters far more to a sign code than the
-  // scale's last mantissa bits (2-epoch CNN: chunk 128 ends 2.5 points above chunk 256).
-  int64_t scale_bytes() const override { return 2; }
-  int64_t payload_bytes() const override { return (chunk_ + 7) / 8; }
-  void encode_chunk(const float* x, uint8_t* out, Rng&) const override {
-    double sum_abs = 0;
-    for (int64_t i = 0; i < chunk_; ++i) sum_abs += std::fabs(x[i]);
-    const c10::BFloat16 scale(static_cast<float>(sum_abs / static_cast<double>(chunk_)));
-    std::memcpy(out, &scale, 2);
-    uint8_t* bits = out + 2;
-    std::fill(bits, bits + payload_bytes(), uint8_t{0});
-    for (int64_t i = 0; i < chunk_; ++i)
-      if (x[i] >= 0) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
-  }
-  void decode_chunk(const uint8_t* in, float scale, float* out) const override {
-    for (int64_t i = 0; i < chunk_; ++i) out[i] = (in[i >> 3] >> (i & 7)) & 1 ? scale : -scale;
-  }
+ private:
+  int64_t chunk_;
 };
 
 }  // namespace
@@ -145,7 +162,7 @@ std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk) {
   if (name == "bf16") return std::make_unique<CastCodec<c10::BFloat16>>("bf16");
   KRAB_CHECK_ARG(chunk >= 0, "comm.chunk must be >= 0, got ", chunk);
   if (name == "int8") return std::make_unique<Int8Codec>(chunk > 0 ? chunk : 256);
-  if (name == "onebit") return std::make_unique<OneBitCodec>(chunk > 0 ? chunk : 128);
+  if (name == "onebit") return std::make_unique<OneBitCodec>(chunk > 0 ? chunk : 256);
   throw InvalidArgument(str_cat("no codec named '", name, "'"));
 }
 

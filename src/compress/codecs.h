@@ -8,8 +8,9 @@
 //   bf16    bfloat16 (fp32's exponent, 8-bit mantissa), nearest even 2 bytes / value
 //   int8    per chunk: fp32 scale s = max|x| / 127, then q = floor(x / s + u), u ~ U[0, 1)
 //           (stochastic rounding: E[q s] = x, unbiased; QSGD-style)  1 byte / value + 4 / chunk
-//   onebit  per chunk: bf16 scale s = mean|x|, then one sign bit per value; decodes to ±s
-//           (1-bit SGD / EF-signSGD; biased: use it with error feedback) 1 bit / value + 2 / chunk
+//   onebit  per chunk: bf16 s+ = mean of the values >= 0, bf16 s- = mean |x| of the negative
+//           ones, then one sign bit per value; decodes to s+ or -s- (two-level 1-bit SGD,
+//           Seide et al. 2014; biased: use it with error feedback)  1 bit / value + 4 / chunk
 //
 // Pure functions of their input (and, for int8, the Rng), no state: testable without a network.
 #pragma once
@@ -54,7 +55,7 @@ class Codec {
 };
 
 // `name`: fp16 | bf16 | int8 | onebit. `chunk`: values per scale (int8, onebit); 0 picks the
-// codec's default: 256 for int8 (4 bytes of scale per 256), 128 for onebit (2 per 128).
+// codec's default: 256 for int8 (4 bytes of scale per 256) and for onebit (two bf16 per 256).
 std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk);
 
 }  // namespace krab::compress

@@ -149,7 +149,7 @@ std::vector<KeySpec> build_registry() {
       string_key("comm.compression", "none",
                  "Gradient compression (see compress/hooks.h): `none` (fp32 all-reduce), "
                  "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
-                 "`comm.chunk`), `onebit` (sign and scale per `comm.chunk`), `topk`, `randomk` "
+                 "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
                  "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
                  "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
                  "`sync.mode: sync`.",
@@ -158,8 +158,8 @@ std::vector<KeySpec> build_registry() {
                 "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
       int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),
       int_key("comm.chunk", "0",
-              "Values per scale for `int8` (fp32 scale, 4 bytes per chunk) and `onebit` (bf16 "
-              "scale, 2 bytes per chunk); 0 picks 256 for `int8`, 128 for `onebit`.",
+              "Values per scale for `int8` (fp32 scale, 4 bytes per chunk) and `onebit` (two bf16 "
+              "scales, 4 bytes per chunk); 0 picks 256 for both.",
               0),
       bool_key("comm.error_feedback", "true",
                "Add what compression left out to the next step's gradient (per worker, and per "
