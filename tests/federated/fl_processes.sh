@@ -17,7 +17,7 @@ FMNIST=/usr/share/datasets/fashion-mnist
   echo "SKIP: no Fashion-MNIST in $FMNIST"; exit 77; }
 command -v openssl >/dev/null || { echo "SKIP: no openssl"; exit 77; }
 
-T=$(mktemp -d /tmp/krab-flproc.XXXXXX)
+T=$(mktemp -d -t krab-flproc.XXXXXX)  # under $TMPDIR
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
