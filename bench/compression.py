@@ -20,6 +20,8 @@ Run from the repository root with Debian's python:
   /usr/bin/python3 bench/compression.py --modes sync,int8  # a subset
 Options: --workers 4  --epochs 2  --json FILE (all reports)  --krab build/bin/krab
   --set MODE:KEY=VALUE (repeatable) adds a krab setting to one mode
+  --set-all KEY=VALUE (repeatable) adds one to every mode (before the modes' own), e.g.
+      --set-all train.lr_schedule=cosine --set-all train.seed=1
 It copies the krab binary to a temporary directory first. Exit status 1 if a run fails.
 Everything runs on 127.0.0.1; nothing is downloaded.
 """
@@ -59,6 +61,8 @@ def main():
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--set", action="append", default=[], metavar="MODE:KEY=VALUE",
                    help="extra krab setting for one mode, e.g. onebit:comm.compress_warmup_steps=50")
+    p.add_argument("--set-all", action="append", default=[], metavar="KEY=VALUE",
+                   help="krab setting for every mode, e.g. train.lr_schedule=cosine")
     p.add_argument("--json")
     args = p.parse_args()
     for extra in args.set:
@@ -66,6 +70,9 @@ def main():
         if mode not in MODES or "=" not in kv:
             sys.exit(f"compression: --set wants MODE:KEY=VALUE with a known mode, got '{extra}'")
         MODES[mode] = (MODES[mode][0] + [kv], MODES[mode][1])
+    for kv in args.set_all:
+        if "=" not in kv:
+            sys.exit(f"compression: --set-all wants KEY=VALUE, got '{kv}'")
     modes = args.modes.split(",")
     for m in modes:
         if m not in MODES:
@@ -77,14 +84,14 @@ def main():
 
     length = f"{args.steps} steps" if args.steps else f"{args.epochs} epochs"
     print(f"compression: {args.workers} workers x batch 64, CNN, {length}, SGD 0.05/0.9, "
-          f"1 thread per worker", flush=True)
+          f"1 thread per worker" + "".join(f", {kv}" for kv in args.set_all), flush=True)
     results = {}
     with tempfile.TemporaryDirectory(prefix="krab-compression-") as tmp:
         krab = shutil.copy(args.krab, os.path.join(tmp, "krab"))
         job = write_cnn_job(os.path.join(tmp, "job.yaml"), "compression", os.path.join(tmp, "ck"))
         for m in modes:
             sets = [f"parallel.workers={args.workers}", f"train.epochs={args.epochs}",
-                    f"train.steps={args.steps}"] + MODES[m][0]
+                    f"train.steps={args.steps}"] + args.set_all + MODES[m][0]
             r, elapsed = run_krab("compression", krab, job, os.path.join(tmp, f"{m}.json"), sets)
             results[m] = r
             print(f"  {m:<10} test accuracy {r['test_accuracy']:.4f}  bytes {r['bytes_sent_steps']:>13,}"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/errors.h"
 
@@ -111,25 +112,69 @@ class Int8Codec : public ScaledCodec {
   }
 };
 
+// In place, the unnormalised fast Walsh-Hadamard transform of d values (d a power of 2): H v with
+// H the d x d Sylvester Hadamard matrix (entries +-1, H H = d I).
+void walsh_hadamard(float* v, int64_t d) {
+  for (int64_t h = 1; h < d; h <<= 1)
+    for (int64_t i = 0; i < d; i += 2 * h)
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+}
+
+// The random diagonal D of chunk number `index`: d signs from a fixed seed, the same on every
+// rank and at every step, so the decoder needs nothing but the chunk's position.
+void flip_signs(float* v, int64_t d, uint64_t index) {
+  Rng r(mix_seed(0xD1A6, index));
+  for (int64_t i = 0; i < d; i += 64) {
+    const uint64_t bits = r.next();
+    for (int64_t k = 0; k < 64 && i + k < d; ++k)
+      if ((bits >> k) & 1) v[i + k] = -v[i + k];
+  }
+}
+
 // Two-level 1-bit (Seide et al. 2014): per chunk, the mean of its non-negative values and the
 // mean magnitude of its negative ones, both bf16, then one sign bit per value. Given the signs,
 // those two centroids are the least-squares reconstruction, where one scale mean|x| is not when
 // a chunk's values lean one way. Two bf16 scales per 256 cost what one did per 128, and on the
 // 2-epoch CNN (with momentum correction, 3 seeds) end 0.9 points above it.
+//
+// With `rotate`, each chunk is first turned by the orthonormal randomized Hadamard transform
+// y = H D x / sqrt(d) (D a fixed random +-1 diagonal per chunk; DRIVE, Vargaftik et al. 2021):
+// the rotated values of any chunk are spread like a Gaussian's, whatever the gradient's, so the
+// sign keeps the same share of every chunk's energy (2/pi of it for a Gaussian) instead of
+// almost none of a chunk whose mass sits in a few values. The decoder turns the two-level
+// reconstruction back with x = D H y / sqrt(d). Same bytes; the chunk must be a power of 2.
 class OneBitCodec : public Codec {
  public:
-  explicit OneBitCodec(int64_t chunk) : chunk_(chunk) {}
+  OneBitCodec(int64_t chunk, bool rotate) : chunk_(chunk), rotate_(rotate) {
+    KRAB_CHECK_ARG(!rotate || (chunk & (chunk - 1)) == 0,
+                   "comm.chunk must be a power of 2 for onebit with comm.rotation hadamard, got ",
+                   chunk);
+  }
   std::string name() const override { return "onebit"; }
   int64_t chunk() const override { return chunk_; }
   bool unbiased() const override { return false; }
   int64_t chunk_bytes() const { return 4 + (chunk_ + 7) / 8; }
   int64_t encoded_bytes(int64_t n) const override { return n / chunk_ * chunk_bytes(); }
-  void encode(const float* x, int64_t n, uint8_t* out, Rng&) const override {
+  void encode(const float* in, int64_t n, uint8_t* out, Rng&) const override {
+    std::vector<float> turned(rotate_ ? chunk_ : 0);
+    const float norm = 1.0f / std::sqrt(static_cast<float>(chunk_));
     for (int64_t c = 0; c < n; c += chunk_, out += chunk_bytes()) {
+      const float* x = in + c;
+      if (rotate_) {
+        std::copy(x, x + chunk_, turned.begin());
+        flip_signs(turned.data(), chunk_, static_cast<uint64_t>(c / chunk_));
+        walsh_hadamard(turned.data(), chunk_);
+        for (float& v : turned) v *= norm;
+        x = turned.data();
+      }
       double sp = 0, sn = 0;
       int64_t np = 0;
       for (int64_t i = 0; i < chunk_; ++i) {
-        if (x[c + i] >= 0) { sp += x[c + i]; ++np; } else { sn -= x[c + i]; }
+        if (x[i] >= 0) { sp += x[i]; ++np; } else { sn -= x[i]; }
       }
       const c10::BFloat16 hi(static_cast<float>(np ? sp / np : 0.0));
       const c10::BFloat16 lo(static_cast<float>(np < chunk_ ? sn / (chunk_ - np) : 0.0));
@@ -138,31 +183,39 @@ class OneBitCodec : public Codec {
       uint8_t* bits = out + 4;
       std::fill(bits, bits + (chunk_ + 7) / 8, uint8_t{0});
       for (int64_t i = 0; i < chunk_; ++i)
-        if (x[c + i] >= 0) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
+        if (x[i] >= 0) bits[i >> 3] |= static_cast<uint8_t>(1u << (i & 7));
     }
   }
   void decode(const uint8_t* in, int64_t n, float* out) const override {
+    const float norm = 1.0f / std::sqrt(static_cast<float>(chunk_));
     for (int64_t c = 0; c < n; c += chunk_, in += chunk_bytes()) {
       c10::BFloat16 hi, lo;
       std::memcpy(&hi, in, 2);
       std::memcpy(&lo, in + 2, 2);
       const float h = static_cast<float>(hi), l = -static_cast<float>(lo);
-      for (int64_t i = 0; i < chunk_; ++i) out[c + i] = (in[4 + (i >> 3)] >> (i & 7)) & 1 ? h : l;
+      float* y = out + c;
+      for (int64_t i = 0; i < chunk_; ++i) y[i] = (in[4 + (i >> 3)] >> (i & 7)) & 1 ? h : l;
+      if (rotate_) {
+        walsh_hadamard(y, chunk_);
+        for (int64_t i = 0; i < chunk_; ++i) y[i] *= norm;
+        flip_signs(y, chunk_, static_cast<uint64_t>(c / chunk_));
+      }
     }
   }
 
  private:
   int64_t chunk_;
+  bool rotate_;
 };
 
 }  // namespace
 
-std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk) {
+std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk, bool rotate) {
   if (name == "fp16") return std::make_unique<CastCodec<c10::Half>>("fp16");
   if (name == "bf16") return std::make_unique<CastCodec<c10::BFloat16>>("bf16");
   KRAB_CHECK_ARG(chunk >= 0, "comm.chunk must be >= 0, got ", chunk);
   if (name == "int8") return std::make_unique<Int8Codec>(chunk > 0 ? chunk : 256);
-  if (name == "onebit") return std::make_unique<OneBitCodec>(chunk > 0 ? chunk : 256);
+  if (name == "onebit") return std::make_unique<OneBitCodec>(chunk > 0 ? chunk : 256, rotate);
   throw InvalidArgument(str_cat("no codec named '", name, "'"));
 }
 

@@ -11,6 +11,7 @@
 //   onebit  per chunk: bf16 s+ = mean of the values >= 0, bf16 s- = mean |x| of the negative
 //           ones, then one sign bit per value; decodes to s+ or -s- (two-level 1-bit SGD,
 //           Seide et al. 2014; biased: use it with error feedback)  1 bit / value + 4 / chunk
+//           optionally after a randomized Hadamard rotation of the chunk (DRIVE-style)
 //
 // Pure functions of their input (and, for int8, the Rng), no state: testable without a network.
 #pragma once
@@ -56,6 +57,8 @@ class Codec {
 
 // `name`: fp16 | bf16 | int8 | onebit. `chunk`: values per scale (int8, onebit); 0 picks the
 // codec's default: 256 for int8 (4 bytes of scale per 256) and for onebit (two bf16 per 256).
-std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk);
+// `rotate` (onebit only; chunk a power of 2): signs of each chunk after a randomized Hadamard
+// rotation (see codecs.cpp).
+std::unique_ptr<Codec> make_codec(const std::string& name, int64_t chunk, bool rotate = false);
 
 }  // namespace krab::compress

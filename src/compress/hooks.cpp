@@ -80,6 +80,14 @@ void validate(const CompressionOptions& o) {
   if (o.name == "int8" || o.name == "onebit")
     KRAB_CHECK_ARG(o.chunk == 0 || o.chunk >= 8, "comm.chunk must be 0 (the codec's default) or >= 8 for ",
                    o.name, ", got ", o.chunk);
+  KRAB_CHECK_ARG(o.rotation == "none" || o.rotation == "hadamard",
+                 "comm.rotation: unknown rotation '", o.rotation, "' (choose one of none, hadamard)");
+  KRAB_CHECK_ARG(o.rotation == "none" || o.name == "onebit", "comm.rotation '", o.rotation,
+                 "' applies to onebit only, not to comm.compression '", o.name, "'");
+  if (o.rotation == "hadamard")
+    KRAB_CHECK_ARG(o.chunk == 0 || (o.chunk & (o.chunk - 1)) == 0,
+                   "comm.chunk must be a power of 2 for onebit with comm.rotation hadamard, got ",
+                   o.chunk);
   KRAB_CHECK_ARG(o.warmup_steps >= 0, "comm.compress_warmup_steps must be >= 0, got ",
                  o.warmup_steps);
   KRAB_CHECK_ARG(o.min_numel >= 0, "comm.compress_min_numel must be >= 0, got ", o.min_numel);
@@ -199,7 +207,7 @@ void CompressionHook::accumulate(BucketState& st, at::Tensor& x, int64_t) {
 // fp16 / bf16 / int8 / onebit: all-to-all of encoded pieces, average, all-gather.
 
 CodecHook::CodecHook(CompressionOptions options)
-    : CompressionHook(std::move(options)), codec_(make_codec(options_.name, options_.chunk)) {}
+    : CompressionHook(std::move(options)), codec_(make_codec(options_.name, options_.chunk, options_.rotation == "hadamard")) {}
 
 void CodecHook::setup_bucket(BucketState&, int64_t) { server_residual_.emplace_back(); }
 

@@ -56,7 +56,8 @@ struct CompressionOptions {
   std::string name = "none";  // none | fp16 | bf16 | int8 | onebit | topk | randomk | powersgd
   double ratio = 0.01;        // topk, randomk: fraction of values sent, in (0, 1]
   int64_t rank = 4;           // powersgd
-  int64_t chunk = 0;          // int8, onebit: values per scale (0: int8 256, onebit 128)
+  int64_t chunk = 0;          // int8, onebit: values per scale (0: 256 for both)
+  std::string rotation = "none";  // onebit: none | hadamard (rotate each chunk before the sign)
   int64_t warmup_steps = 0;   // plain fp32 steps first
   int64_t min_numel = 1024;   // smaller parameters go uncompressed
   bool error_feedback = true;

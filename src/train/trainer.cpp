@@ -70,6 +70,7 @@ compress::CompressionOptions compression_options(const core::Config& c) {
   o.ratio = c.get_float("comm.ratio");
   o.rank = c.get_int("comm.rank");
   o.chunk = c.get_int("comm.chunk");
+  o.rotation = c.get_string("comm.rotation");
   o.error_feedback = c.get_bool("comm.error_feedback");
   o.warmup_steps = c.get_int("comm.compress_warmup_steps");
   o.min_numel = c.get_int("comm.compress_min_numel");

@@ -115,6 +115,51 @@ TEST(Codecs, OneBitDecodesToTheMeanOfEachSignsValues) {  // in bf16
   }
 }
 
+double relative_error(const std::vector<float>& x, const std::vector<float>& y, int64_t from,
+                      int64_t n) {
+  double err = 0, norm = 0;
+  for (int64_t i = from; i < from + n; ++i) {
+    err += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+    norm += double(x[i]) * x[i];
+  }
+  return std::sqrt(err / norm);
+}
+
+TEST(Codecs, RotatedOneBitReconstructsASpikeExactly) {
+  // A chunk whose mass sits in one positive value, the rest 0: unrotated, all d values are
+  // >= 0 and decode to their mean x_k/d (relative error sqrt(1 - 1/d)); the orthonormal Hadamard rotation turns e_k into d values
+  // of magnitude 1/sqrt(d), which the two levels +-1/sqrt(d) (exact in bf16 for d = 2^(2k))
+  // represent exactly, and rotating back gives e_k.
+  const int64_t d = 256;
+  for (int64_t k : {0, 37, 255}) {
+    std::vector<float> x(2 * d, 0.0f);
+    x[k] = 3.0f;       // chunk 0
+    x[d + k] = 0.5f;   // chunk 1: another sign pattern D
+    const auto plain = round_trip(*make_codec("onebit", d, false), x, 0);
+    const auto turned = round_trip(*make_codec("onebit", d, true), x, 0);
+    for (int64_t c = 0; c < 2; ++c) {
+      EXPECT_NEAR(relative_error(x, plain, c * d, d), std::sqrt(1.0 - 1.0 / d), 1e-3);
+      for (int64_t i = 0; i < d; ++i)
+        EXPECT_NEAR(turned[c * d + i], x[c * d + i], 1e-6) << "chunk " << c << " value " << i;
+    }
+  }
+}
+
+TEST(Codecs, RotationLowersOneBitErrorOnHeavyTailedChunks) {
+  // gradient_like spans 6 decades: a chunk's energy sits in a few values, the sign keeps little
+  // of it unrotated. Rotated, each chunk looks Gaussian and the two levels keep about 2/pi of
+  // its energy: relative error near sqrt(1 - 2/pi) = 0.60.
+  const int64_t d = 256, chunks = 64;
+  const auto x = gradient_like(d * chunks, 9);
+  const auto plain = round_trip(*make_codec("onebit", d, false), x, 0);
+  const auto turned = round_trip(*make_codec("onebit", d, true), x, 0);
+  const double e_plain = relative_error(x, plain, 0, d * chunks);
+  const double e_turned = relative_error(x, turned, 0, d * chunks);
+  EXPECT_NEAR(e_turned, std::sqrt(1 - 2 / M_PI), 0.05);
+  EXPECT_GT(e_plain, 0.8);
+  EXPECT_THROW(make_codec("onebit", 96, true), InvalidArgument);  // not a power of 2
+}
+
 TEST(Codecs, SeedsMixDeterministically) {
   EXPECT_EQ(mix_seed(1, 2, 3, 4), mix_seed(1, 2, 3, 4));
   EXPECT_NE(mix_seed(1, 2, 3, 4), mix_seed(1, 2, 4, 3));

@@ -112,6 +112,19 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
   return (got - want).abs().max().item<double>() / want.abs().max().item<double>();
 }
 
+TEST(CompressHooks, RotatedOneBitKeepsErrorFeedbackAndRanksAgree) {
+  auto o = options("onebit");
+  o.rotation = "hadamard";
+  const auto runs = run(o, 4);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(torch::allclose(runs[r].sum_sent + runs[r].residual, runs[r].sum_grad, 1e-4, 1e-4))
+        << "rank " << r;
+    for (int64_t s = 0; s < 4; ++s) EXPECT_TRUE(torch::equal(runs[r].outputs[s], runs[0].outputs[s]));
+  }
+  const at::Tensor avg = large_part(true_average(0));
+  EXPECT_LT((large_part(runs[0].outputs[0]) - avg).norm().item<double>(), avg.norm().item<double>());
+}
+
 TEST(CompressHooks, HalfCastsMatchTheAverageToTheirPrecision) {
   for (auto [name, tol] : {std::pair<const char*, double>{"fp16", 2e-3}, {"bf16", 1.6e-2}}) {
     const auto runs = run(options(name), 1);
@@ -284,6 +297,16 @@ TEST(CompressHooks, BadOptionsNameTheKey) {
   o.momentum = 0;
   o.clip_norm = -1;
   expect_key(o, "comm.clip_norm");
+  o = options("onebit");
+  o.rotation = "fourier";
+  expect_key(o, "comm.rotation");
+  o = options("int8");
+  o.rotation = "hadamard";
+  expect_key(o, "comm.rotation");
+  o = options("onebit");
+  o.rotation = "hadamard";
+  o.chunk = 96;
+  expect_key(o, "comm.chunk");
   EXPECT_EQ(make_compression_hook(options("none")), nullptr);
 }
 
