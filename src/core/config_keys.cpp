@@ -161,10 +161,12 @@ std::vector<KeySpec> build_registry() {
               "Values per scale for `int8` (fp32 scale, 4 bytes per chunk) and `onebit` (two bf16 "
               "scales, 4 bytes per chunk); 0 picks 256 for both.",
               0),
-      string_key("comm.rotation", "none",
+      string_key("comm.rotation", "hadamard",
                  "`onebit` only: `hadamard` turns each chunk by a randomized Hadamard transform "
                  "before taking signs (same bytes; spreads a chunk's mass over all its values, so "
-                 "the sign keeps more of it); `comm.chunk` must then be a power of 2.",
+                 "the sign keeps more of it; `comm.chunk` must be a power of 2), `none` takes the "
+                 "signs of the values themselves. Other compressors ignore the default; naming "
+                 "`hadamard` with one of them is an error.",
                  {"none", "hadamard"}),
       bool_key("comm.error_feedback", "true",
                "Add what compression left out to the next step's gradient (per worker, and per "

@@ -70,7 +70,9 @@ compress::CompressionOptions compression_options(const core::Config& c) {
   o.ratio = c.get_float("comm.ratio");
   o.rank = c.get_int("comm.rank");
   o.chunk = c.get_int("comm.chunk");
-  o.rotation = c.get_string("comm.rotation");
+  // The key's default (hadamard) is onebit's; other compressors take it only when it is named.
+  o.rotation = o.name == "onebit" || c.is_set("comm.rotation") ? c.get_string("comm.rotation")
+                                                               : "none";
   o.error_feedback = c.get_bool("comm.error_feedback");
   o.warmup_steps = c.get_int("comm.compress_warmup_steps");
   o.min_numel = c.get_int("comm.compress_min_numel");

@@ -265,6 +265,11 @@ TEST_F(Cli, BadCompressionSettingsAreRefusedWithExitTwo) {
   expect_refused(run(krab("train ok.yaml --set comm.compression=topk "
                           "--set comm.momentum_correction=0.9")),
                  2, "train.optimizer.momentum");
+  // onebit's default rotation needs a power-of-2 chunk; naming it with int8 is refused.
+  expect_refused(run(krab("train ok.yaml --set comm.compression=onebit --set comm.chunk=96")), 2,
+                 "comm.chunk");
+  expect_refused(run(krab("train ok.yaml --set comm.compression=int8 --set comm.rotation=hadamard")),
+                 2, "comm.rotation");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
