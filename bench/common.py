@@ -32,6 +32,62 @@ def write_cnn_job(path, name, ckpt):
     return path
 
 
+# krab's gpt (model.* defaults: 2 layers, width 128, 4 heads, context 64; 470,528 parameters)
+# on a text corpus (write_text_corpus), batch 64 windows per worker, 2% of the windows held out
+# (the last ones: about 111k next-byte predictions, so that an evaluation stays short), Adam
+# at a constant 0.01: bench/ddp_peer.py --model gpt with GPT_PEER_ARGS is the same run.
+GPT_TEST_FRACTION = 0.02
+GPT_CONTEXT = 64
+GPT_JOB = """\
+name: {name}
+model: {{name: gpt, layers: 2, width: 128, heads: 4, context: %d}}
+data: {{name: text, path: {corpus}, batch_size: 64, test_fraction: %g}}
+train:
+  threads_per_worker: 1
+  seed: 0
+  optimizer: {{name: adam, lr: 0.01}}
+  lr_schedule: constant
+checkpoint: {{dir: {ckpt}}}
+""" % (GPT_CONTEXT, GPT_TEST_FRACTION)
+GPT_PEER_ARGS = ["--model", "gpt", "--layers", "2", "--width", "128", "--heads", "4",
+                 "--context", str(GPT_CONTEXT), "--batch-size", "64",
+                 "--test-fraction", str(GPT_TEST_FRACTION),
+                 "--optimizer", "adam", "--lr", "0.01", "--seed", "0"]  # + --data CORPUS
+
+
+def write_gpt_job(path, name, ckpt, corpus):
+    with open(path, "w") as f:
+        f.write(GPT_JOB.format(name=name, ckpt=ckpt, corpus=corpus))
+    return path
+
+
+# The text corpus of the GPT benchmarks: every .py file of Debian's libpython3.11-stdlib (the
+# Python standard library; python3-torch, which scripts/setup.sh installs, depends on it), in
+# byte-wise sorted path order, concatenated: 5,572,209 bytes with version 3.11.2-6+deb12u6, the
+# same bytes on every machine with that package version. Nothing is downloaded.
+TEXT_PACKAGE = "libpython3.11-stdlib"
+
+
+def write_text_corpus(path):
+    """Writes the corpus to `path`; returns (bytes, files, package version)."""
+    files = subprocess.run(["dpkg-query", "-L", TEXT_PACKAGE], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    files = sorted((f for f in files if f.endswith(".py") and os.path.isfile(f)),
+                   key=lambda f: f.encode())
+    version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", TEXT_PACKAGE],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    if not files:
+        sys.exit(f"no .py files in {TEXT_PACKAGE}: is python3 installed?")
+    n = 0
+    with open(path, "wb") as out:
+        for f in files:
+            with open(f, "rb") as src:
+                data = src.read()
+            out.write(data)
+            n += len(data)
+    return n, len(files), version
+
+
 def krab_warmup(steps):
     """Steps krab leaves out of samples_per_sec (src/train/trainer.cpp)."""
     return min(10, max(1, steps // 10))

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """The peer krab is measured against: PyTorch DDP (Gloo backend, CPU) training the same CNN on
-the same Fashion-MNIST batches as `krab train` with model cnn, data fashion-mnist.
+the same Fashion-MNIST batches as `krab train` with model cnn, data fashion-mnist (the default),
+or with --model gpt the same transformer on the same text windows as model gpt, data text.
 
 What it measures: training throughput in samples/s after a warm-up (like krab's report), the
 wall time, the final loss and (with --eval) the test accuracy. It prints ONE JSON line on stdout:
@@ -9,6 +10,8 @@ wall time, the final loss and (with --eval) the test accuracy. It prints ONE JSO
 Run from the repository root with Debian's python (the only one with torch here):
   /usr/bin/python3 bench/ddp_peer.py --workers 2 --steps 300
   /usr/bin/python3 bench/ddp_peer.py --workers 4 --epochs 2 --optimizer adam --lr 0.003 --cosine --eval
+  /usr/bin/python3 bench/ddp_peer.py --model gpt --data corpus.txt --test-fraction 0.02 \
+      --workers 2 --batch-size 128 --steps 100 --optimizer adam --lr 0.01 --eval-every 50
 
 Multi-host mode (bench/slow_network.py uses it, one process per network namespace): with --rank
 the script runs ONE rank itself instead of spawning --workers local ones, joins the rendezvous at
@@ -41,6 +44,22 @@ Kept identical to krab on purpose:
     min(10, max(1, steps / 10))), on rank 0, from the start of step `warmup` to the end of the
     last step; final_loss is the last step's loss averaged over workers; the test accuracy is
     computed on the whole 10k test split, sharded over the workers.
+With --model gpt (src/models/gpt.cpp, src/data/text.cpp; --layers 2 --width 128 --heads 4
+--context 64 --test-fraction 0.1 are krab's defaults):
+  - model: tok_emb Embedding(256, w) + pos_emb Embedding(context, w); `layers` pre-LN blocks
+    (ln1 -> attn: qkv Linear(w, 3w), causal softmax attention over `heads` heads with the mask
+    and scaling written as krab writes them, proj Linear(w, w) -> residual; ln2 -> mlp: fc
+    Linear(w, 4w) -> exact gelu -> proj Linear(4w, w) -> residual); ln_f LayerNorm; head
+    Linear(w, 256) without bias. Same parameter names and order; GPT-2 initialisation
+    (normal 0.02, the attn/mlp proj weights 0.02 / sqrt(2 layers), biases 0, LayerNorm 1/0)
+    after torch.manual_seed(seed), with the modules constructed in krab's order, so that the
+    initial parameters come out as krab's (checked: identical, see docs/benchmarks.md);
+  - data: --data's bytes in windows of context + 1 (the tail dropped), the last
+    round(windows x --test-fraction) windows held out, inputs = a window's first context
+    bytes, targets = the same shifted by one; krab's sampler over the training windows;
+  - loss: mean cross-entropy over all B x T positions; test accuracy: next-byte accuracy,
+    argmax over the 256 logits equal to the target, over every position of every test window
+    (krab's Model::correct), in chunks of 512 windows.
 Nothing is downloaded.
 """
 import argparse
@@ -176,22 +195,152 @@ class Cnn(nn.Module):
         return self.fc2(x)
 
 
+# --- --model gpt: krab's gpt (src/models/gpt.cpp) on krab's text data (src/data/text.cpp) ------
+
+VOCAB = 256  # one token per byte value
+
+
+def load_text(path, context, test_fraction):
+    """krab's `text` loader: the file's bytes cut into windows of context + 1 bytes (the tail
+    that does not fill one is dropped), the last round(windows x test_fraction) windows (at
+    least 1 when test_fraction > 0, at most windows - 1) held out as the test split; inputs are
+    a window's first `context` bytes, targets the same bytes shifted by one. Returns
+    (train_x, train_y), (test_x, test_y), all int64 [N, context]."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    window = context + 1
+    windows = len(raw) // window
+    if windows < 2:
+        sys.exit(f"ddp_peer: text file '{path}' has {len(raw)} bytes; context {context} needs "
+                 f"at least {2 * window}")
+    n_test = 0
+    if test_fraction > 0:
+        n_test = int(math.floor(windows * test_fraction + 0.5))  # std::llround, x >= 0
+        n_test = min(max(n_test, 1), windows - 1)
+    n_train = windows - n_test
+    all_ = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8, count=windows * window)
+                            .reshape(windows, window).astype(np.int64))
+    x, y = all_[:, :context].contiguous(), all_[:, 1:].contiguous()
+    return (x[:n_train], y[:n_train]), (x[n_train:], y[n_train:])
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        d = c // self.heads
+        q, k, v = (y.view(b, t, self.heads, d).transpose(1, 2)
+                   for y in self.qkv(x).chunk(3, -1))
+        att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        att = torch.softmax(att.masked_fill(future, float("-inf")), -1)
+        return self.proj(torch.matmul(att, v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, 4 * width)
+        self.proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = CausalSelfAttention(width, heads)
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = FeedForward(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Gpt(nn.Module):
+    """krab's gpt: same modules, names, parameter order and initialisation. The modules are
+    also constructed in krab's order (tok_emb, pos_emb, the empty block list, ln_f, head, then
+    the blocks) so that the default initialisers draw from torch's generator as LibTorch's do
+    before the GPT-2 initialisation overwrites them."""
+
+    def __init__(self, layers, width, heads, context, vocab=VOCAB):
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"--heads {heads} must divide --width {width}")
+        self.context = context
+        self.tok_emb = nn.Embedding(vocab, width)
+        self.pos_emb = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList()
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        for _ in range(layers):
+            self.blocks.append(Block(width, heads))
+        residual_std = 0.02 / math.sqrt(2.0 * layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.startswith("ln") or ".ln" in name:
+                    continue  # LayerNorm keeps weight 1, bias 0
+                if name.endswith(".bias"):
+                    p.zero_()
+                elif "attn.proj.weight" in name or "mlp.proj.weight" in name:
+                    p.normal_(0.0, residual_std)
+                else:
+                    p.normal_(0.0, 0.02)
+
+    def forward(self, tokens):
+        t = tokens.size(1)
+        x = self.tok_emb(tokens) + self.pos_emb(torch.arange(t, dtype=torch.int64))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def build_model(args):
+    if args.model == "gpt":
+        return Gpt(args.layers, args.width, args.heads, args.context)
+    return Cnn()
+
+
+def load_data(args):
+    """(train_x, train_y), (test_x, test_y) of the job's data."""
+    if args.model == "gpt":
+        return load_text(args.data, args.context, args.test_fraction)
+    return load_split("train"), load_split("t10k")
+
+
+def loss_fn(logits, y):
+    # krab's Model::loss: mean cross-entropy over all predictions ([B, C] and [B, T, V] alike).
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1))
+
+
 # --- one worker -----------------------------------------------------------------------------------
 
 def evaluate(model, test_x, test_y, rank, W):
-    """Test accuracy on the whole test split, sharded over the W ranks (a collective)."""
+    """Test accuracy on the whole test split, sharded over the W ranks (a collective): argmax
+    predictions equal to the target over all predictions (krab's Model::correct; for the gpt
+    every position of every test window counts, i.e. next-byte accuracy)."""
     model.eval()
     n = test_x.size(0)
     lo, hi = n * rank // W, n * (rank + 1) // W
-    correct = 0
+    correct = total = 0
     with torch.no_grad():
         for i in range(lo, hi, 512):
             logits = model(test_x[i:min(i + 512, hi)])
-            correct += int((logits.argmax(1) == test_y[i:min(i + 512, hi)]).sum())
-    counts = torch.tensor([float(correct), float(hi - lo)], dtype=torch.float64)
+            y = test_y[i:min(i + 512, hi)]
+            correct += int((logits.argmax(-1) == y).sum())
+            total += y.numel()
+    counts = torch.tensor([float(correct), float(total)], dtype=torch.float64)
     dist.all_reduce(counts)
     model.train()
-    return counts[0].item() / counts[1].item()
+    return counts[0].item() / counts[1].item() if counts[1].item() > 0 else 0.0
 
 
 def worker(rank, args, port, queue):
@@ -205,8 +354,7 @@ def worker(rank, args, port, queue):
         dist.init_process_group("gloo", init_method=f"tcp://{args.master_addr}:{port}",
                                 rank=rank, world_size=W,
                                 timeout=datetime.timedelta(seconds=args.timeout_s))
-    train_x, train_y = load_split("train")
-    test_x, test_y = load_split("t10k")
+    (train_x, train_y), (test_x, test_y) = load_data(args)
 
     b = args.batch_size
     G = b * W
@@ -215,7 +363,7 @@ def worker(rank, args, port, queue):
     warmup = min(args.warmup_steps, max(steps - 1, 0))
 
     torch.manual_seed(args.seed)
-    model = Cnn()
+    model = build_model(args)
     ddp = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
@@ -246,7 +394,7 @@ def worker(rank, args, port, queue):
             lr = args.lr * 0.5 * (1.0 + math.cos(math.pi * min(step / max(1, steps), 1.0)))
         for group in opt.param_groups:
             group["lr"] = lr
-        loss = F.cross_entropy(ddp(x), y)
+        loss = loss_fn(ddp(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -290,6 +438,8 @@ def worker(rank, args, port, queue):
             "steps": steps,
             "epochs": steps / steps_per_epoch,
             "warmup_steps": warmup,
+            "model": args.model,
+            "parameters": sum(p.numel() for p in model.parameters()),
             "optimizer": args.optimizer,
             "lr": args.lr,
             "schedule": "cosine" if args.cosine else "constant",
@@ -314,6 +464,8 @@ def free_port():
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["cnn", "gpt"], default="cnn",
+                   help="cnn on Fashion-MNIST (default) or gpt on --data (krab's text)")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="optimizer steps; 0 = use --epochs")
     p.add_argument("--epochs", type=int, default=1)
@@ -330,6 +482,13 @@ def main():
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps and after the last one; adds `evals` and "
                         "`train_seconds` to the JSON (0 = off)")
+    gpt = p.add_argument_group("--model gpt (defaults: krab's model.* and data.test_fraction)")
+    gpt.add_argument("--data", help="the text corpus (krab's data.path); required for gpt")
+    gpt.add_argument("--layers", type=int, default=2)
+    gpt.add_argument("--width", type=int, default=128)
+    gpt.add_argument("--heads", type=int, default=4)
+    gpt.add_argument("--context", type=int, default=64)
+    gpt.add_argument("--test-fraction", type=float, default=0.1)
     multi = p.add_argument_group("multi-host mode (one rank per process; --workers is ignored)")
     multi.add_argument("--rank", type=int, default=-1, help="this process's rank (enables the mode)")
     multi.add_argument("--world-size", type=int, default=0)
@@ -347,6 +506,13 @@ def main():
         p.error("--workers, --batch-size and --steps or --epochs must be positive")
     if args.eval_every < 0:
         p.error("--eval-every must be >= 0")
+    if args.model == "gpt":
+        if not args.data or not os.path.isfile(args.data):
+            p.error("--model gpt needs --data FILE (a text corpus)")
+        if min(args.layers, args.width, args.heads) < 1 or args.context < 2 \
+                or args.width % args.heads or not 0 <= args.test_fraction < 1:
+            p.error("--layers, --width, --heads >= 1, --context >= 2, --heads dividing "
+                    "--width and 0 <= --test-fraction < 1")
 
     _self_test_mt()
     if args.rank >= 0:

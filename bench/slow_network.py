@@ -3,29 +3,41 @@
 links are slow.
 
 What it measures: four network namespaces (the hosts) joined through a Linux bridge, one worker
-per host, the CNN on Fashion-MNIST as in bench/common.py (per-worker batch 64, global batch 256,
-SGD lr 0.05 momentum 0.9 at a constant rate, seed 0, one thread per worker,
-OPENBLAS_NUM_THREADS=1 on both sides), evaluated on the full 10k test split every
---eval-every steps (default 20) and after the last step. For an unshaped link (reference) and
-then each --rates value (default 100 and 20 Mbit/s; every host's egress shaped with
+per host, with --job cnn (the default) the CNN on Fashion-MNIST as in bench/common.py
+(per-worker batch 64, global batch 256, SGD lr 0.05 momentum 0.9 at a constant rate, seed 0,
+one thread per worker, OPENBLAS_NUM_THREADS=1 on both sides), evaluated on the full 10k test
+split every --eval-every steps (default 20) and after the last step. For an unshaped link
+(reference) and then each --rates value (default 100 and 20 Mbit/s; every host's egress shaped with
 `tc qdisc tbf`), it runs
   (a) krab, once per --krab-config: in each namespace R
         ip netns exec NS_R krab train JOB --nnodes 4 --node-rank R --nproc-per-node 1
             --rdzv ADDR_0:PORT --set parallel.workers=4 --set comm.iface=VETH_R
-            --set train.eval_every=20 --set train.epochs=2 [--set ...from the config]
+            --set train.eval_every=20 --set train.epochs=2 (gpt: train.steps=180)
+            [--set ...from the config]
       (node 0 hosts the rendezvous at its own address and writes --report);
   (b) PyTorch DDP, Gloo, fp32: bench/ddp_peer.py in multi-host mode, one rank per namespace
       (--rank R --world-size 4 --master-addr ADDR_0 --iface VETH_R --eval-every 20).
-For every run it prints: time to target = the training seconds (evaluation time left out) of
-the first evaluation with test accuracy >= --target (default 0.88), "not reached" otherwise;
-the final test accuracy; samples/s = steps x 256 / training seconds (both sides computed the
-same way; krab's report field samples_per_sec is kept in the JSON); krab's own traffic meter
-(report `bytes_sent`, payload only) beside the sum of the 4 hosts' veth transmit counters
-(`ip -s link`, read before and after the run: payload plus TCP/IP/Ethernet headers, rendezvous,
-krab's peer monitor and the evaluations' small all-reduces), their ratio, and the counters
-against the ring all-reduce model (steps x 2(W-1) x 1,686,568 B + (W-1) x 1,686,568 B for the
-initial broadcast), and the TCP payload the veths carried (TX bytes - 66 x TX packets:
+For every run it prints: time to target = the training seconds (evaluation time left out) of the
+first evaluation with test accuracy >= --target (default 0.88; gpt 0.33), "not reached"
+otherwise; the final test accuracy; samples/s = steps x 256 / training seconds (both sides
+computed the same way; krab's report field samples_per_sec is kept in the JSON); krab's own
+traffic meter (report `bytes_sent`, payload only) beside the sum of the 4 hosts' veth transmit
+counters (`ip -s link`, read before and after the run: payload plus TCP/IP/Ethernet headers,
+rendezvous, krab's peer monitor and the evaluations' small all-reduces), their ratio, and the
+counters against the ring all-reduce model (steps x 2(W-1) x 1,686,568 B + (W-1) x 1,686,568 B
+for the initial broadcast), and the TCP payload the veths carried (TX bytes - 66 x TX packets:
 Ethernet + IPv4 + TCP-with-timestamps headers; pure ACKs are headers only) over the meter.
+With --job gpt the job is instead krab's gpt (model.* defaults: 2 pre-LN blocks, width 128, 4
+heads, context 64; 470,528 parameters) on a byte-level text corpus the script writes into its
+temporary directory: every .py file of Debian's libpython3.11-stdlib (the standard library that
+python3-torch pulls in; nothing is downloaded) in sorted path order, concatenated (5.57 MB
+with 3.11.2-6+deb12u6): windows of 64+1 bytes, the last 2% of them (1,715 windows, 109,760
+next-byte predictions) held out; per-worker batch 64 windows, Adam lr 0.01 constant, seed 0,
+--steps 180 by default (328 steps are one epoch), and --target 0.33 next-byte test accuracy
+(what fp32 reaches at about 75% of the steps). bench/ddp_peer.py --model gpt builds the same
+network (bit-identical initial parameters) on the same windows in the same order; the test
+accuracy on both sides is the next-byte accuracy over every position of the test windows.
+The ring model above then uses the gpt's 1,882,112 gradient bytes instead of the CNN's.
 Then per rate the speed-up of each krab config over DDP (DDP's time to target / krab's, and
 the samples/s ratio), and each system's samples/s at a rate relative to its own unshaped run,
 with the link rate that the extra training time implies (bytes a host sent / (training
@@ -43,16 +55,21 @@ Run from the repository root, as root, with Debian's python (the one that has to
   sudo /usr/bin/python3 bench/slow_network.py --steps 40 --rates 20 --no-unshaped   # quick check
   sudo /usr/bin/python3 bench/slow_network.py --krab-config none: \\
       --krab-config onebit:comm.compression=onebit --json slow.json
-Options: --rates 100,20 (Mbit/s)  --no-unshaped  --target 0.88  --epochs 2  --steps N (fixed
-  steps instead of epochs)  --eval-every 20  --krab-config NAME:KEY=V[,KEY=V...] (repeatable;
-  default one config "krab" without extra keys)  --krab-set KEY=V (repeatable, for every krab
-  config)  --no-ddp  --max-minutes M (cap per run: a run still going after M minutes is killed
-  and shown as "capped", not as a failure; without it each run gets 3x its estimated time plus
+  sudo /usr/bin/python3 bench/slow_network.py --job gpt --krab-config none: \\
+      --krab-config powersgd:comm.compression=powersgd,comm.rank=4
+Options: --job cnn|gpt (default cnn)  --rates 100,20 (Mbit/s)  --no-unshaped  --target (cnn
+  0.88, gpt 0.33)  --epochs (cnn 2)  --steps N (fixed steps instead of epochs; gpt 180)
+  --eval-every 20  --krab-config NAME:KEY=V[,KEY=V...] (repeatable; default one config "krab"
+  without extra keys)  --krab-set KEY=V (repeatable, for every krab config)  --no-ddp
+  --max-minutes M (cap per run: a run still going after M minutes is killed and shown as
+  "capped", not as a failure; without it each run gets 3x its estimated time plus
   2 minutes and overrunning that is a failure)  --burst 32kb --latency 100ms (tbf)
   --link-check-seconds 4 (0 = none)  --krab build/bin/krab  --json FILE (all raw results).
 Duration, estimated from 0.15 s of compute per step (4 workers on 2 cores) plus the ring's
 2.53 MB per host and step at the link rate: about 2 minutes per system unshaped, 3 at
 100 Mbit/s and 10 at 20 Mbit/s, i.e. about 30 minutes for the default run (krab + DDP).
+--job gpt: 0.5 s of compute per step and 2.82 MB per host and step, about 2, 3 and 6 minutes
+per system for 180 steps.
 
 What it creates and removes: five network namespaces krab-slow-PID-h0..h3 and krab-slow-PID-br,
 four veth pairs ksPIDh{i} (host end, address 10.214.S.{i+1}/24, S = 1 + PID % 250) /
@@ -77,15 +94,33 @@ import sys
 import tempfile
 import time
 
-from common import PEER, PYTHON, REPO, krab_warmup, machine_load, write_cnn_job
+from common import (GPT_CONTEXT, GPT_PEER_ARGS, GPT_TEST_FRACTION, PEER, PYTHON, REPO,
+                    krab_warmup, machine_load, write_cnn_job, write_gpt_job, write_text_corpus)
 import netns
 
 W = 4                      # hosts = workers
 BATCH = 64                 # per worker
 GLOBAL_BATCH = W * BATCH
-STEPS_PER_EPOCH = 60000 // GLOBAL_BATCH  # 234: krab drops the last partial batch
-GRADIENT_BYTES = 1686568   # the CNN's 421,642 float32 parameters (krab: gradient_bytes)
-COMPUTE_S_PER_STEP = 0.15  # 4 workers on 2 cores, ~2,000 samples/s (docs/benchmarks.md)
+
+# What differs between the jobs (--job). steps_per_epoch: krab drops the last partial batch;
+# the gpt's is set from the corpus once it is written (84,011 training windows with
+# libpython3.11-stdlib 3.11.2-6+deb12u6: 328). gradient_bytes: float32 parameters x 4 (krab's
+# gradient_bytes), for the ring model. compute_s_per_step: 4 workers on 2 cores, unshaped;
+# eval_s: one evaluation of the test split; both only for the duration estimate.
+GPT_STEPS = 180     # --job gpt: default length (a 20 Mbit/s DDP run takes about 6 minutes)
+GPT_TARGET = 0.33   # --job gpt: default target, the next-byte test accuracy fp32 reaches at
+                    # about 75% of those steps
+JOBS = {
+    "cnn": {"steps_per_epoch": 60000 // GLOBAL_BATCH,  # 234
+            "gradient_bytes": 1686568,   # the CNN's 421,642 parameters
+            "compute_s_per_step": 0.15,  # ~2,000 samples/s (docs/benchmarks.md)
+            "eval_s": 1.5, "target": 0.88, "epochs": 2, "steps": 0},
+    "gpt": {"steps_per_epoch": None,
+            "gradient_bytes": 1882112,   # the gpt's 470,528 parameters
+            "compute_s_per_step": 0.5,   # ~500 samples/s (64-byte windows)
+            "eval_s": 2.0, "target": GPT_TARGET, "epochs": 0, "steps": GPT_STEPS},
+}
+JOB = JOBS["cnn"]  # main() sets the one --job names
 
 ACTIVE = []  # processes started and not yet reaped
 
@@ -96,13 +131,14 @@ def log(msg):
 
 def ring_bytes(steps):
     """What a ring all-reduce of every gradient, once a step, puts on the wire (all hosts)."""
-    return steps * 2 * (W - 1) * GRADIENT_BYTES + (W - 1) * GRADIENT_BYTES
+    return steps * 2 * (W - 1) * JOB["gradient_bytes"] + (W - 1) * JOB["gradient_bytes"]
 
 
 def estimate_seconds(steps, rate_mbit, eval_every):
-    comm = 0.0 if rate_mbit is None else 2 * (W - 1) / W * GRADIENT_BYTES * 8 / (rate_mbit * 1e6)
+    comm = (0.0 if rate_mbit is None
+            else 2 * (W - 1) / W * JOB["gradient_bytes"] * 8 / (rate_mbit * 1e6))
     evals = steps // eval_every + 1 if eval_every else 1
-    return 20 + steps * (COMPUTE_S_PER_STEP + comm) + evals * 1.5
+    return 20 + steps * (JOB["compute_s_per_step"] + comm) + evals * JOB["eval_s"]
 
 
 def rate_name(rate_mbit):
@@ -331,10 +367,11 @@ def ddp_cmds(args, hosts, tmp, tag, port, steps):
         cmds.append(["ip", "netns", "exec", hosts.ns[r], PYTHON, PEER,
                      "--rank", str(r), "--world-size", str(W),
                      "--master-addr", hosts.addrs[0], "--master-port", str(port),
-                     "--iface", hosts.ifaces[r], "--batch-size", str(BATCH),
-                     "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
-                     "--eval-every", str(args.eval_every),
-                     "--warmup-steps", str(krab_warmup(steps)), "--timeout-s", "300"] + length)
+                     "--iface", hosts.ifaces[r], "--batch-size", str(BATCH)]
+                    + (GPT_PEER_ARGS + ["--data", args.corpus] if args.job == "gpt" else
+                       ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"])
+                    + ["--eval-every", str(args.eval_every),
+                       "--warmup-steps", str(krab_warmup(steps)), "--timeout-s", "300"] + length)
         cwds.append(cwd)
     return cmds, cwds
 
@@ -566,9 +603,14 @@ def main():
     p.add_argument("--rates", type=parse_rates, default=[100, 20],
                    help="shaped link rates in Mbit/s (default 100,20)")
     p.add_argument("--no-unshaped", action="store_true", help="skip the unshaped reference")
-    p.add_argument("--target", type=float, default=0.88, help="test accuracy to reach")
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--steps", type=int, default=0, help="fixed steps instead of --epochs")
+    p.add_argument("--job", choices=sorted(JOBS), default="cnn",
+                   help="cnn on Fashion-MNIST (default) or gpt on a text corpus")
+    p.add_argument("--target", type=float,
+                   help=f"test accuracy to reach (default: cnn {JOBS['cnn']['target']:g}, "
+                        f"gpt {JOBS['gpt']['target']:g})")
+    p.add_argument("--epochs", type=int, help="default: cnn 2 (gpt: --steps)")
+    p.add_argument("--steps", type=int, default=0,
+                   help=f"fixed steps instead of --epochs (default: gpt {GPT_STEPS})")
     p.add_argument("--eval-every", type=int, default=20)
     p.add_argument("--krab-config", type=parse_config, action="append", default=[],
                    metavar="NAME:KEY=V[,KEY=V...]")
@@ -583,6 +625,14 @@ def main():
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json", help="write every run's raw results to this file")
     args = p.parse_args()
+    global JOB
+    JOB = JOBS[args.job]
+    if args.target is None:
+        args.target = JOB["target"]
+    if args.epochs is None:
+        args.epochs = JOB["epochs"]
+        if args.steps == 0:
+            args.steps = JOB["steps"]
     if args.eval_every < 1 or (args.steps <= 0 and args.epochs <= 0) or args.steps < 0:
         p.error("--eval-every must be >= 1, and --steps or --epochs positive")
     configs = args.krab_config or [("krab", [])]
@@ -605,11 +655,9 @@ def main():
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
-    steps = args.steps if args.steps > 0 else args.epochs * STEPS_PER_EPOCH
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     systems = [n for n, _ in configs] + ([] if args.no_ddp else ["ddp"])
-    est = sum(estimate_seconds(steps, r, args.eval_every) for r in rates) * len(systems)
-    runs, links, failed = [], [], None
+    runs, links, failed, steps, corpus = [], [], None, None, None
     tmp = tempfile.mkdtemp(prefix=f"krab-slow-{os.getpid()}-")
     hosts = None
     try:
@@ -620,14 +668,30 @@ def main():
             log(f"removed stale directory {d}")
         krab = os.path.join(tmp, "krab")
         shutil.copy2(args.krab, krab)  # a snapshot: the other build may replace build/bin/krab
-        job = write_cnn_job(os.path.join(tmp, "job.yaml"), "bench-slow-network",
-                            os.path.join(tmp, "ckpt"))
+        if args.job == "gpt":
+            args.corpus = os.path.join(tmp, "corpus.txt")
+            size, files, version = write_text_corpus(args.corpus)
+            windows = size // (GPT_CONTEXT + 1)  # as krab's text loader
+            n_test = min(max(int(windows * GPT_TEST_FRACTION + 0.5), 1), windows - 1)
+            JOB["steps_per_epoch"] = (windows - n_test) // GLOBAL_BATCH
+            corpus = {"bytes": size, "files": files, "package_version": version,
+                      "train_windows": windows - n_test, "test_windows": n_test}
+            log(f"corpus: {files} .py files of libpython3.11-stdlib {version}, {size:,} bytes: "
+                f"{windows - n_test:,} training and {n_test:,} test windows of 64+1 bytes, "
+                f"{JOB['steps_per_epoch']} steps per epoch")
+            job = write_gpt_job(os.path.join(tmp, "job.yaml"), "bench-slow-network-gpt",
+                                os.path.join(tmp, "ckpt"), args.corpus)
+        else:
+            job = write_cnn_job(os.path.join(tmp, "job.yaml"), "bench-slow-network",
+                                os.path.join(tmp, "ckpt"))
+        steps = args.steps if args.steps > 0 else args.epochs * JOB["steps_per_epoch"]
+        est = sum(estimate_seconds(steps, r, args.eval_every) for r in rates) * len(systems)
         hosts = netns.Hosts(W)
         hosts.up()
         log(f"{W} hosts {', '.join(f'{n} ({i} {a})' for n, i, a in zip(hosts.ns, hosts.ifaces, hosts.addrs))}"
             f", bridge {hosts.bridge} in {hosts.bridge_ns}")
-        log(f"{steps} steps, global batch {GLOBAL_BATCH}, eval every {args.eval_every}, target "
-            f"{args.target:g}; systems {', '.join(systems)}; links "
+        log(f"job {args.job}: {steps} steps, global batch {GLOBAL_BATCH}, eval every "
+            f"{args.eval_every}, target {args.target:g}; systems {', '.join(systems)}; links "
             f"{', '.join(rate_name(r) for r in rates)}; estimated {est / 60:.0f} min"
             + (f", at most {args.max_minutes:g} min per run" if args.max_minutes else ""))
         for s in configs:
@@ -697,7 +761,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": {k: v for k, v in vars(args).items() if k != "krab_config"},
-                       "krab_configs": configs, "steps": steps, "workers": W,
+                       "job": args.job, "corpus": corpus, "krab_configs": configs,
+                       "steps": steps, "workers": W,
                        "global_batch": GLOBAL_BATCH, "link_checks": links, "runs": runs,
                        "failure": failed}, f, indent=2)
     if failed:
