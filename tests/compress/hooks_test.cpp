@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -121,8 +122,15 @@ TEST(CompressHooks, RotatedOneBitKeepsErrorFeedbackAndRanksAgree) {
         << "rank " << r;
     for (int64_t s = 0; s < 4; ++s) EXPECT_TRUE(torch::equal(runs[r].outputs[s], runs[0].outputs[s]));
   }
+  // Rotated onebit keeps each chunk's full length along itself, so its error is larger than the
+  // least-squares codec's, but the first step's result (no residual yet) points the average's
+  // way: one Gaussian-like compression has cosine sqrt(2/pi) = 0.80 with its input, the hook's
+  // two (each worker's piece, then the averaged piece) about 2/pi = 0.64.
   const at::Tensor avg = large_part(true_average(0));
-  EXPECT_LT((large_part(runs[0].outputs[0]) - avg).norm().item<double>(), avg.norm().item<double>());
+  const at::Tensor got = large_part(runs[0].outputs[0]);
+  const double cosine =
+      (got * avg).sum().item<double>() / (got.norm().item<double>() * avg.norm().item<double>());
+  EXPECT_NEAR(cosine, 2 / M_PI, 0.08);
 }
 
 TEST(CompressHooks, HalfCastsMatchTheAverageToTheirPrecision) {
