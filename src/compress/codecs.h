@@ -11,7 +11,8 @@
 //   onebit  per chunk: bf16 s+ = mean of the values >= 0, bf16 s- = mean |x| of the negative
 //           ones, then one sign bit per value; decodes to s+ or -s- (two-level 1-bit SGD,
 //           Seide et al. 2014; biased: use it with error feedback)  1 bit / value + 4 / chunk
-//           optionally after a randomized Hadamard rotation of the chunk (DRIVE-style)
+//           optionally (krab's default) after a randomized Hadamard rotation of the chunk,
+//           both levels then scaled so that <decoded, x> = |x|^2 (DRIVE, Vargaftik et al. 2021)
 //
 // Pure functions of their input (and, for int8, the Rng), no state: testable without a network.
 #pragma once
