@@ -216,6 +216,10 @@ std::vector<KeySpec> build_registry() {
       bool_key("sync.staleness_damping", "false",
                "`async`: scale each gradient by 1 / (1 + its staleness in server updates) "
                "(staleness-aware asynchronous SGD)."),
+      bool_key("sync.extrapolate", "false",
+               "`async`, `max_staleness` != 0: answer each pull with the parameters moved on "
+               "along the last server update by the updates expected before the worker's "
+               "gradient arrives, so the gradient is taken near the point it updates (DANA)."),
       float_key("sync.worker_timeout_s", "10",
                 "`async`: a worker silent this long is counted out (nobody waits for it) until "
                 "it calls again; a dead worker never stops the servers.",

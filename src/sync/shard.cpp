@@ -84,7 +84,9 @@ void ShardState::apply_locked(const at::Tensor& grad, double lr_scale, int64_t t
   const double lr = opt_.lr_at(t) * lr_scale;
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   param_.mutable_grad() = grad;
+  if (opt_.extrapolate) last_update_ = param_.detach().neg();
   optimizer_->step();
+  if (opt_.extrapolate) last_update_.add_(param_.detach());
   param_.mutable_grad() = at::Tensor();  // `grad` may wrap the caller's buffer
   ++version_;
 }
@@ -96,6 +98,16 @@ void ShardState::apply_group_locked(int64_t pushes) {
   apply_locked(round_sum_ / n, n / opt_.workers, (pushes - round_count_) / opt_.workers);
   round_sum_.zero_();
   round_count_ = 0;
+}
+
+// Server updates expected between a pull now and the push of the gradient computed from it,
+// if every other live worker pushes once meanwhile (workers of equal speed): the group being
+// filled has round_count_ of K gradients, the others add live - 1, and the puller's own push
+// completes a group only if it is its K-th.
+int64_t ShardState::predicted_staleness_locked() const {
+  int64_t others = -1;
+  for (int v = 0; v < opt_.workers; ++v) others += live(v) ? 1 : 0;
+  return (round_count_ + std::max<int64_t>(0, others)) / opt_.aggregate;
 }
 
 // s = 0: round `version_` is complete when every live worker has pushed it.
@@ -204,7 +216,14 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   // refreshing its copy) keeps the ticket it has.
   if (opt_.issue_tickets && (s.grad != nullptr || s.clock == 0)) r.ticket = next_ticket_++;
   r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
-  std::memcpy(r.values.data(), param_.data_ptr<float>(), r.values.size());
+  const int64_t tau = opt_.extrapolate && opt_.max_staleness != 0 && last_update_.defined()
+                          ? predicted_staleness_locked() : 0;
+  if (tau > 0) {
+    at::Tensor ahead = torch::from_blob(r.values.data(), {numel()});
+    torch::add_out(ahead, param_.detach(), last_update_, static_cast<double>(tau));
+  } else {
+    std::memcpy(r.values.data(), param_.data_ptr<float>(), r.values.size());
+  }
   return r;
 }
 

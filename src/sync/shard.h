@@ -72,6 +72,12 @@ struct ShardOptions {
   int aggregate = 1;  // K (see above); s != 0 only
   // s != 0: each gradient is scaled by 1 / (1 + staleness), staleness in updates.
   bool staleness_damping = false;
+  // s != 0: answer each pull with the parameters extrapolated to where they will be when the
+  // gradient computed from them is applied: w + tau * (w - w_prev), tau the server updates
+  // expected before that push (see predicted_staleness_locked). The gradient is then taken
+  // near the point it updates, as in DANA (Hakimi et al. 2019). The shard's own values, what
+  // the job saves and evaluates, are not extrapolated.
+  bool extrapolate = false;
   std::chrono::milliseconds worker_timeout{10000};
   // Learning rate at global step t (t counts rounds for s = 0, pushes / workers otherwise).
   std::function<double(int64_t)> lr_at;
@@ -166,6 +172,7 @@ class ShardState {
   void maybe_apply_round_locked();
   void apply_group_locked(int64_t pushes);
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
+  int64_t predicted_staleness_locked() const;
   bool live(int w) const;
 
   ShardOptions opt_;
@@ -181,6 +188,7 @@ class ShardState {
   int64_t dropped_ = 0;
   int64_t staleness_sum_ = 0, max_staleness_seen_ = 0, max_lead_ = 0;
   at::Tensor round_sum_;  // s = 0, or K > 1
+  at::Tensor last_update_;  // extrapolate: the last update, param after - param before
   int64_t round_count_ = 0;
   int64_t next_ticket_ = 0;
   bool any_finished_ = false;
