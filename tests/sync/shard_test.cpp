@@ -406,5 +406,122 @@ TEST(Shard, StalenessDampingScalesStaleGradients) {
   EXPECT_TRUE(torch::allclose(shard.values(), x0 - 0.05 * (g1 + g3 + g2 / 3), 1e-6, 1e-6));
 }
 
+// extrapolate: a pull is answered with w + tau * (last update), tau the server updates expected
+// before the puller's gradient arrives; the shard's own values stay the optimizer's.
+TEST(Shard, ExtrapolatedPullsLeadByThePredictedUpdates) {
+  const int64_t n = 6;
+  const at::Tensor x0 = torch::cos(torch::arange(n, at::kFloat));
+  ShardOptions o = options(2, -1, 0.1);
+  o.aggregate = 2;
+  o.extrapolate = true;
+  ShardState shard(o, x0, sgd(0.1, 0.9));
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto ref_step = [&](const at::Tensor& g) {
+    ref.mutable_grad() = g;
+    opt.step();
+  };
+  // Nothing applied yet: there is no update to extrapolate along.
+  EXPECT_TRUE(torch::equal(as_tensor(shard.step(pull(0, 0), kNever).values), x0));
+  shard.step(pull(1, 0), kNever);
+  const at::Tensor a = grad_of(0, 0, n), b = grad_of(1, 0, n), c = grad_of(0, 1, n);
+  // Worker 0's push opens a group (1 of 2): the other worker's push will close it before
+  // worker 0's next one arrives, so tau = (1 + 1) / 2 = 1 -- but no update exists yet.
+  EXPECT_TRUE(torch::equal(as_tensor(shard.step(push(0, 1, a), kNever).values), x0));
+  // Worker 1 closes the group: tau = (0 + 1) / 2 = 0, the reply is the optimizer's point.
+  const at::Tensor before = ref.detach().clone();
+  ref_step((a + b) / 2);
+  const at::Tensor delta1 = ref.detach() - before;
+  EXPECT_TRUE(torch::allclose(as_tensor(shard.step(push(1, 1, b), kNever).values),
+                              ref.detach(), 1e-6, 1e-6));
+  // Worker 0 opens the next group: tau = 1, the reply is one last-update ahead.
+  const auto r = shard.step(push(0, 2, c, 1), kNever);
+  EXPECT_TRUE(torch::allclose(as_tensor(r.values), ref.detach() + delta1, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(shard.values(), ref.detach(), 1e-6, 1e-6));
+  EXPECT_EQ(r.version, 1);
+}
+
+// One gradient per update (K = 1) and three workers: the two others push before the puller,
+// tau = 2 updates.
+TEST(Shard, ExtrapolationWithPerPushUpdatesLeadsByTheOtherWorkers) {
+  const int64_t n = 5;
+  const at::Tensor x0 = torch::linspace(-1, 1, n);
+  ShardOptions o = options(3, -1, 0.3);
+  o.extrapolate = true;  // aggregate stays 1
+  ShardState shard(o, x0, sgd(0.1, 0.5));
+  const at::Tensor g = grad_of(2, 0, n);
+  shard.step(pull(0, 0), kNever);
+  shard.step(pull(1, 0), kNever);
+  const at::Tensor before = shard.values();
+  const auto r = shard.step(push(2, 1, g), kNever);
+  const at::Tensor delta = -(0.3 / 3) * g;  // lr / workers, the momentum buffer starts at g
+  EXPECT_TRUE(torch::allclose(shard.values(), before + delta, 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(as_tensor(r.values), before + 3 * delta, 1e-6, 1e-6));
+}
+
+// Sync through the server (s = 0) has no staleness to compensate: the option changes nothing.
+TEST(Shard, ExtrapolationLeavesSyncThroughTheServerAlone) {
+  const int64_t n = 4, rounds = 3;
+  const at::Tensor x0 = torch::linspace(0, 1, n);
+  auto run = [&](bool extrapolate) {
+    ShardOptions o = options(2, 0, 0.1);
+    o.extrapolate = extrapolate;
+    ShardState shard(o, x0, sgd(0.1, 0.9));
+    std::vector<at::Tensor> last(2);
+    std::vector<std::thread> workers;
+    for (int w = 0; w < 2; ++w)
+      workers.emplace_back([&, w] {
+        for (int64_t k = 0; k < rounds; ++k) {
+          const at::Tensor g = grad_of(w, k, n);
+          last[w] = as_tensor(shard.step(push(w, k + 1, g, k), kNever).values);
+        }
+      });
+    for (auto& t : workers) t.join();
+    EXPECT_TRUE(torch::equal(last[0], last[1]));
+    EXPECT_TRUE(torch::equal(last[0], shard.values()));
+    return last[0];
+  };
+  EXPECT_TRUE(torch::equal(run(true), run(false)));
+}
+
+// What the option is for: on a quadratic, with heavy momentum and four workers taking turns
+// (each gradient one update stale when it lands, as on the real job), extrapolated pulls keep
+// the iterates closer to sync's than plain stale pulls do.
+TEST(Shard, ExtrapolationTracksSyncOnAQuadraticWithStaleGradients) {
+  const int64_t n = 16, W = 4, rounds = 60;
+  const at::Tensor target = torch::sin(torch::arange(n, at::kFloat) * 0.7);
+  const at::Tensor curv = torch::linspace(0.5, 2.0, n);
+  auto grad_at = [&](const at::Tensor& w) { return curv * (w - target); };
+  const at::Tensor x0 = torch::zeros({n});
+  // Sync: every update averages W gradients taken at the current point.
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int64_t k = 0; k < rounds; ++k) {
+    ref.mutable_grad() = grad_at(ref.detach());
+    opt.step();
+  }
+  auto run = [&](bool extrapolate) {
+    ShardOptions o = options(W, -1, 0.1);
+    o.aggregate = W;
+    o.extrapolate = extrapolate;
+    ShardState shard(o, x0, sgd(0.1, 0.9));
+    // Worker w's pull is answered after w pushes of the group: staggered like real workers.
+    std::vector<at::Tensor> pulled(W);
+    std::vector<int64_t> base(W, 0);
+    for (int w = 0; w < W; ++w) pulled[w] = as_tensor(shard.step(pull(w, 0), kNever).values);
+    for (int64_t k = 0; k < rounds; ++k)
+      for (int w = 0; w < W; ++w) {
+        const at::Tensor g = grad_at(pulled[w]).contiguous();
+        const auto r = shard.step(push(w, k + 1, g, base[w]), kNever);
+        pulled[w] = as_tensor(r.values);
+        base[w] = r.version;
+      }
+    EXPECT_GT(shard.stats().mean_staleness, 0.5);
+    return (shard.values() - ref.detach()).norm().item<double>();
+  };
+  const double plain = run(false), ahead = run(true);
+  EXPECT_LT(ahead, 0.5 * plain) << "plain " << plain << ", extrapolated " << ahead;
+}
+
 }  // namespace
 }  // namespace krab::sync
