@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/errors.h"
@@ -37,6 +38,7 @@ ShardState::ShardState(ShardOptions options, const at::Tensor& init,
   workers_.resize(opt_.workers);
   last_seen_.assign(opt_.workers, Clock::now());
   in_call_.assign(opt_.workers, 0);
+  predicted_.assign(opt_.workers, -1);
   KRAB_CHECK_ARG(opt_.aggregate >= 1, "sync.aggregate must be >= 1 here, got ", opt_.aggregate);
   if (opt_.max_staleness == 0 || opt_.aggregate > 1) round_sum_ = torch::zeros_like(init);
   t_warm_ = t_last_push_ = Clock::now();
@@ -157,6 +159,12 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
       staleness_sum_ += staleness;
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
+      if (predicted_[w] >= 0) {
+        const int64_t miss = std::abs(staleness - predicted_[w]);
+        predicted_exactly_ += miss == 0 ? 1 : 0;
+        prediction_error_sum_ += miss;
+        ++predictions_;
+      }
       const double weight = opt_.staleness_damping ? 1.0 / (1.0 + staleness) : 1.0;
       if (opt_.aggregate == 1) {
         apply_locked(g, weight / opt_.workers, pushes_ / opt_.workers);
@@ -216,8 +224,11 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   // refreshing its copy) keeps the ticket it has.
   if (opt_.issue_tickets && (s.grad != nullptr || s.clock == 0)) r.ticket = next_ticket_++;
   r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
-  const int64_t tau = opt_.extrapolate && opt_.max_staleness != 0 && last_update_.defined()
-                          ? predicted_staleness_locked() : 0;
+  int64_t tau = 0;
+  if (opt_.extrapolate && opt_.max_staleness != 0) {
+    predicted_[w] = predicted_staleness_locked();
+    if (last_update_.defined()) tau = predicted_[w];
+  }
   if (tau > 0) {
     at::Tensor ahead = torch::from_blob(r.values.data(), {numel()});
     torch::add_out(ahead, param_.detach(), last_update_, static_cast<double>(tau));
@@ -262,6 +273,9 @@ ShardStats ShardState::stats() const {
   s.mean_staleness = pushes_ > 0 && opt_.max_staleness != 0
                          ? static_cast<double>(staleness_sum_) / pushes_ : 0;
   s.max_lead = max_lead_;
+  s.predicted_exactly = predicted_exactly_;
+  s.mean_prediction_error =
+      predictions_ > 0 ? static_cast<double>(prediction_error_sum_) / predictions_ : 0;
   if (pushes_ > opt_.warmup_pushes) {
     s.pushes_after_warmup = pushes_ - opt_.warmup_pushes;
     s.seconds_after_warmup = std::chrono::duration<double>(t_last_push_ - t_warm_).count();

@@ -122,6 +122,10 @@ struct ShardStats {
                             // out that came back late)
   int64_t max_staleness_seen = 0;  // s != 0: updates between a gradient's pull and its push
   double mean_staleness = 0;
+  // extrapolate: pushes whose staleness was the one predicted at their pull, and the mean
+  // |staleness - predicted| (how well the pulls were aimed).
+  int64_t predicted_exactly = 0;
+  double mean_prediction_error = 0;
   int64_t max_lead = 0;     // largest (clock of a pull) - (slowest live worker's clock)
   double seconds_after_warmup = 0;  // from push warmup_pushes to the last push
   int64_t pushes_after_warmup = 0;
@@ -183,6 +187,8 @@ class ShardState {
   std::vector<WorkerState> workers_;
   std::vector<Clock::time_point> last_seen_;
   std::vector<int> in_call_;
+  std::vector<int64_t> predicted_;  // extrapolate: tau given with each worker's last pull
+  int64_t predicted_exactly_ = 0, prediction_error_sum_ = 0, predictions_ = 0;
   int64_t version_ = 0;
   int64_t pushes_ = 0;
   int64_t dropped_ = 0;
