@@ -133,6 +133,32 @@ TEST(CompressHooks, RotatedOneBitKeepsErrorFeedbackAndRanksAgree) {
   EXPECT_NEAR(cosine, 2 / M_PI, 0.08);
 }
 
+// randomk sends exactly ceil(ratio n) values, the true average at those positions, and the
+// positions are uniform: over 20 steps every position is drawn about ratio of the time.
+TEST(CompressHooks, RandomKDrawsExactlyKUniformPositions) {
+  auto o = options("randomk");
+  o.ratio = 0.3;
+  const int64_t n = 4400, k = 1320, steps = 20;
+  const auto runs = run(o, steps);
+  const at::Tensor first = large_part(runs[0].outputs[0]);
+  const at::Tensor picked = first != 0;
+  EXPECT_EQ(picked.sum().item<int64_t>(), k);
+  EXPECT_TRUE(torch::allclose(first.masked_select(picked),
+                              large_part(true_average(0)).masked_select(picked), 1e-5, 1e-6));
+  at::Tensor times = torch::zeros({n}, torch::kLong);
+  for (int64_t s = 0; s < steps; ++s) {
+    const at::Tensor p = large_part(runs[0].outputs[s]) != 0;
+    EXPECT_EQ(p.sum().item<int64_t>(), k) << "step " << s;
+    times += p.to(torch::kLong);
+  }
+  // Binomial(20, 0.3) per position: never drawn in 20 steps has probability 0.7^20 = 8e-4
+  // (about 3.5 of 4400); the two halves' totals differ by about 130 (one sigma).
+  EXPECT_LT((times == 0).sum().item<int64_t>(), 20);
+  const int64_t lo = times.narrow(0, 0, n / 2).sum().item<int64_t>();
+  const int64_t hi = times.narrow(0, n / 2, n / 2).sum().item<int64_t>();
+  EXPECT_LT(std::abs(lo - hi), 700) << lo << " vs " << hi;
+}
+
 TEST(CompressHooks, HalfCastsMatchTheAverageToTheirPrecision) {
   for (auto [name, tol] : {std::pair<const char*, double>{"fp16", 2e-3}, {"bf16", 1.6e-2}}) {
     const auto runs = run(options(name), 1);
