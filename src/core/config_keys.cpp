@@ -175,6 +175,12 @@ std::vector<KeySpec> build_registry() {
               "Optimizer steps reduced in plain fp32 before compression starts.", 0),
       int_key("comm.compress_min_numel", "1024",
               "Parameters with fewer elements (biases, norms) are reduced uncompressed.", 0),
+      bool_key("comm.fold_momentum", "true",
+               "`randomk` only: run `sgd` without momentum, at learning rate lr / (1 - momentum), "
+               "because random-k's error feedback is itself heavy-ball momentum (each value waits "
+               "1 / ratio steps on average: in expectation a velocity with factor 1 - ratio). "
+               "Keeping both applies momentum twice. Other compressors ignore the default; naming "
+               "`true` with one of them is an error."),
       float_key("comm.momentum_correction", "0",
                 "Momentum applied by each worker before compression (every compressor): the "
                 "workers' velocities are compressed and averaged instead of their gradients, as "
@@ -216,10 +222,12 @@ std::vector<KeySpec> build_registry() {
       bool_key("sync.staleness_damping", "false",
                "`async`: scale each gradient by 1 / (1 + its staleness in server updates) "
                "(staleness-aware asynchronous SGD)."),
-      bool_key("sync.extrapolate", "false",
+      bool_key("sync.extrapolate", "true",
                "`async`, `max_staleness` != 0: answer each pull with the parameters moved on "
                "along the last server update by the updates expected before the worker's "
-               "gradient arrives, so the gradient is taken near the point it updates (DANA)."),
+               "gradient arrives, so the gradient is taken near the point it updates (as in "
+               "DANA). The servers' own parameters, which the job saves and evaluates at the "
+               "end, are not moved; worker 0's evaluations during training see the pulled ones."),
       float_key("sync.worker_timeout_s", "10",
                 "`async`: a worker silent this long is counted out (nobody waits for it) until "
                 "it calls again; a dead worker never stops the servers.",

@@ -270,6 +270,9 @@ TEST_F(Cli, BadCompressionSettingsAreRefusedWithExitTwo) {
                  "comm.chunk");
   expect_refused(run(krab("train ok.yaml --set comm.compression=int8 --set comm.rotation=hadamard")),
                  2, "comm.rotation");
+  // Folding sgd's momentum is for randomk, whose error feedback is momentum.
+  expect_refused(run(krab("train ok.yaml --set comm.compression=topk --set comm.fold_momentum=true")),
+                 2, "comm.fold_momentum");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
@@ -289,6 +292,31 @@ TEST_F(Cli, CompressedTrainingSendsLessAndLearns) {
   EXPECT_GT(ratio, 0.25);  // one byte per value plus scales ...
   EXPECT_LT(ratio, 0.30);  // ... and padding of the small model's pieces to whole chunks
   EXPECT_NEAR(int8["final_loss"].get<double>(), plain["final_loss"].get<double>(), 0.1);
+}
+
+// randomk folds sgd's momentum m into its error feedback: the run is the one written with
+// momentum 0 and learning rate lr / (1 - m) (here 0.05 / 0.5 = 0.1, exact in binary), and the
+// report keeps the job as written and says what it folded.
+TEST_F(Cli, RandomKRunsSgdWithoutMomentumAtTheFoldedRate) {
+  write("job.yaml", kSmallJob);
+  const std::string common = " --set comm.compression=randomk --set comm.ratio=0.25"
+                             " --set comm.compress_min_numel=0";
+  auto r = run(krab("train job.yaml --report folded.json --set checkpoint.dir=folded"
+                    " --set train.optimizer.momentum=0.5" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(krab("train job.yaml --set checkpoint.dir=manual --set comm.fold_momentum=false"
+               " --set train.optimizer.momentum=0 --set train.optimizer.lr=0.1" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(krab("train job.yaml --set checkpoint.dir=stacked --set comm.fold_momentum=false"
+               " --set train.optimizer.momentum=0.5" + common));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto folded = load_model_pt((dir_ / "folded/model.pt").string());
+  EXPECT_EQ(max_rel_diff(folded, load_model_pt((dir_ / "manual/model.pt").string())), 0);
+  EXPECT_GT(max_rel_diff(folded, load_model_pt((dir_ / "stacked/model.pt").string())), 1e-3);
+  const auto rep = nlohmann::json::parse(krab::core::read_file((dir_ / "folded.json").string()));
+  EXPECT_EQ(rep["folded_momentum"]["momentum"], 0.5);
+  EXPECT_EQ(rep["folded_momentum"]["lr"], 0.1);
+  EXPECT_EQ(rep["config"]["train"]["optimizer"]["momentum"], 0.5);
 }
 
 // Local SGD with period 1 is synchronous SGD: averaging the models after every step equals
@@ -486,6 +514,7 @@ TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
   EXPECT_GE(slow + fast, 36);
   EXPECT_LE(slow + fast, 38);
   EXPECT_EQ(free["async"]["pushes"], slow + fast);
+  EXPECT_EQ(free["async"]["extrapolate"], true);  // the default
 
   r = run(krab("train job.yaml --report bounded.json --set sync.max_staleness=2" + common));
   ASSERT_EQ(r.code, 0) << r.output;
