@@ -176,11 +176,12 @@ std::vector<KeySpec> build_registry() {
       int_key("comm.compress_min_numel", "1024",
               "Parameters with fewer elements (biases, norms) are reduced uncompressed.", 0),
       bool_key("comm.fold_momentum", "true",
-               "`randomk` only: run `sgd` without momentum, at learning rate lr / (1 - momentum), "
-               "because random-k's error feedback is itself heavy-ball momentum (each value waits "
-               "1 / ratio steps on average: in expectation a velocity with factor 1 - ratio). "
-               "Keeping both applies momentum twice. Other compressors ignore the default; naming "
-               "`true` with one of them is an error."),
+               "`randomk` with `comm.error_feedback` only: run `sgd` without momentum, at "
+               "learning rate lr / (1 - momentum), because random-k's error feedback is itself "
+               "heavy-ball momentum (each value waits 1 / ratio steps on average: in expectation "
+               "a velocity with factor 1 - ratio). Keeping both applies momentum twice. The "
+               "`comm.compress_warmup_steps` run as plain sgd at that rate too. Other "
+               "compressors ignore the default; naming `true` with one of them is an error."),
       float_key("comm.momentum_correction", "0",
                 "Momentum applied by each worker before compression (every compressor): the "
                 "workers' velocities are compressed and averaged instead of their gradients, as "
