@@ -39,6 +39,8 @@ ShardState::ShardState(ShardOptions options, const at::Tensor& init,
   last_seen_.assign(opt_.workers, Clock::now());
   in_call_.assign(opt_.workers, 0);
   predicted_.assign(opt_.workers, -1);
+  pushes_at_pull_.assign(opt_.workers, -1);
+  others_per_step_.assign(opt_.workers, -1.0);
   KRAB_CHECK_ARG(opt_.aggregate >= 1, "sync.aggregate must be >= 1 here, got ", opt_.aggregate);
   if (opt_.max_staleness == 0 || opt_.aggregate > 1) round_sum_ = torch::zeros_like(init);
   t_warm_ = t_last_push_ = Clock::now();
@@ -102,14 +104,19 @@ void ShardState::apply_group_locked(int64_t pushes) {
   round_count_ = 0;
 }
 
-// Server updates expected between a pull now and the push of the gradient computed from it,
-// if every other live worker pushes once meanwhile (workers of equal speed): the group being
-// filled has round_count_ of K gradients, the others add live - 1, and the puller's own push
-// completes a group only if it is its K-th.
-int64_t ShardState::predicted_staleness_locked() const {
-  int64_t others = -1;
-  for (int v = 0; v < opt_.workers; ++v) others += live(v) ? 1 : 0;
-  return (round_count_ + std::max<int64_t>(0, others)) / opt_.aggregate;
+// Server updates expected between a pull now and the push of the gradient computed from it:
+// the group being filled has round_count_ of K gradients, the other workers add as many pushes
+// as they did during this worker's last steps (a moving average; before the first, one each,
+// as if all went at the same speed), and the puller's own push completes a group only if it is
+// its K-th. A worker 3x slower than the others sees about 3 (W - 1) pushes per step.
+int64_t ShardState::predicted_staleness_locked(int worker) const {
+  double others = others_per_step_[worker];
+  if (others < 0) {
+    others = -1;
+    for (int v = 0; v < opt_.workers; ++v) others += live(v) ? 1 : 0;
+  }
+  const int64_t expected = std::max<int64_t>(0, std::llround(others));
+  return (round_count_ + expected) / opt_.aggregate;
 }
 
 // s = 0: round `version_` is complete when every live worker has pushed it.
@@ -159,9 +166,17 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
       staleness_sum_ += staleness;
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
+      // The first step says nothing about speeds: every worker pulled at once at the start.
+      if (pushes_at_pull_[w] >= 0 && s.clock > 1) {
+        const double seen = static_cast<double>(pushes_ - pushes_at_pull_[w]);
+        others_per_step_[w] =
+            others_per_step_[w] < 0 ? seen : 0.5 * others_per_step_[w] + 0.5 * seen;
+      }
       if (predicted_[w] >= 0) {
         const int64_t miss = std::abs(staleness - predicted_[w]);
         predicted_exactly_ += miss == 0 ? 1 : 0;
+        me.predicted_exactly += miss == 0 ? 1 : 0;
+        ++me.predictions;
         prediction_error_sum_ += miss;
         ++predictions_;
       }
@@ -226,7 +241,8 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   r.values.resize(static_cast<size_t>(numel()) * sizeof(float));
   int64_t tau = 0;
   if (opt_.extrapolate && opt_.max_staleness != 0) {
-    predicted_[w] = predicted_staleness_locked();
+    predicted_[w] = predicted_staleness_locked(w);
+    pushes_at_pull_[w] = pushes_;
     if (last_update_.defined()) tau = predicted_[w];
   }
   if (tau > 0) {

@@ -107,6 +107,8 @@ struct WorkerState {
   int64_t clock = 0;
   enum class Status { kUnseen, kRunning, kFinished, kDead } status = Status::kUnseen;
   int times_counted_out = 0;
+  // extrapolate: this worker's pushes that came with a prediction, and those predicted exactly
+  int64_t predictions = 0, predicted_exactly = 0;
   // Clocks of the other workers when the first worker finished (-1 = not yet); shows whether
   // a slow worker held the others back.
   int64_t clock_when_first_finished = -1;
@@ -176,7 +178,7 @@ class ShardState {
   void maybe_apply_round_locked();
   void apply_group_locked(int64_t pushes);
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
-  int64_t predicted_staleness_locked() const;
+  int64_t predicted_staleness_locked(int worker) const;
   bool live(int w) const;
 
   ShardOptions opt_;
@@ -188,6 +190,10 @@ class ShardState {
   std::vector<Clock::time_point> last_seen_;
   std::vector<int> in_call_;
   std::vector<int64_t> predicted_;  // extrapolate: tau given with each worker's last pull
+  // extrapolate: pushes_ when each worker's last pull was answered, and the others' pushes
+  // seen between a pull and the worker's next push (a moving average; -1 = none yet).
+  std::vector<int64_t> pushes_at_pull_;
+  std::vector<double> others_per_step_;
   int64_t predicted_exactly_ = 0, prediction_error_sum_ = 0, predictions_ = 0;
   int64_t version_ = 0;
   int64_t pushes_ = 0;

@@ -308,7 +308,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
                           {"steps_when_first_finished", ws.clock_when_first_finished},
                           {"times_counted_out", ws.times_counted_out},
                           {"seconds", ws.summary.seconds},
-                          {"wait_seconds", ws.summary.wait_seconds}});
+                          {"wait_seconds", ws.summary.wait_seconds},
+                          {"predicted_exactly", ws.predicted_exactly}});
     if (w == 0)
       for (const auto& e : ws.summary.evals)
         evals.push_back({{"step", e.step}, {"seconds", e.seconds},

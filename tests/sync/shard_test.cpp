@@ -529,5 +529,38 @@ TEST(Shard, ExtrapolationTracksSyncOnAQuadraticWithStaleGradients) {
   EXPECT_LT(ahead, 0.5 * plain) << "plain " << plain << ", extrapolated " << ahead;
 }
 
+// Unequal workers: three push every tick, the fourth every third tick, so 9 pushes land
+// between its pull and its push. The prediction follows what each worker saw during its last
+// steps, so after the first steps every push lands with the staleness its pull was given.
+TEST(Shard, ExtrapolationPredictsTheSlowWorkersLargerStaleness) {
+  const int64_t n = 8, W = 4, ticks = 30;
+  const at::Tensor x0 = torch::zeros({n});
+  ShardOptions o = options(W, -1, 0.1);
+  o.aggregate = W;
+  o.extrapolate = true;
+  ShardState shard(o, x0, sgd(0.1, 0.9));
+  std::vector<int64_t> clock(W, 0), base(W, 0);
+  for (int w = 0; w < W; ++w) shard.step(pull(w, 0), kNever);
+  int64_t slow_pushes = 0;
+  for (int64_t t = 0; t < ticks; ++t)
+    for (int w = 0; w < W; ++w) {
+      if (w == W - 1 && t % 3 != 2) continue;
+      slow_pushes += w == W - 1 ? 1 : 0;
+      const at::Tensor g = grad_of(w, clock[w], n);
+      base[w] = shard.step(push(w, ++clock[w], g, base[w]), kNever).version;
+    }
+  const ShardStats st = shard.stats();
+  EXPECT_EQ(st.pushes, 3 * ticks + slow_pushes);
+  EXPECT_GE(st.max_staleness_seen, 2);  // the slow worker's gradients are 2-3 updates old
+  // The slow worker's every push after its first two was predicted exactly (its first was
+  // predicted as if it were as fast as the others). A fast worker sees 2 or 3 pushes per step
+  // (3 when the slow one pushed meanwhile), which an average of the past cannot foretell, so
+  // it is off by one at times.
+  const WorkerState& slow = st.workers[W - 1];
+  EXPECT_EQ(slow.predictions, slow_pushes);
+  EXPECT_GE(slow.predicted_exactly, slow_pushes - 2);
+  EXPECT_LT(st.mean_prediction_error, 0.5);
+}
+
 }  // namespace
 }  // namespace krab::sync
