@@ -74,7 +74,8 @@ struct ShardOptions {
   bool staleness_damping = false;
   // s != 0: answer each pull with the parameters extrapolated to where they will be when the
   // gradient computed from them is applied: w + tau * (w - w_prev), tau the server updates
-  // expected before that push (see predicted_staleness_locked). The gradient is then taken
+  // expected before that push (see predicted_staleness_locked: the group being filled plus the
+  // pushes the others made during this worker's recent steps). The gradient is then taken
   // near the point it updates, as in DANA (Hakimi et al. 2019). The shard's own values, what
   // the job saves and evaluates, are not extrapolated.
   bool extrapolate = false;
