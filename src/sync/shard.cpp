@@ -169,8 +169,10 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       // The first step says nothing about speeds: every worker pulled at once at the start.
       if (pushes_at_pull_[w] >= 0 && s.clock > 1) {
         const double seen = static_cast<double>(pushes_ - pushes_at_pull_[w]);
+        // Slow enough that equal workers' jitter (2, 3 or 4 pushes between steps at W = 4)
+        // does not flip the rounded count; a change of pace shows within ~10 steps.
         others_per_step_[w] =
-            others_per_step_[w] < 0 ? seen : 0.5 * others_per_step_[w] + 0.5 * seen;
+            others_per_step_[w] < 0 ? seen : 0.9 * others_per_step_[w] + 0.1 * seen;
       }
       if (predicted_[w] >= 0) {
         const int64_t miss = std::abs(staleness - predicted_[w]);
