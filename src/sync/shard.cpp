@@ -42,6 +42,7 @@ ShardState::ShardState(ShardOptions options, const at::Tensor& init,
   pushes_at_pull_.assign(opt_.workers, -1);
   others_per_step_.assign(opt_.workers, -1.0);
   KRAB_CHECK_ARG(opt_.aggregate >= 1, "sync.aggregate must be >= 1 here, got ", opt_.aggregate);
+  if (opt_.max_staleness == 0) opt_.extrapolate = false;  // nothing is stale: keep no update copy
   if (opt_.max_staleness == 0 || opt_.aggregate > 1) round_sum_ = torch::zeros_like(init);
   t_warm_ = t_last_push_ = Clock::now();
 }

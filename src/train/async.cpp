@@ -213,7 +213,7 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   const int64_t aggregate = c.get_int("sync.aggregate");
   so.aggregate = aggregate == 0 ? W : static_cast<int>(aggregate);
   so.staleness_damping = c.get_bool("sync.staleness_damping");
-  so.extrapolate = c.get_bool("sync.extrapolate");
+  so.extrapolate = c.get_bool("sync.extrapolate") && so.max_staleness != 0;  // s = 0: not stale
   so.worker_timeout = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_float("sync.worker_timeout_s") * 1000));
   const Schedule schedule = parse_schedule(c.get_string("train.lr_schedule"));

@@ -485,6 +485,7 @@ TEST_F(Cli, AsyncWithStalenessZeroMatchesSync) {
   EXPECT_EQ(ps["async"]["pushes"], 2 * 20);  // shard 0's count: every worker's every step
   EXPECT_EQ(ps["async"]["updates"], 20);
   EXPECT_EQ(ps["async"]["workers_lost"], 0);
+  EXPECT_EQ(ps["async"]["extrapolate"], false);  // nothing is stale to extrapolate over
   // Every step moves the gradient up and the parameters down: at least 4 bytes per parameter
   // each way, per worker and step.
   const double per_way = 2.0 * 20 * ps["gradient_bytes"].get<double>();
