@@ -89,9 +89,12 @@ void ShardState::apply_locked(const at::Tensor& grad, double lr_scale, int64_t t
   const double lr = opt_.lr_at(t) * lr_scale;
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
   param_.mutable_grad() = grad;
-  if (opt_.extrapolate) last_update_ = param_.detach().neg();
+  if (opt_.extrapolate) {
+    if (!last_update_.defined()) last_update_ = torch::empty_like(param_.detach());
+    last_update_.copy_(param_.detach());  // no allocation per update: the buffer is reused
+  }
   optimizer_->step();
-  if (opt_.extrapolate) last_update_.add_(param_.detach());
+  if (opt_.extrapolate) torch::sub_out(last_update_, param_.detach(), last_update_);
   param_.mutable_grad() = at::Tensor();  // `grad` may wrap the caller's buffer
   ++version_;
 }
@@ -177,11 +180,9 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
       }
       if (predicted_[w] >= 0) {
         const int64_t miss = std::abs(staleness - predicted_[w]);
-        predicted_exactly_ += miss == 0 ? 1 : 0;
         me.predicted_exactly += miss == 0 ? 1 : 0;
         ++me.predictions;
         prediction_error_sum_ += miss;
-        ++predictions_;
       }
       const double weight = opt_.staleness_damping ? 1.0 / (1.0 + staleness) : 1.0;
       if (opt_.aggregate == 1) {
@@ -292,9 +293,13 @@ ShardStats ShardState::stats() const {
   s.mean_staleness = pushes_ > 0 && opt_.max_staleness != 0
                          ? static_cast<double>(staleness_sum_) / pushes_ : 0;
   s.max_lead = max_lead_;
-  s.predicted_exactly = predicted_exactly_;
+  int64_t predictions = 0;
+  for (const WorkerState& w : workers_) {
+    predictions += w.predictions;
+    s.predicted_exactly += w.predicted_exactly;
+  }
   s.mean_prediction_error =
-      predictions_ > 0 ? static_cast<double>(prediction_error_sum_) / predictions_ : 0;
+      predictions > 0 ? static_cast<double>(prediction_error_sum_) / predictions : 0;
   if (pushes_ > opt_.warmup_pushes) {
     s.pushes_after_warmup = pushes_ - opt_.warmup_pushes;
     s.seconds_after_warmup = std::chrono::duration<double>(t_last_push_ - t_warm_).count();

@@ -195,7 +195,7 @@ class ShardState {
   // seen between a pull and the worker's next push (a moving average; -1 = none yet).
   std::vector<int64_t> pushes_at_pull_;
   std::vector<double> others_per_step_;
-  int64_t predicted_exactly_ = 0, prediction_error_sum_ = 0, predictions_ = 0;
+  int64_t prediction_error_sum_ = 0;  // the per-worker counts are in workers_
   int64_t version_ = 0;
   int64_t pushes_ = 0;
   int64_t dropped_ = 0;
