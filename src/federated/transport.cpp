@@ -19,7 +19,9 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/printable.h"
 #include "federated/fl.grpc.pb.h"
+#include "federated/transport_payload.h"
 
 namespace krab::federated {
 
@@ -47,6 +49,51 @@ at::Tensor bytes_tensor(const std::string& b, const std::string& who) {
   at::Tensor t = at::empty({static_cast<int64_t>(b.size() / 4)}, at::kFloat);
   if (!b.empty()) std::memcpy(t.data_ptr<float>(), b.data(), b.size());
   return t;
+}
+
+// A Task as the client sees it (next_task(), decode_task()). Everything in it came from the
+// network: an unknown kind is refused rather than cast, since RemoteTask's kinds go beyond the
+// wire's (kRejoin is local) and a value outside an enum's range is undefined behaviour.
+RemoteTask task_from_wire(const wire::Task& t) {
+  if (!wire::Task::Kind_IsValid(t.kind()))
+    throw CorruptData(str_cat("the server sent a task of unknown kind ", static_cast<int>(t.kind()),
+                              " (is it a newer krab?)"));
+  RemoteTask out;
+  out.kind = static_cast<RemoteTask::Kind>(t.kind());
+  out.task_id = t.task_id();
+  if (t.kind() == wire::Task::FIT) {
+    out.fit.round = t.round();
+    out.fit.global = bytes_tensor(t.global(), "the server's global model");
+    out.fit.proximal_mu = t.proximal_mu();
+    out.fit.clip_norm = t.clip_norm();
+    out.fit.local_noise_std = t.local_noise_std();
+    out.fit.secure = t.secure();
+    out.fit.secagg_id = t.secagg_id();
+    out.fit.secagg_threshold = t.secagg_threshold();
+    out.fit.secagg_clients = t.secagg_clients();
+    out.fit.secagg_clip = t.secagg_clip();
+  } else if (t.kind() == wire::Task::SECAGG) {
+    KRAB_CHECK_ARG(t.stage() >= 1 && t.stage() <= 3, "secure aggregation: unknown stage ",
+                   t.stage());
+    out.secagg.stage = static_cast<SecAggRequest::Stage>(t.stage());
+    out.secagg.weight = t.weight();
+    out.secagg.payload.assign(t.payload().begin(), t.payload().end());
+  }
+  return out;
+}
+
+// A client's answer to a fit task as the server sees it (RemoteParticipant::fit(),
+// decode_fit_result()).
+FitReply fit_reply_from_wire(const wire::TaskResult& r, bool secure, const std::string& who) {
+  FitReply reply;
+  reply.num_examples = r.num_examples();
+  reply.mean_loss = r.mean_loss();
+  if (secure) {
+    reply.secagg.assign(r.secagg().begin(), r.secagg().end());
+  } else {
+    reply.update = bytes_tensor(r.update(), who);
+  }
+  return reply;
 }
 
 }  // namespace
@@ -279,7 +326,8 @@ wire::TaskResult RemoteParticipant::run(wire::Task task) {
   }
   wire::TaskResult r = std::move(*slot_->result);
   slot_->result.reset();
-  if (!r.error().empty()) throw Error(str_cat("client '", name_, "' failed: ", r.error()));
+  if (!r.error().empty())
+    throw Error(str_cat("client '", name_, "' failed: ", core::printable(r.error())));
   return r;
 }
 
@@ -296,16 +344,7 @@ FitReply RemoteParticipant::fit(const FitInstruction& ins) {
   t.set_secagg_threshold(ins.secagg_threshold);
   t.set_secagg_clients(ins.secagg_clients);
   t.set_secagg_clip(ins.secagg_clip);
-  wire::TaskResult r = run(std::move(t));
-  FitReply reply;
-  reply.num_examples = r.num_examples();
-  reply.mean_loss = r.mean_loss();
-  if (ins.secure) {
-    reply.secagg.assign(r.secagg().begin(), r.secagg().end());
-  } else {
-    reply.update = bytes_tensor(r.update(), str_cat("client '", name_, "'"));
-  }
-  return reply;
+  return fit_reply_from_wire(run(std::move(t)), ins.secure, str_cat("client '", name_, "'"));
 }
 
 std::vector<uint8_t> RemoteParticipant::secagg(const SecAggRequest& req) {
@@ -495,27 +534,7 @@ RemoteTask FederationClient::next_task() {
     return out;
   }
   if (!st.ok()) impl_->fail(st, "GetTask");
-  out.kind = static_cast<RemoteTask::Kind>(t.kind());
-  out.task_id = t.task_id();
-  if (t.kind() == wire::Task::FIT) {
-    out.fit.round = t.round();
-    out.fit.global = bytes_tensor(t.global(), "the server's global model");
-    out.fit.proximal_mu = t.proximal_mu();
-    out.fit.clip_norm = t.clip_norm();
-    out.fit.local_noise_std = t.local_noise_std();
-    out.fit.secure = t.secure();
-    out.fit.secagg_id = t.secagg_id();
-    out.fit.secagg_threshold = t.secagg_threshold();
-    out.fit.secagg_clients = t.secagg_clients();
-    out.fit.secagg_clip = t.secagg_clip();
-  } else if (t.kind() == wire::Task::SECAGG) {
-    KRAB_CHECK_ARG(t.stage() >= 1 && t.stage() <= 3, "secure aggregation: unknown stage ",
-                   t.stage());
-    out.secagg.stage = static_cast<SecAggRequest::Stage>(t.stage());
-    out.secagg.weight = t.weight();
-    out.secagg.payload.assign(t.payload().begin(), t.payload().end());
-  }
-  return out;
+  return task_from_wire(t);
 }
 
 void FederationClient::submit_fit(uint64_t task_id, const FitReply& reply) {
@@ -540,6 +559,18 @@ void FederationClient::submit_error(uint64_t task_id, const std::string& error) 
   req.set_task_id(task_id);
   req.set_error(error.empty() ? "failed" : error);
   impl_->submit(req);
+}
+
+RemoteTask decode_task(const std::string& bytes) {
+  wire::Task t;
+  if (!t.ParseFromString(bytes)) throw CorruptData("the server's task does not parse");
+  return task_from_wire(t);
+}
+
+FitReply decode_fit_result(const std::string& bytes, bool secure, const std::string& who) {
+  wire::TaskResult r;
+  if (!r.ParseFromString(bytes)) throw CorruptData(str_cat(who, ": the task result does not parse"));
+  return fit_reply_from_wire(r, secure, who);
 }
 
 }  // namespace krab::federated
