@@ -241,11 +241,15 @@ std::vector<KeySpec> build_registry() {
               1),
       float_key("federated.fraction", "0.1",
                 "Fraction of the available clients sampled each round (at least "
-                "`federated.min_clients`).",
+                "`federated.min_clients`). With `federated.dp: central` each client is instead "
+                "sampled independently with probability q = max(fraction, min_clients / "
+                "available) (Poisson sampling, the accountant's assumption; docs/privacy.md).",
                 1e-9, 1),
       int_key("federated.min_clients", "2",
               "Fewest clients a round samples, and fewest usable updates it needs; with fewer "
-              "the round fails and the global model is unchanged.",
+              "the round fails and the global model is unchanged. With `federated.dp: central` "
+              "it is the fewest clients that must be available and the expected cohort size: a "
+              "smaller Poisson cohort still releases its noised sum.",
               1),
       int_key("federated.local_epochs", "1", "Passes each client makes over its own data per round.",
               1),
@@ -301,7 +305,9 @@ std::vector<KeySpec> build_registry() {
                  {"none", "central", "local"}),
       float_key("federated.dp_clip", "1", "DP: each update is clipped to this L2 norm C.", 1e-9),
       float_key("federated.dp_noise_multiplier", "1",
-                "DP: noise standard deviation as a multiple of C (sigma).", 0),
+                "DP: noise standard deviation as a multiple of C (sigma); must be > 0 with DP, "
+                "and large enough that one round's epsilon is finite.",
+                0),
       float_key("federated.dp_delta", "1e-5", "DP: the delta epsilon is reported at.", 1e-12, 0.5),
       float_key("federated.round_deadline_s", "60",
                 "A client that has not answered this long after a round's request is left out "

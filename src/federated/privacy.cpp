@@ -3,6 +3,7 @@
 #include "federated/privacy.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <sodium.h>
 
 #include <algorithm>
 #include <cmath>
@@ -55,6 +56,13 @@ at::Generator make_cpu_generator(uint64_t seed) {
 uint64_t entropy_seed() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+uint64_t secure_random64() {
+  KRAB_CHECK(sodium_init() >= 0, "libsodium failed to initialise");
+  uint64_t v = 0;
+  randombytes_buf(&v, sizeof v);
+  return v;
 }
 
 }  // namespace krab::federated

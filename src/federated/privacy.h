@@ -1,8 +1,9 @@
 // Client-level differential privacy for federated rounds (DP-FedAvg, McMahan et al. 2018).
 //
 // The mechanism, per round:
-//   1. the server samples each client with probability q (sample_clients() with fraction q
-//      approximates this; the accountant assumes Poisson sampling);
+//   1. the server samples each client independently with probability q
+//      (poisson_sample_clients() from secure_random64(), so the cohort is Poisson-sampled and
+//      unpredictable, as the accountant's amplification by subsampling assumes);
 //   2. every sampled client's update is clipped to L2 norm C: clip_to_norm(update, C);
 //   3. the clipped updates are summed (in the clear, or under secure aggregation, which reveals
 //      only the sum) and Gaussian noise of standard deviation sigma * C is added to the sum:
@@ -51,5 +52,9 @@ at::Generator make_cpu_generator(uint64_t seed);
 // 64 bits from the operating system's entropy source (std::random_device), for DP noise: noise
 // seeded from anything in a job file could be predicted, and then subtracted.
 uint64_t entropy_seed();
+
+// 64 uniformly random bits from libsodium's CSPRNG (the OS source), for draws that must be
+// unpredictable to everyone, such as DP cohorts (poisson_sample_clients). Thread-safe.
+uint64_t secure_random64();
 
 }  // namespace krab::federated

@@ -42,6 +42,28 @@ std::string try_call(Fn fn) {
   }
 }
 
+std::string format_epsilon(double eps) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", eps);
+  return buf;
+}
+
+// A noise multiplier the accountant cannot turn into a finite epsilon (0, or so small that
+// 1 / sigma^2 overflows) would make every reported epsilon meaningless: refuse it up front,
+// naming the key, rather than train and print infinity (or fail in the accountant's series).
+void check_dp_options(const FederatedOptions& o) {
+  const double sigma = o.dp_noise_multiplier;
+  KRAB_CHECK_ARG(std::isfinite(sigma) && sigma > 0, "federated.dp_noise_multiplier must be > 0 "
+                 "with federated.dp '", o.dp, "' (no noise, no privacy), got ", sigma);
+  double eps = std::numeric_limits<double>::infinity();
+  try {
+    eps = privacy_spent(sigma, 1.0, 1, o.dp_delta).epsilon;
+  } catch (const Error&) {
+  }
+  KRAB_CHECK_ARG(std::isfinite(eps), "federated.dp_noise_multiplier ", sigma,
+                 " is too small: one round's epsilon is infinite");
+}
+
 }  // namespace
 
 FederatedOptions read_options(const core::Config& c) {
@@ -80,6 +102,7 @@ FederatedOptions read_options(const core::Config& c) {
   KRAB_CHECK_ARG(!o.secure || o.min_clients >= 2,
                  "federated.min_clients must be >= 2 with "
                  "federated.secure_aggregation (one client's sum is its update)");
+  if (o.dp != "none") check_dp_options(o);
   return o;
 }
 
@@ -97,6 +120,8 @@ nlohmann::json RoundRecord::to_json() const {
   if (!ok) j["failure"] = failure;
   if (test_accuracy >= 0) j["test_accuracy"] = test_accuracy;
   if (epsilon >= 0) j["epsilon"] = epsilon;
+  if (sampling_rate >= 0) j["sampling_rate"] = sampling_rate;
+  j["available"] = available;
   return j;
 }
 
@@ -119,16 +144,22 @@ void RoundLog::record(const RoundRecord& rec) {
     std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n", round,
                  rec.failure.c_str());
   if (rec.test_accuracy >= 0) accuracy_ = rec.test_accuracy;
-  if (bar_)
-    bar_->update(
-        rec.round,
-        str_cat("acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
-                " loss ", std::to_string(rec.mean_loss).substr(0, 6), " clients ",
-                rec.counted.size(), "/", rec.cohort.size()));
+  if (rec.epsilon >= 0) epsilon_ = rec.epsilon;
+  if (bar_) {
+    std::string text = str_cat(
+        "acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
+        " loss ", rec.ok ? std::to_string(rec.mean_loss).substr(0, 6) : std::string("-"),
+        " clients ", rec.counted.size(), "/", rec.cohort.size());
+    if (epsilon_ >= 0) text += str_cat(" eps ", format_epsilon(epsilon_));
+    bar_->update(rec.round, text);
+  }
 }
 
 void RoundLog::finish() {
-  if (bar_) bar_->finish(str_cat("acc ", accuracy_));
+  if (!bar_) return;
+  std::string text = str_cat("acc ", accuracy_);
+  if (epsilon_ >= 0) text += str_cat(" eps ", format_epsilon(epsilon_));
+  bar_->finish(text);
 }
 
 void add_history(nlohmann::json& report, const RoundRunner& runner) {
@@ -145,8 +176,25 @@ void add_history(nlohmann::json& report, const RoundRunner& runner) {
   report["bytes_down"] = down;
   report["bytes_up"] = up;
   if (accuracy >= 0) report["test_accuracy"] = accuracy;
-  if (!runner.history().empty() && runner.history().back().epsilon >= 0)
-    report["epsilon"] = runner.history().back().epsilon;
+  const FederatedOptions& o = runner.options();
+  if (o.dp != "none") {
+    // Spent so far, failed rounds included (each one drew a cohort and is charged).
+    const double eps = runner.history().empty() ? 0.0 : runner.history().back().epsilon;
+    report["epsilon"] = eps;
+    report["privacy"] = {
+        {"dp", o.dp},
+        {"epsilon", eps},
+        {"delta", o.dp_delta},
+        {"noise_multiplier", o.dp_noise_multiplier},
+        {"clip", o.dp_clip},
+        {"rounds_charged", runner.history().size()},
+        {"accounting",
+         o.dp == "central"
+             ? "RDP of the Poisson-subsampled Gaussian mechanism, each round at the rate its "
+               "cohort was drawn with (rounds[].sampling_rate), add/remove-one-client adjacency"
+             : "Gaussian mechanism without amplification (the server sees each update), "
+               "composed over the worst client's participations"}};
+  }
 }
 
 RoundRunner::RoundRunner(FederatedOptions options, at::Tensor global, bool parallel_calls,
@@ -168,8 +216,35 @@ void RoundRunner::restore(at::Tensor global, int64_t rounds_done,
   global_ = std::move(global);
   rounds_done_ = rounds_done;
   history_ = std::move(history);
-  dp_rounds_ = 0;
-  for (const auto& r : history_) dp_rounds_ += r.ok && r.epsilon >= 0;
+  accountant_ = RdpAccountant();
+  dp_participations_.clear();
+  dp_worst_participations_ = 0;
+  if (options_.dp == "none") return;
+  // Replay the budget from the rounds themselves, so a resumed run reports what an
+  // uninterrupted one would. Rounds that ran without noise cannot be made private afterwards.
+  for (auto& r : history_) {
+    KRAB_CHECK_ARG(r.epsilon >= 0, "checkpoint: round ", r.round,
+                   " ran without differential privacy; federated.dp '", options_.dp,
+                   "' cannot start in the middle of a run (start a new run directory)");
+    if (options_.dp == "central" && r.sampling_rate < 0) r.sampling_rate = options_.fraction;
+    charge_privacy(r);
+  }
+}
+
+double RoundRunner::charge_privacy(const RoundRecord& rec) {
+  const double sigma = options_.dp_noise_multiplier;
+  if (options_.dp == "central") {
+    accountant_.step(sigma, rec.sampling_rate);
+    return accountant_.epsilon(options_.dp_delta);
+  }
+  for (const auto& id : rec.cohort)
+    dp_worst_participations_ = std::max(dp_worst_participations_, ++dp_participations_[id]);
+  if (dp_worst_participations_ == 0) return 0;
+  return privacy_spent(sigma, 1.0, dp_worst_participations_, options_.dp_delta).epsilon;
+}
+
+double RoundRunner::expected_cohort(const RoundRecord& rec) const {
+  return rec.sampling_rate * static_cast<double>(rec.available);
 }
 
 std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Participant*>& cohort,
@@ -231,17 +306,18 @@ at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& re
     weights.push_back(static_cast<double>(f.reply.num_examples));
     rec.counted.push_back(f.who->id());
   }
-  if (static_cast<int64_t>(updates.size()) < options_.min_clients) {
+  // Central DP releases the noised sum whatever the cohort's size (see the header comment).
+  if (options_.dp != "central" && static_cast<int64_t>(updates.size()) < options_.min_clients) {
     rec.failure = str_cat(updates.size(), " usable update(s), federated.min_clients is ",
                           options_.min_clients);
     return {};
   }
   if (!dp) return aggregator_->aggregate(updates, weights);
-  at::Tensor sum = torch::stack(updates).sum(0);
-  if (options_.dp == "central")
-    sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
-                             make_cpu_generator(entropy_seed()));
-  return sum / static_cast<double>(updates.size());
+  at::Tensor sum = updates.empty() ? torch::zeros_like(global_) : torch::stack(updates).sum(0);
+  if (options_.dp == "local") return sum / static_cast<double>(updates.size());
+  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
+                           make_cpu_generator(entropy_seed()));
+  return sum / expected_cohort(rec);
 }
 
 size_t RoundRunner::secagg_threshold(size_t cohort) const {
@@ -352,7 +428,8 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
   const secagg::Result* result = nullptr;
   why = try_call([&] { result = &server.result(); });
   if (!why.empty()) return fail(why);
-  if (static_cast<int64_t>(result->counted.size()) < options_.min_clients)
+  if (options_.dp != "central" &&
+      static_cast<int64_t>(result->counted.size()) < options_.min_clients)
     return fail(str_cat(result->counted.size(), " client(s) in the sum, federated.min_clients is ",
                         options_.min_clients));
   double counted_examples = 0;
@@ -364,10 +441,10 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
                                     {static_cast<int64_t>(result->sum.size())}, torch::kFloat)
                        .clone();
   if (!dp) return sum * (total / counted_examples);  // renormalise the weights over the counted
-  if (options_.dp == "central")
-    sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
-                             make_cpu_generator(entropy_seed()));
-  return sum / static_cast<double>(result->counted.size());
+  if (options_.dp == "local") return sum / static_cast<double>(result->counted.size());
+  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
+                           make_cpu_generator(entropy_seed()));
+  return sum / expected_cohort(rec);
 }
 
 RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
@@ -376,15 +453,31 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
   rec.round = rounds_done_ + 1;
   std::vector<std::string> ids;
   for (auto* p : available) ids.push_back(p->id());
-  rec.cohort =
-      sample_clients(ids, options_.fraction, options_.min_clients, rec.round, options_.seed);
+  rec.available = static_cast<int64_t>(ids.size());
+  if (options_.dp == "central") {
+    KRAB_CHECK_ARG(rec.available >= options_.min_clients, "federated.min_clients is ",
+                   options_.min_clients, " but only ", rec.available, " clients are available");
+    rec.sampling_rate = dp_sampling_rate(options_.fraction, options_.min_clients, rec.available);
+    rec.cohort = poisson_sample_clients(ids, rec.sampling_rate, secure_random64);
+  } else {
+    rec.cohort =
+        sample_clients(ids, options_.fraction, options_.min_clients, rec.round, options_.seed);
+  }
   std::vector<Participant*> cohort;
   for (const auto& id : rec.cohort)
     for (auto* p : available)
       if (p->id() == id) cohort.push_back(p);
 
-  std::vector<Fitted> fitted = fit_cohort(cohort, rec);
-  at::Tensor delta = options_.secure ? secure_delta(fitted, rec) : plain_delta(fitted, rec);
+  at::Tensor delta;
+  std::vector<Fitted> fitted;
+  if (options_.secure && cohort.size() < 2) {
+    // Only a Poisson (central DP) cohort can be this small; the protocol needs two.
+    rec.failure = str_cat("secure aggregation needs at least 2 sampled clients, ", cohort.size(),
+                          " were sampled");
+  } else {
+    fitted = fit_cohort(cohort, rec);
+    delta = options_.secure ? secure_delta(fitted, rec) : plain_delta(fitted, rec);
+  }
   // Last line of defence: a step that would leave a non-finite model (finite but huge updates
   // overflowing, or a server optimizer's state gone bad) is not taken, and the strategy's state
   // is put back, so one bad round cannot poison every later one.
@@ -414,13 +507,10 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
           n += static_cast<double>(f.reply.num_examples);
         }
     rec.mean_loss = n > 0 ? loss / n : 0;
-    if (options_.dp != "none")
-      rec.epsilon = privacy_spent(options_.dp_noise_multiplier, options_.fraction, ++dp_rounds_,
-                                  options_.dp_delta)
-                        .epsilon;
   } else {
     rec.counted.clear();
   }
+  if (options_.dp != "none") rec.epsilon = charge_privacy(rec);
   rounds_done_ = rec.round;
   if (evaluate_ && (rec.round % options_.eval_every == 0 || rec.round == options_.rounds))
     rec.test_accuracy = evaluate_(global_);

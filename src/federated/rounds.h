@@ -6,7 +6,8 @@
 // waits for the reply. Either way a round is:
 //
 //   1. cohort   sample_clients(available, federated.fraction, federated.min_clients, round,
-//               train.seed) (strategy.h);
+//               train.seed) (strategy.h); with central DP instead Poisson sampling from a
+//               secure generator (each client independently with probability q, see below);
 //   2. fit      each cohort member gets a FitInstruction (the global parameters and the
 //               round's privacy and FedProx settings) and replies with its update and example
 //               count. A member that throws (PeerLost, Timeout, or any krab::Error: it dropped,
@@ -32,13 +33,25 @@
 // says why (never a silent partial aggregate). Finite but merely large updates are stopped only
 // by federated.max_update_norm or a robust aggregator.
 //
-// Differential privacy (federated.dp): `central` — clients clip to federated.dp_clip, the
-// server adds noise of std sigma C to the sum of the cohort's clipped updates and divides by the
-// cohort size (DP-FedAvg, McMahan et al. 2018, with the fixed denominator its accounting
-// assumes); `local` — each client adds that noise to its own clipped update before sending it.
-// In both cases aggregation is unweighted (a weight is data-dependent and would leak). The
-// accountant (accountant.h) reports epsilon at federated.dp_delta for sampling rate
-// federated.fraction after each round.
+// Differential privacy (federated.dp), client level, add/remove-one-client adjacency:
+//   `central` — DP-FedAvg (McMahan et al. 2018) exactly as its accountant assumes. Each available
+//     client joins the cohort independently with probability q = dp_sampling_rate(fraction,
+//     min_clients, available) (Poisson sampling, drawn from libsodium's CSPRNG so no one can
+//     predict a cohort); clients clip to federated.dp_clip = C; the server adds N(0, (sigma C)^2)
+//     to the sum of the clipped updates and divides by the EXPECTED cohort size q * available,
+//     a public number (dividing by the actual count would publish it). A small or even empty
+//     cohort is therefore not a failure: the round releases the noised sum as the mechanism
+//     says. Every round is charged to the RDP accountant (accountant.h) at its own q, failed
+//     rounds included (conservative), so the epsilon each record carries is the sampled
+//     Gaussian mechanism's, composed over the rounds so far.
+//   `local` — each client adds N(0, (sigma C)^2) to its own clipped update before sending it.
+//     The server sees who sent what, so there is no amplification by sampling: every round a
+//     client is asked for an update is a full Gaussian mechanism for that client, and the
+//     epsilon reported is the worst client's (q = 1 over its participations).
+// In both cases aggregation is unweighted (a weight is data-dependent and would leak). With
+// secure aggregation and central DP a round whose Poisson cohort has fewer than 2 clients
+// cannot run the protocol and fails; it is still charged, and the failure reveals only that
+// fewer than 2 were sampled (not covered by the Gaussian bound; docs/privacy.md says so).
 //
 // Thread safety: a RoundRunner is driven by one thread. With `parallel_calls`, a stage calls
 // its participants from one thread each, so Participant implementations must then tolerate
@@ -49,6 +62,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -56,6 +70,7 @@
 
 #include "core/config.h"
 #include "core/progress.h"
+#include "federated/accountant.h"
 #include "federated/robust.h"
 #include "federated/strategy.h"
 
@@ -140,7 +155,9 @@ struct RoundRecord {
   double mean_loss = 0;  // example-weighted over counted clients
   double seconds = 0;
   double test_accuracy = -1;  // -1: not evaluated this round
-  double epsilon = -1;        // -1: no DP
+  double epsilon = -1;        // -1: no DP; else spent so far (failed rounds are charged too)
+  double sampling_rate = -1;  // central DP: the q this round's cohort was drawn with
+  int64_t available = 0;      // clients the cohort was drawn from
   nlohmann::json to_json() const;
 };
 
@@ -157,6 +174,7 @@ class RoundLog {
   std::unique_ptr<core::ProgressBar> bar_;
   bool log_dropped_;
   double accuracy_ = -1;
+  double epsilon_ = -1;
 };
 
 class RoundRunner;
@@ -201,6 +219,10 @@ class RoundRunner {
   at::Tensor plain_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
   at::Tensor secure_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
   size_t secagg_threshold(size_t cohort) const;
+  // Charges `rec`'s round to the privacy budget and returns the epsilon spent so far.
+  double charge_privacy(const RoundRecord& rec);
+  // Central DP: the fixed denominator q * available (see the header comment).
+  double expected_cohort(const RoundRecord& rec) const;
 
   FederatedOptions options_;
   at::Tensor global_;
@@ -209,7 +231,9 @@ class RoundRunner {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<Aggregator> aggregator_;
   int64_t rounds_done_ = 0;
-  int64_t dp_rounds_ = 0;
+  RdpAccountant accountant_;                           // central DP
+  std::map<std::string, int64_t> dp_participations_;  // local DP: rounds each client was asked
+  int64_t dp_worst_participations_ = 0;
   std::vector<RoundRecord> history_;
 };
 

@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/printable.h"
 
 namespace krab::federated {
 namespace {
@@ -44,6 +45,8 @@ RoundRecord record_from_json(const nlohmann::json& j) {
   r.seconds = j.at("seconds").get<double>();
   r.test_accuracy = j.value("test_accuracy", -1.0);
   r.epsilon = j.value("epsilon", -1.0);
+  r.sampling_rate = j.value("sampling_rate", -1.0);
+  r.available = j.value("available", int64_t{0});
   return r;
 }
 
@@ -88,29 +91,52 @@ bool load_server_state(const std::string& path, RoundRunner& runner, const std::
   const std::string payload = bytes.substr(kHeader);
   if (crc_of(payload) != crc) throw CorruptData(str_cat(path, ": checksum mismatch"));
 
+  // The payload passed its CRC, so some writer wrote it, but not necessarily this krab: every
+  // read below can meet a missing entry, the wrong type or malformed JSON, which LibTorch and
+  // nlohmann report with their own exceptions. Those are a corrupt file; say so, naming it.
   torch::serialize::InputArchive archive;
-  archive.load_from(payload.data(), payload.size());
-  c10::IValue sig, hist, keys;
-  archive.read("signature", sig);
-  KRAB_CHECK_ARG(sig.toStringRef() == signature, path,
-                 ": the checkpoint belongs to another model (signature differs)");
-  at::Tensor global, rounds;
-  archive.read("global_model", global);
-  archive.read("rounds_done", rounds);
-  archive.read("history", hist);
-  archive.read("strategy_keys", keys);
+  at::Tensor global;
+  int64_t rounds_done = 0;
   std::map<std::string, at::Tensor> state;
-  for (const auto& k : nlohmann::json::parse(keys.toStringRef()).get<std::vector<std::string>>()) {
-    at::Tensor t;
-    archive.read("strategy_" + k, t);
-    state[k] = t;
-  }
   std::vector<RoundRecord> history;
-  for (const auto& j : nlohmann::json::parse(hist.toStringRef()))
-    history.push_back(record_from_json(j));
+  try {
+    archive.load_from(payload.data(), payload.size());
+    c10::IValue sig, hist, keys;
+    archive.read("signature", sig);
+    KRAB_CHECK_ARG(sig.toStringRef() == signature, path,
+                   ": the checkpoint belongs to another model (signature differs)");
+    at::Tensor rounds;
+    archive.read("global_model", global);
+    archive.read("rounds_done", rounds);
+    archive.read("history", hist);
+    archive.read("strategy_keys", keys);
+    // The runner's own checks (restore()) come after the strategy has taken its state; check
+    // here what would make them throw, so a bad file leaves the runner as it was.
+    if (!global.defined() || global.dim() != 1 || global.scalar_type() != at::kFloat ||
+        global.numel() != runner.global().numel())
+      throw CorruptData(str_cat(path, ": the global model is not ", runner.global().numel(),
+                                " float32 values"));
+    if (!rounds.defined() || rounds.numel() != 1 || rounds.scalar_type() != at::kLong ||
+        (rounds_done = rounds.item<int64_t>()) < 0)
+      throw CorruptData(str_cat(path, ": rounds_done is not a round count"));
+    for (const auto& k :
+         nlohmann::json::parse(keys.toStringRef()).get<std::vector<std::string>>()) {
+      at::Tensor t;
+      archive.read("strategy_" + k, t);
+      state[k] = t;
+    }
+    for (const auto& j : nlohmann::json::parse(hist.toStringRef()))
+      history.push_back(record_from_json(j));
+  } catch (const c10::Error& e) {
+    throw CorruptData(str_cat(path, ": not a valid federated server state: ",
+                              core::printable(e.what_without_backtrace())));
+  } catch (const nlohmann::json::exception& e) {
+    throw CorruptData(
+        str_cat(path, ": not a valid federated server state: ", core::printable(e.what())));
+  }
   // Everything parsed: only now change the runner.
   runner.strategy().load_state(state);
-  runner.restore(global, rounds.item<int64_t>(), std::move(history));
+  runner.restore(global, rounds_done, std::move(history));
   return true;
 }
 

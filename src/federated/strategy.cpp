@@ -221,6 +221,31 @@ std::vector<std::string> sample_clients(const std::vector<std::string>& availabl
   return ids;
 }
 
+std::vector<std::string> poisson_sample_clients(const std::vector<std::string>& available,
+                                                double rate,
+                                                const std::function<uint64_t()>& random64) {
+  KRAB_CHECK_ARG(rate > 0 && rate <= 1, "poisson_sample_clients: rate must be in (0, 1], got ",
+                 rate);
+  std::vector<std::string> ids = available;
+  std::sort(ids.begin(), ids.end());
+  const auto dup = std::adjacent_find(ids.begin(), ids.end());
+  KRAB_CHECK_ARG(dup == ids.end(), "poisson_sample_clients: client id '", *dup,
+                 "' is listed more than once");
+  std::vector<std::string> cohort;
+  for (auto& id : ids) {
+    // 53 random bits: u is uniform on a grid of [0, 1), so P(u < rate) = rate to within 2^-53.
+    const double u = static_cast<double>(random64() >> 11) * 0x1.0p-53;
+    if (u < rate) cohort.push_back(std::move(id));
+  }
+  return cohort;
+}
+
+double dp_sampling_rate(double fraction, int64_t min_clients, int64_t available) {
+  KRAB_CHECK_ARG(available >= 1, "dp_sampling_rate: no clients are available");
+  const double floor_rate = static_cast<double>(min_clients) / static_cast<double>(available);
+  return std::min(1.0, std::max(fraction, floor_rate));
+}
+
 namespace {
 
 void check_prox_args(const std::vector<at::Tensor>& params,

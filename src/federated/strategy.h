@@ -37,6 +37,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -148,6 +149,20 @@ std::unique_ptr<Strategy> make_strategy(const std::string& name,
 // InvalidArgument naming min_clients and n.
 std::vector<std::string> sample_clients(const std::vector<std::string>& available, double fraction,
                                         int64_t min_clients, int64_t round, uint64_t seed);
+
+// Poisson sampling, the sampling the differential-privacy accountant (accountant.h) assumes:
+// each id in `available` joins the cohort independently with probability `rate` (0 < rate <= 1),
+// so the cohort's size is Binomial(n, rate) and may be 0. `random64` supplies uniform 64-bit
+// words; with DP the caller passes a cryptographically secure source so nobody can predict a
+// cohort (the amplification by subsampling assumes that). Returned in ascending id order; ids
+// must be unique.
+std::vector<std::string> poisson_sample_clients(const std::vector<std::string>& available,
+                                                double rate,
+                                                const std::function<uint64_t()>& random64);
+
+// The sampling rate a DP round uses: `fraction`, raised so that the expected cohort
+// (rate * available) is at least `min_clients`, at most 1. This is the q the accountant charges.
+double dp_sampling_rate(double fraction, int64_t min_clients, int64_t available);
 
 // FedProx on the client. The local objective is loss(w) + mu/2 ||w - w_global||^2, where
 // w_global are the parameters the round started from. Either form works:

@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "core/errors.h"
 #include "federated/accountant.h"
@@ -186,6 +187,141 @@ TEST(Rounds, CentralDpClipsAddsNoiseOfSigmaCAndCountsEpsilon) {
   const RoundRecord r2 = run.run_round(ptrs(c));
   EXPECT_DOUBLE_EQ(r2.epsilon, privacy_spent(1.5, 1.0, 2, 1e-5).epsilon);
   EXPECT_GT(r2.epsilon, r1.epsilon);
+}
+
+// The example: 20 clients, fraction 0.1, min_clients 5. The cohort min_clients asks for
+// is a quarter of the clients, so the round samples at q = 0.25 and is charged at 0.25 —
+// `krab privacy epsilon --noise-multiplier 1 --sampling-rate 0.25 --steps 1 --delta 1e-5`
+// prints 3.08082, not the 2.133 of q = 0.1.
+TEST(Rounds, CentralDpChargesTheRateItSampledAt) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 20; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::full({4}, 0.1f), 5));
+  FederatedOptions o = all_clients(5);
+  o.fraction = 0.1;
+  o.dp = "central";
+  o.dp_noise_multiplier = 1.0;
+  RoundRunner run(o, torch::zeros({4}), false);
+  const RoundRecord r1 = run.run_round(ptrs(c));
+  EXPECT_DOUBLE_EQ(r1.sampling_rate, 0.25);
+  EXPECT_EQ(r1.available, 20);
+  EXPECT_NEAR(r1.epsilon, 3.08082, 1e-5);
+  EXPECT_DOUBLE_EQ(r1.epsilon, privacy_spent(1.0, 0.25, 1, 1e-5).epsilon);
+  const RoundRecord r2 = run.run_round(ptrs(c));
+  EXPECT_DOUBLE_EQ(r2.epsilon, privacy_spent(1.0, 0.25, 2, 1e-5).epsilon);
+  nlohmann::json report;
+  add_history(report, run);
+  EXPECT_DOUBLE_EQ(report["epsilon"].get<double>(), r2.epsilon);
+  EXPECT_EQ(report["rounds"][0]["sampling_rate"].get<double>(), 0.25);
+}
+
+// Poisson cohorts vary in size, and the noised sum is divided by the expected size q * n (a
+// public number), never by the count that happened to be sampled.
+TEST(Rounds, CentralDpCohortsArePoissonAndTheDenominatorIsTheExpectedSize) {
+  const int64_t dim = 100000;
+  std::vector<std::unique_ptr<Scripted>> c;
+  // Norm 1 each (clip 1 leaves them alone): every coordinate 1 / sqrt(dim).
+  for (int i = 0; i < 10; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i),
+                                           torch::full({dim}, 1.f / std::sqrt(float(dim))), 5));
+  FederatedOptions o = all_clients(1);
+  o.fraction = 0.5;
+  o.dp = "central";
+  o.dp_clip = 1.0;
+  o.dp_noise_multiplier = 0.05;
+  std::set<size_t> sizes;
+  // 30 rounds: the chance that Binomial(10, 0.5) shows fewer than 3 sizes is below 1e-10.
+  for (int round = 0; round < 30; ++round) {
+    RoundRunner run(o, torch::zeros({dim}), false);
+    const RoundRecord rec = run.run_round(ptrs(c));
+    ASSERT_TRUE(rec.ok) << rec.failure;
+    sizes.insert(rec.cohort.size());
+    EXPECT_EQ(rec.counted, rec.cohort);
+    // global = (k u + N(0, 0.05^2)) / (0.5 * 10): mean k / 5 / sqrt(dim), sd 0.05 / 5. Scaled
+    // by sqrt(dim) the mean is k / 5 with noise sd 0.01; a denominator of k instead of 5
+    // would give 1 for every k.
+    const at::Tensor g = run.global().to(at::kDouble);
+    const double k = static_cast<double>(rec.cohort.size());
+    EXPECT_NEAR(g.mean().item<double>() * std::sqrt(double(dim)), k / 5, 0.06) << k;
+    EXPECT_NEAR(g.std().item<double>(), 0.01, 0.0005);
+  }
+  EXPECT_GE(sizes.size(), 3u) << "a fixed-size cohort is not Poisson sampling";
+}
+
+// A failed round drew a cohort and is charged; the report carries epsilon even then.
+TEST(Rounds, FailedDpRoundsAreChargedAndReported) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 3; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1, /*fail_at=*/0));
+  FederatedOptions o = all_clients(2);
+  o.dp = "local";
+  o.dp_noise_multiplier = 2.0;
+  RoundRunner run(o, torch::zeros({4}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_FALSE(rec.ok);
+  // Local DP: no amplification against the server; each client was asked once.
+  EXPECT_DOUBLE_EQ(rec.epsilon, privacy_spent(2.0, 1.0, 1, 1e-5).epsilon);
+  nlohmann::json report;
+  add_history(report, run);
+  ASSERT_TRUE(report.contains("epsilon"));
+  EXPECT_DOUBLE_EQ(report["epsilon"].get<double>(), rec.epsilon);
+}
+
+TEST(Rounds, LocalDpChargesTheMostAskedClientAtRateOne) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 4; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1));
+  FederatedOptions o = all_clients(1);
+  o.fraction = 0.5;
+  o.dp = "local";
+  o.dp_noise_multiplier = 3.0;
+  RoundRunner run(o, torch::zeros({4}), false);
+  std::map<std::string, int64_t> asked;
+  RoundRecord rec;
+  for (int r = 0; r < 6; ++r) {
+    rec = run.run_round(ptrs(c));
+    for (const auto& id : rec.cohort) ++asked[id];
+  }
+  int64_t worst = 0;
+  for (const auto& [id, n] : asked) worst = std::max(worst, n);
+  EXPECT_DOUBLE_EQ(rec.epsilon, privacy_spent(3.0, 1.0, worst, 1e-5).epsilon);
+}
+
+TEST(Rounds, ANoiseMultiplierWithNoFiniteEpsilonIsRefusedByKey) {
+  for (const char* sigma : {"0", "1e-300"}) {
+    core::Config c;
+    c.set("federated.dp", "central");
+    c.set("federated.dp_noise_multiplier", sigma);
+    try {
+      read_options(c);
+      ADD_FAILURE() << sigma << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("federated.dp_noise_multiplier"), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+// Resuming replays the budget from the records; earlier rounds without noise cannot be charged.
+TEST(Rounds, ResumeReplaysTheBudgetAndRefusesNonPrivateHistory) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 6; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1));
+  FederatedOptions o = all_clients(3);
+  o.fraction = 0.2;
+  o.dp = "central";
+  RoundRunner a(o, torch::zeros({4}), false);
+  a.run_round(ptrs(c));
+  a.run_round(ptrs(c));
+  RoundRunner b(o, torch::zeros({4}), false);
+  b.restore(a.global(), a.rounds_done(), a.history());
+  EXPECT_DOUBLE_EQ(a.run_round(ptrs(c)).epsilon, b.run_round(ptrs(c)).epsilon);
+
+  FederatedOptions plain = all_clients(3);
+  RoundRunner p(plain, torch::zeros({4}), false);
+  p.run_round(ptrs(c));
+  RoundRunner d(o, torch::zeros({4}), false);
+  EXPECT_THROW(d.restore(p.global(), p.rounds_done(), p.history()), InvalidArgument);
 }
 
 TEST(Rounds, RobustAggregatorWithSecureAggregationIsRefused) {

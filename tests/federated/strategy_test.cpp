@@ -288,5 +288,57 @@ TEST(SampleClients, RejectsImpossibleRequests) {
             std::string::npos);
 }
 
+// A reproducible stand-in for the secure source the server uses (splitmix64).
+std::function<uint64_t()> counter_source(uint64_t seed) {
+  return [state = seed]() mutable {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+}
+
+// Poisson sampling is what the DP accountant assumes: each client in independently with
+// probability q, so the cohort's size is Binomial(n, q), not a fixed count.
+TEST(PoissonSampleClients, SizesAreBinomialAndEachClientIsInWithProbabilityQ) {
+  const auto all = ids(40);
+  const double q = 0.25;
+  const int rounds = 4000;
+  auto source = counter_source(11);
+  std::map<std::string, int> count;
+  std::map<size_t, int> sizes;
+  double sum = 0, sum2 = 0;
+  for (int r = 0; r < rounds; ++r) {
+    const auto c = poisson_sample_clients(all, q, source);
+    EXPECT_TRUE(std::is_sorted(c.begin(), c.end()));
+    for (const auto& id : c) ++count[id];
+    ++sizes[c.size()];
+    sum += static_cast<double>(c.size());
+    sum2 += static_cast<double>(c.size() * c.size());
+  }
+  const double mean = sum / rounds, var = sum2 / rounds - mean * mean;
+  // Binomial(40, 0.25): mean 10, variance 7.5. The sample mean's sd is sqrt(7.5 / 4000) = 0.043.
+  EXPECT_NEAR(mean, 10.0, 0.2);
+  EXPECT_NEAR(var, 7.5, 0.75);
+  // P(size = 10) = C(40,10) 0.25^10 0.75^30 = 0.1444; P(size = 5) = 0.0272.
+  EXPECT_NEAR(sizes[10] / double(rounds), 0.1444, 0.02);
+  EXPECT_NEAR(sizes[5] / double(rounds), 0.0272, 0.01);
+  // Each client: 1000 expected, sd 27.4.
+  for (const auto& id : all) EXPECT_NEAR(count[id], 1000, 140) << id;
+  // Rate 1 takes everyone; the order they connected in does not matter.
+  auto rev = all;
+  std::reverse(rev.begin(), rev.end());
+  EXPECT_EQ(poisson_sample_clients(rev, 1.0, source), all);
+  EXPECT_THROW(poisson_sample_clients(all, 0.0, source), InvalidArgument);
+  EXPECT_THROW(poisson_sample_clients({"a", "a"}, 0.5, source), InvalidArgument);
+}
+
+TEST(PoissonSampleClients, TheRateIsTheFractionRaisedToMeetMinClients) {
+  EXPECT_DOUBLE_EQ(dp_sampling_rate(0.1, 5, 20), 0.25);  // the cohort min_clients asks for
+  EXPECT_DOUBLE_EQ(dp_sampling_rate(0.3, 2, 20), 0.3);
+  EXPECT_DOUBLE_EQ(dp_sampling_rate(0.1, 50, 20), 1.0);
+  EXPECT_THROW(dp_sampling_rate(0.1, 1, 0), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace krab::federated
