@@ -1,8 +1,10 @@
 #include "core/progress.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace krab::core {
 
@@ -45,6 +47,40 @@ void ProgressBar::finish(const std::string& fields) {
   std::fflush(out_);
 }
 
+std::string ProgressBar::compose(const std::string& label, int64_t done, int64_t total,
+                                 const std::string& fields, const std::string& time, int columns) {
+  total = std::max<int64_t>(total, 1);
+  const std::string count = std::to_string(done) + "/" + std::to_string(total);
+  auto line = [&](int cells, const std::string& f) {
+    const int filled = static_cast<int>(cells * std::min(done, total) / total);
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.append(static_cast<size_t>(cells - filled), '.');
+    return label + " [" + bar + "] " + count + " | " + f + " | " + time;
+  };
+  const size_t room = static_cast<size_t>(std::max(columns - 1, 1));
+  constexpr int kWidth = 24, kMinWidth = 8;
+  std::string out = line(kWidth, fields);
+  if (out.size() <= room) return out;
+  const size_t over = out.size() - room;
+  const int cells = std::max(kMinWidth, kWidth - static_cast<int>(over));
+  out = line(cells, fields);
+  if (out.size() <= room) return out;
+  const size_t cut = out.size() - room;
+  if (cut + 2 < fields.size()) return line(cells, fields.substr(0, fields.size() - cut - 2) + "..");
+  out = line(cells, "");
+  return out.size() <= room ? out : out.substr(0, room);
+}
+
+int ProgressBar::terminal_columns(std::FILE* out) {
+  winsize ws{};
+  if (::ioctl(::fileno(out), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  if (const char* c = std::getenv("COLUMNS")) {
+    const int n = std::atoi(c);
+    if (n > 0) return n;
+  }
+  return 80;
+}
+
 void ProgressBar::draw(int64_t done, const std::string& fields, bool final) {
   const auto now = std::chrono::steady_clock::now();
   double eta = -1;
@@ -53,15 +89,12 @@ void ProgressBar::draw(int64_t done, const std::string& fields, bool final) {
     eta = secs / static_cast<double>(done - first_done_) * static_cast<double>(total_ - done);
   }
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  constexpr int kWidth = 24;
-  const int filled = static_cast<int>(kWidth * std::min(done, total_) / total_);
-  std::string bar(filled, '#');
-  bar.append(kWidth - filled, '.');
   const std::string time = final ? "took " + format_duration(elapsed)
                                  : "ETA " + format_duration(eta);
-  std::fprintf(out_, "%s%s [%s] %lld/%lld | %s | %s%s", tty_ ? "\r" : "", label_.c_str(),
-               bar.c_str(), static_cast<long long>(done), static_cast<long long>(total_),
-               fields.c_str(), time.c_str(), tty_ ? "\033[K" : "\n");
+  // A log file has no width: only a terminal's line is fitted.
+  const std::string text = compose(label_, done, total_, fields, time,
+                                   tty_ ? terminal_columns(out_) : 1 << 20);
+  std::fprintf(out_, "%s%s%s", tty_ ? "\r" : "", text.c_str(), tty_ ? "\033[K" : "\n");
   std::fflush(out_);
 }
 

@@ -2,7 +2,7 @@
 //
 // On a terminal the bar redraws in place at most every 100 ms; when stderr is a file or a pipe
 // (CI logs) it prints a plain line at every 10% instead, so logs stay readable. ETA is from
-// the average rate since the first update.
+// the average rate since the first update. On a terminal the line is fitted to its width.
 #pragma once
 
 #include <chrono>
@@ -22,6 +22,15 @@ class ProgressBar {
 
   // "1:02:03" / "4:05".
   static std::string format_duration(double seconds);
+
+  // One bar line that fits in `columns` terminal columns (the cursor needs one more, so the text
+  // is at most columns - 1): the bar shrinks first (to 8 cells), then the fields are cut with
+  // "…"-free "..", then the line itself. A line longer than the terminal would wrap, and every
+  // redraw would then add a line instead of replacing one.
+  static std::string compose(const std::string& label, int64_t done, int64_t total,
+                             const std::string& fields, const std::string& time, int columns);
+  // The terminal's width in columns for `out` (TIOCGWINSZ, then $COLUMNS, then 80).
+  static int terminal_columns(std::FILE* out);
 
  private:
   void draw(int64_t done, const std::string& fields, bool final);

@@ -2,6 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+
 #include <algorithm>
 
 #include "core/errors.h"
@@ -69,8 +72,16 @@ LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorData
   LocalResult r;
   r.update = flatten_parameters(*model_) - global;
   r.update_norm = r.update.norm().item<double>();
-  if (options.clip_norm > 0) r.update = clip_to_norm(r.update, options.clip_norm).clipped;
-  if (options.local_noise_std > 0)
+  if (!std::isfinite(r.update_norm)) {
+    // Training diverged. Send an update the server's validation rejects by name ("non-finite
+    // values") rather than fail here, which the round would count as a dropout. Every value
+    // is NaN: the finite part of a partly diverged update would otherwise leave unclipped and
+    // un-noised.
+    r.update = at::full_like(r.update, std::numeric_limits<float>::quiet_NaN());
+  } else if (options.clip_norm > 0) {
+    r.update = clip_to_norm(r.update, options.clip_norm).clipped;
+  }
+  if (options.local_noise_std > 0 && std::isfinite(r.update_norm))
     r.update = add_gaussian_noise(r.update, options.local_noise_std,
                                   make_cpu_generator(options.noise_seed));
   r.num_examples = data.size();

@@ -159,6 +159,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
   std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
+  require_a_successful_round(runner);
   return report;
 }
 
@@ -227,7 +228,24 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   const std::string signature = train::model_signature(trainer.model());
   KRAB_CHECK_ARG(signature == hello.model_signature, who, ": this data gives a model of shape ",
                  signature, " but the server's model is ", hello.model_signature);
-  client.ready(signature, mine.size());
+  // A token in use may be this client's own, from before a restart: the server frees it once
+  // the old session has been silent for its liveness period, so retry for retry_s.
+  auto join = [&] {
+    const auto start = std::chrono::steady_clock::now();
+    for (bool said = false;; said = true) {
+      try {
+        client.ready(signature, mine.size());
+        return;
+      } catch (const TokenInUse& e) {
+        if (std::chrono::steady_clock::now() - start > retry) throw;
+        if (!said)
+          std::fprintf(stderr, "%s: %s; retrying for up to %g s\n", who.c_str(), e.what(),
+                       options.retry_s);
+        std::this_thread::sleep_for(milliseconds(1000));
+      }
+    }
+  };
+  join();
   std::fprintf(stderr, "%s: joined %s with %lld examples\n", who.c_str(), options.server.c_str(),
                static_cast<long long>(mine.size()));
 
@@ -248,7 +266,7 @@ int64_t run_fl_client(const ClientRunOptions& options) {
     if (task.kind == RemoteTask::kWait) continue;
     if (task.kind == RemoteTask::kRejoin) {
       std::fprintf(stderr, "%s: the server restarted; joining again\n", who.c_str());
-      client.ready(signature, mine.size());
+      join();
       secure.reset();
       continue;
     }

@@ -197,6 +197,15 @@ void add_history(nlohmann::json& report, const RoundRunner& runner) {
   }
 }
 
+void require_a_successful_round(const RoundRunner& runner) {
+  const auto& h = runner.history();
+  if (h.empty()) return;
+  for (const auto& r : h)
+    if (r.ok) return;
+  throw Error(str_cat("every one of the ", h.size(), " round(s) failed, the last with: ",
+                      h.back().failure, "; the global model was never updated"));
+}
+
 RoundRunner::RoundRunner(FederatedOptions options, at::Tensor global, bool parallel_calls,
                          Evaluator evaluate)
     : options_(std::move(options)),
@@ -272,7 +281,7 @@ std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Parti
   const int64_t model_bytes = global_.numel() * 4;
   std::vector<Fitted> fitted;
   for (size_t i = 0; i < cohort.size(); ++i) {
-    rec.bytes_down += model_bytes;
+    if (errors[i].empty() || cohort[i]->last_request_sent()) rec.bytes_down += model_bytes;
     if (!errors[i].empty()) {
       rec.dropped.push_back({cohort[i]->id(), errors[i]});
       continue;
@@ -361,7 +370,6 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
     for (size_t i = 0; i < who.size(); ++i) {
       requests[i] = make_request(who[i].first);
       requests[i].stage = st;
-      rec.bytes_down += static_cast<int64_t>(requests[i].payload.size()) + 16;
     }
     std::vector<std::vector<uint8_t>> replies(who.size());
     std::vector<std::string> errors(who.size());
@@ -369,6 +377,8 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
       errors[i] = try_call([&] { replies[i] = who[i].second->who->secagg(requests[i]); });
     });
     for (size_t i = 0; i < who.size(); ++i) {
+      if (errors[i].empty() || who[i].second->who->last_request_sent())
+        rec.bytes_down += static_cast<int64_t>(requests[i].payload.size()) + 16;
       if (errors[i].empty()) {
         rec.bytes_up += static_cast<int64_t>(replies[i].size()) + 16;
         errors[i] = try_call([&] { take_reply(replies[i]); });

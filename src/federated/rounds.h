@@ -114,6 +114,9 @@ class Participant {
   // Throws a krab::Error (PeerLost, Timeout, ...) when the client cannot answer.
   virtual FitReply fit(const FitInstruction& instruction) = 0;
   virtual std::vector<uint8_t> secagg(const SecAggRequest& request) = 0;
+  // Whether the last call's request reached the client (a remote client that had stopped
+  // polling never received it); a round's bytes_down counts only what was sent.
+  virtual bool last_request_sent() const { return true; }
 };
 
 // The federated.* keys, read once.
@@ -183,6 +186,11 @@ class RoundRunner;
 // "bytes_up" (the runner's totals, payload sizes), "test_accuracy" (the last evaluation) and,
 // with DP, "epsilon" (spent so far).
 void add_history(nlohmann::json& report, const RoundRunner& runner);
+
+// Throws krab::Error (exit 1) when rounds ran and every one of them failed, naming the last
+// failure: the model is still the initial one, and such a run must not exit 0. Call it after
+// the report is written, so the record of what went wrong is kept.
+void require_a_successful_round(const RoundRunner& runner);
 
 class RoundRunner {
  public:

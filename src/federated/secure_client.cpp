@@ -19,6 +19,9 @@ secagg::Config secagg_config(const FitInstruction& ins, size_t vector_length) {
 
 SecureClient::SecureClient(const FitInstruction& ins, at::Tensor update)
     : update_(update.contiguous().to(at::kFloat)) {
+  // The fixed-point encoding has no NaN; a diverged client sits the round out, saying why.
+  KRAB_CHECK_ARG(at::isfinite(update_).all().item<bool>(),
+                 "the local update is not finite (local training diverged); not sent");
   client_ = std::make_unique<secagg::Client>(
       ins.secagg_id, secagg_config(ins, static_cast<size_t>(update_.numel())));
 }

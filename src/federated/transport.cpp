@@ -13,6 +13,7 @@
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -144,12 +145,14 @@ class RemoteParticipant : public Participant {
   const std::string& id() const override { return name_; }
   FitReply fit(const FitInstruction& ins) override;
   std::vector<uint8_t> secagg(const SecAggRequest& request) override;
+  bool last_request_sent() const override { return sent_; }
 
  private:
   wire::TaskResult run(wire::Task task);
   FederationServerState* state_;
   Slot* slot_;
   std::string name_;
+  bool sent_ = false;  // written under state_->mu by run(); read by the round's thread after it
 };
 
 struct Slot {
@@ -160,7 +163,16 @@ struct Slot {
   bool delivered = false;
   std::optional<wire::TaskResult> result;
   std::unique_ptr<RemoteParticipant> participant;
+  std::string session;  // the Ready call that holds the token now
 };
+
+// 128 bits from the OS entropy source (std::random_device reads /dev/urandom with libstdc++).
+std::string new_session() {
+  std::random_device rd;
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+  return buf;
+}
 
 }  // namespace
 
@@ -173,10 +185,28 @@ struct FederationServerState {
   uint64_t next_task = 1;
   TransportStats stats;
 
+  std::set<std::string> refusals_shown;
+
+  // Counts a refused call; the terminal hears of each kind of refusal once (a stranger's flood
+  // of calls must not flood the log), the report keeps the last 100.
   void refuse(const std::string& why) {
     ++stats.refused_calls;
     stats.refusals.push_back(why);
     if (stats.refusals.size() > 100) stats.refusals.erase(stats.refusals.begin());
+    if (refusals_shown.size() < 100 && refusals_shown.insert(why).second)
+      std::fprintf(stderr, "krab: fl-server refused a call: %s\n", core::printable(why).c_str());
+  }
+
+  // The call's session must be the one the token's holder got from Ready.
+  grpc::Status check_session(grpc::ServerContext* ctx, const Slot& slot) {
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("krab-session");
+    const std::string session =
+        it == md.end() ? std::string() : std::string(it->second.data(), it->second.size());
+    if (session == slot.session) return grpc::Status::OK;
+    refuse(str_cat("a second holder of the token of '", slot.name, "'"));
+    return {grpc::StatusCode::PERMISSION_DENIED,
+            str_cat("the token of '", slot.name, "' is held by another connected client")};
   }
 
   // The client a call's token names, or a refusal.
@@ -223,7 +253,7 @@ class Service final : public wire::Federation::Service {
   }
 
   grpc::Status Ready(grpc::ServerContext* ctx, const wire::ReadyRequest* req,
-                     wire::ReadyReply*) override {
+                     wire::ReadyReply* reply) override {
     std::string name;
     if (auto st = s_->authenticate(ctx, &name); !st.ok()) return st;
     if (req->model_signature() != s_->options.model_signature) {
@@ -236,6 +266,19 @@ class Service final : public wire::Federation::Service {
     }
     std::lock_guard<std::mutex> lock(s_->mu);
     Slot& slot = s_->slots[name];
+    const auto now = Clock::now();
+    // One token, one live client: while the holder keeps polling, a second Ready with the same
+    // token is refused. A client that restarts gets the slot back once its old session has
+    // gone quiet for the liveness period (it retries until then).
+    if (slot.ready && !slot.session.empty() && now - slot.last_seen <= s_->options.liveness) {
+      s_->refuse(str_cat("a second client with the token of '", name, "'"));
+      return {grpc::StatusCode::ALREADY_EXISTS,
+              str_cat("the token of '", name, "' is in use by a connected client (a token "
+                      "belongs to one client; a restarted client gets it back after ",
+                      std::chrono::duration<double>(s_->options.liveness).count(),
+                      " s of silence)")};
+    }
+    const bool rejoin = static_cast<bool>(slot.participant);
     if (!slot.participant) {
       slot.name = name;
       slot.participant = std::make_unique<RemoteParticipant>(s_, &slot, name);
@@ -244,7 +287,11 @@ class Service final : public wire::Federation::Service {
     slot.pending.reset();
     slot.result.reset();
     slot.ready = true;
-    slot.last_seen = Clock::now();
+    slot.last_seen = now;
+    slot.session = new_session();
+    reply->set_session(slot.session);
+    std::fprintf(stderr, "krab: fl-server: client '%s' %s (%lld examples)\n", name.c_str(),
+                 rejoin ? "joined again" : "joined", static_cast<long long>(req->num_examples()));
     s_->cv.notify_all();
     return grpc::Status::OK;
   }
@@ -259,6 +306,7 @@ class Service final : public wire::Federation::Service {
     if (it == s_->slots.end() || !it->second.ready)
       return {grpc::StatusCode::NOT_FOUND, "unknown client session: call Ready"};
     Slot& slot = it->second;
+    if (auto st = s_->check_session(ctx, slot); !st.ok()) return st;
     slot.last_seen = Clock::now();
     s_->cv.wait_for(lock, s_->options.poll_timeout, [&] {
       return s_->finished || (slot.pending && !slot.delivered) || ctx->IsCancelled();
@@ -285,6 +333,7 @@ class Service final : public wire::Federation::Service {
       return {grpc::StatusCode::FAILED_PRECONDITION,
               str_cat("no open task ", req->task_id(), " for '", name, "' (late or duplicate)")};
     Slot& slot = it->second;
+    if (auto st = s_->check_session(ctx, slot); !st.ok()) return st;
     s_->stats.bytes_in += static_cast<int64_t>(req->ByteSizeLong());
     slot.result = *req;
     slot.pending.reset();
@@ -299,7 +348,14 @@ class Service final : public wire::Federation::Service {
 
 wire::TaskResult RemoteParticipant::run(wire::Task task) {
   std::unique_lock<std::mutex> lock(state_->mu);
+  sent_ = false;
+  // However run() ends, whether the client fetched the task (for the round's bytes_down).
+  struct NoteSent {
+    RemoteParticipant* self;
+    ~NoteSent() { self->sent_ = self->slot_->delivered; }
+  } note{this};
   const auto& o = state_->options;
+  slot_->delivered = false;
   if (Clock::now() - slot_->last_seen > o.liveness)
     throw PeerLost(str_cat("client '", name_, "' has not polled for ",
                            std::chrono::duration<double>(Clock::now() - slot_->last_seen).count(),
@@ -443,9 +499,11 @@ TransportStats FederationServer::stats() const {
 struct FederationClient::Impl {
   ClientTransportOptions options;
   std::unique_ptr<wire::Federation::Stub> stub;
+  std::string session;  // from the last Ready
 
   void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds extra = {}) const {
     ctx.AddMetadata("authorization", "Bearer " + options.token);
+    if (!session.empty()) ctx.AddMetadata("krab-session", session);
     ctx.set_deadline(std::chrono::system_clock::now() + options.timeout + extra);
   }
 
@@ -454,6 +512,10 @@ struct FederationClient::Impl {
     switch (st.error_code()) {
       case grpc::StatusCode::UNAUTHENTICATED:
         throw InvalidArgument(str_cat(where, ": token refused: ", st.error_message()));
+      case grpc::StatusCode::ALREADY_EXISTS:
+        throw TokenInUse(str_cat(where, ": ", st.error_message()));
+      case grpc::StatusCode::PERMISSION_DENIED:
+        throw InvalidArgument(str_cat(where, ": ", st.error_message()));
       case grpc::StatusCode::FAILED_PRECONDITION:
       case grpc::StatusCode::INVALID_ARGUMENT:
         throw InvalidArgument(str_cat(where, ": ", st.error_message()));
@@ -521,6 +583,7 @@ void FederationClient::ready(const std::string& signature, int64_t num_examples)
   wire::ReadyReply r;
   grpc::Status st = impl_->stub->Ready(&ctx, req, &r);
   if (!st.ok()) impl_->fail(st, "Ready");
+  impl_->session = r.session();
 }
 
 RemoteTask FederationClient::next_task() {

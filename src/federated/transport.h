@@ -10,7 +10,9 @@
 // certificates signed by that CA (mutual TLS). Each call carries a bearer token; the server
 // maps it to a client name through the tokens file, refuses unknown and expired tokens with
 // UNAUTHENTICATED (the client reports "token refused: ..." and exits 2), and counts every
-// refusal. A message above `max_message_bytes` is refused by gRPC (RESOURCE_EXHAUSTED) before
+// refusal. A token belongs to one client at a time: Ready hands out a session that GetTask and
+// Submit must carry, and a second Ready with a token whose holder is still polling is refused
+// (TokenInUse), so a copied token can neither join twice nor take the holder's tasks. A message above `max_message_bytes` is refused by gRPC (RESOURCE_EXHAUSTED) before
 // any of krab's code sees it; a task result that does not parse, has the wrong task id or an
 // update of the wrong size drops that client from the round and is logged with its name. In
 // every case the server goes on serving the other clients.
@@ -31,9 +33,17 @@
 #include <string>
 #include <vector>
 
+#include "core/errors.h"
 #include "federated/rounds.h"
 
 namespace krab::federated {
+
+// A Ready refused because another live client holds the same token (fl-client retries it for
+// --retry-s, in case it is the same client restarted, then exits 2).
+class TokenInUse : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
 
 struct TokenInfo {
   std::string client;   // the client's name

@@ -4,9 +4,9 @@
 #     `krab fl-client`s, each on its own partition of a copy of Fashion-MNIST's training files;
 #   - one client is killed (SIGKILL) while the rounds run: the run still finishes, and the
 #     report names it as dropped;
-#   - clients with an unknown token, an expired token, or a CA that did not sign the server's
-#     certificate are refused with a clear message and a non-zero exit, and the server keeps
-#     serving the others;
+#   - clients with an unknown token, an expired token, a token another live client holds, or a
+#     CA that did not sign the server's certificate are refused with a clear message and a
+#     non-zero exit, and the server keeps serving the others;
 #   - what crosses the wire is the size of model updates, not of data.
 # Usage: fl_processes.sh KRAB [secure]
 set -euo pipefail
@@ -118,15 +118,31 @@ grep -q "TLS handshake failed" rogue.log || fail "rogue CA: message"
 set -e
 
 # ---- five clients, one killed while the rounds run ----
-for i in 0 1 2 3 4; do
-  "$KRAB" fl-client --server "$ADDR" --ca ca.pem --token "$(token $i)" --data "$T/clientdata" \
-    --partition "$i/5" > "client$i.log" 2>&1 &
+start_client() {
+  "$KRAB" fl-client --server "$ADDR" --ca ca.pem --token "$(token $1)" --data "$T/clientdata" \
+    --partition "$1/5" > "client$1.log" 2>&1 &
   pids+=("$!")
-  eval "client$i=$!"
-done
+  eval "client$1=$!"
+}
+start_client 0
+for _ in $(seq 1 600); do grep -q "joined" client0.log 2>/dev/null && break; sleep 0.05; done
+grep -q "client 'client-0' joined" server.log || fail "the server did not say who joined"
+
+# ---- while the server waits for the others: a second holder of client 0's token is refused
+# (exit 2), and client 0 stays in ----
+set +e
+"$KRAB" fl-client --server "$ADDR" --ca ca.pem --token "$(token 0)" --data "$T/clientdata" \
+  --partition 0/5 --retry-s 2 > copy.log 2>&1
+code=$?
+set -e
+[[ $code == 2 ]] || fail "a second holder of a token: exit $code, want 2"
+grep -q "is in use by a connected client" copy.log || fail "second holder: message"
+grep -q "refused a call: a second client with the token of 'client-0'" server.log ||
+  fail "the server did not say whom it refused"
+
+for i in 1 2 3 4; do start_client "$i"; done
 for _ in $(seq 1 3000); do grep -q "round 1:" client4.log 2>/dev/null && break; sleep 0.02; done
 grep -q "round 1:" client4.log || fail "client 4 never trained"
-
 kill -9 "$client4"
 
 # plain mode: the server crashes after round 2 and is restarted with checkpoint.resume; the four

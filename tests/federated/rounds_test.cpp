@@ -116,6 +116,46 @@ TEST(Rounds, DroppedAndRejectedClientsAreLeftOutAndNamed) {
   EXPECT_EQ(back.to_json(), rec.to_json());
 }
 
+// A client that had gone away before the request left was sent nothing: bytes_down counts only
+// what reached a client.
+TEST(Rounds, BytesDownCountsOnlyRequestsThatWereSent) {
+  class Unreachable : public Scripted {
+   public:
+    using Scripted::Scripted;
+    bool last_request_sent() const override { return false; }
+  };
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::ones({10}), 1));
+  c.push_back(std::make_unique<Scripted>("b", torch::ones({10}), 1));
+  c.push_back(std::make_unique<Unreachable>("gone", torch::ones({10}), 1, /*fail_at=*/0));
+  RoundRunner run(all_clients(2), torch::zeros({10}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  EXPECT_EQ(rec.bytes_down, 2 * 10 * 4);
+}
+
+// A run in which no round succeeded did nothing to the model; it must not look like success.
+TEST(Rounds, ARunWhoseRoundsAllFailedIsAnError) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 2; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1, /*fail_at=*/0));
+  RoundRunner run(all_clients(2), torch::zeros({4}), false);
+  run.run_round(ptrs(c));
+  run.run_round(ptrs(c));
+  try {
+    require_a_successful_round(run);
+    FAIL() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every one of the 2 round(s) failed"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(e.exit_code(), 1);
+  }
+  c.push_back(std::make_unique<Scripted>("ok1", torch::ones({4}), 1));
+  c.push_back(std::make_unique<Scripted>("ok2", torch::ones({4}), 1));
+  ASSERT_TRUE(run.run_round(ptrs(c)).ok);
+  EXPECT_NO_THROW(require_a_successful_round(run));
+}
+
 TEST(Rounds, TooFewUsableUpdatesFailTheRoundAndKeepTheModel) {
   std::vector<std::unique_ptr<Scripted>> c;
   c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f}), 1));

@@ -76,6 +76,34 @@ TEST_F(SimDir, OneLocalStepIsMinusLrTimesTheGradient) {
   EXPECT_GT(torch::cosine_similarity(clipped.update, want, 0).item<double>(), 0.9999);
 }
 
+// Diverged local training is a rejected update (named "non-finite"), not a dropout with an
+// internal clipping message; with DP on, clipping must not be where it fails. A run whose rounds
+// all failed writes its report and then fails.
+TEST_F(SimDir, DivergedClientsAreRejectedAndAnAllFailedRunIsAnError) {
+  core::Config c = job();
+  c.set("federated.rounds", "2");
+  c.set("federated.dp", "local");
+  c.set("train.optimizer.lr", "1e38");
+  const std::string report = (dir_ / "report.json").string();
+  try {
+    run_simulation(c, SimulationOptions{report, false});
+    FAIL() << "a run with no successful round returned normally";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("round(s) failed"), std::string::npos) << e.what();
+  }
+  std::ifstream in(report);
+  const nlohmann::json rep = nlohmann::json::parse(in);
+  for (const auto& r : rep["rounds"]) {
+    EXPECT_FALSE(r["ok"].get<bool>());
+    EXPECT_TRUE(r["dropped"].empty()) << r["dropped"].dump();
+    ASSERT_FALSE(r["rejected"].empty());
+    EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("non-finite"),
+              std::string::npos)
+        << r["rejected"].dump();
+  }
+  EXPECT_TRUE(rep.contains("epsilon"));
+}
+
 TEST_F(SimDir, FedAvgLearnsAndCountsModelSizedTraffic) {
   const nlohmann::json rep = run_simulation(job(), SimulationOptions{"", false});
   ASSERT_EQ(rep["rounds"].size(), 6u);

@@ -159,9 +159,33 @@ TEST_F(Tls, FitTravelsBothWaysAndWrongModelsAndTokensAreRefused) {
   EXPECT_GE(st.refused_calls, 2);
 }
 
+// A copied token neither joins a second time nor takes the holder's tasks; the holder goes on.
+TEST_F(Tls, ASecondHolderOfATokenIsRefusedAndCannotTakeTasks) {
+  FederationServer server(server_options());
+  FederationClient alice(client_options(server.port(), "token-of-alice-0123456"));
+  alice.ready("w:[4]", 7);
+  FederationClient copy(client_options(server.port(), "token-of-alice-0123456"));
+  try {
+    copy.ready("w:[4]", 7);
+    FAIL() << "a second holder of the token joined";
+  } catch (const TokenInUse& e) {
+    EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+  }
+  // Without the holder's session it cannot poll for (and so cancel or steal) her tasks.
+  EXPECT_THROW(copy.next_task(), InvalidArgument);
+  std::thread t([&] { serve_fits(alice, 1); });
+  FitInstruction ins;
+  ins.round = 1;
+  ins.global = torch::ones({4});
+  EXPECT_TRUE(torch::equal(server.available()[0]->fit(ins).update, torch::full({4}, 2.f)));
+  t.join();
+  EXPECT_GE(server.stats().refused_calls, 2);
+}
+
 TEST_F(Tls, AnOversizedMessageIsRefusedAndTheServerGoesOn) {
   ServerTransportOptions so = server_options();
   so.deadline = std::chrono::milliseconds(1000);
+  so.liveness = std::chrono::milliseconds(600);
   FederationServer server(so);
   ClientTransportOptions small = client_options(server.port(), "token-of-alice-0123456");
   small.max_message_bytes = 4096;
@@ -187,6 +211,9 @@ TEST_F(Tls, AnOversizedMessageIsRefusedAndTheServerGoesOn) {
   t.join();
   EXPECT_NE(client_error.find("message too large"), std::string::npos) << client_error;
   // The server still serves: a well-behaved client with the default limit gets a small task.
+  // It is alice again, restarted: her token is hers once her old session has been silent for
+  // the liveness period.
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
   FederationClient again(client_options(server.port(), "token-of-alice-0123456"));
   again.ready("w:[4]", 7);
   std::thread t2([&] { serve_fits(again, 1); });
