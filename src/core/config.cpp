@@ -121,6 +121,24 @@ std::string unknown_key_message(const std::string& key) {
   return msg + " (docs/config.md lists every key)";
 }
 
+// The first tab in the leading whitespace of a line, as (line, column), 1-based.
+std::optional<std::pair<size_t, size_t>> first_tab_indent(const std::string& text) {
+  size_t line = 1, column = 1;
+  bool leading = true;
+  for (char c : text) {
+    if (c == '\n') {
+      ++line;
+      column = 1;
+      leading = true;
+      continue;
+    }
+    if (leading && c == '\t') return std::make_pair(line, column);
+    if (c != ' ') leading = false;
+    ++column;
+  }
+  return std::nullopt;
+}
+
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw InvalidArgument(where + what);
 }
@@ -352,6 +370,12 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
     std::string at = e.mark.is_null()
                          ? source_name + ": "
                          : str_cat(source_name, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ");
+    // yaml-cpp's words for a tab in the indentation ("illegal map value", or "illegal tab when
+    // looking for indentation" a line later) do not say what to change.
+    if (const auto tab = first_tab_indent(yaml_text))
+      fail(str_cat(source_name, ":", tab->first, ":", tab->second, ": "),
+           "a tab in the indentation; YAML indents with spaces only (" + at +
+               "malformed YAML: " + e.msg + ")");
     fail(at, "malformed YAML: " + e.msg);
   }
   ConfigParser(config, source_name).run(root);

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "core/errors.h"
@@ -21,7 +22,11 @@ std::vector<std::string> split_fields(const std::string& line) {
     // Trim spaces and a Windows line end.
     const size_t b = field.find_first_not_of(" \t\r");
     const size_t e = field.find_last_not_of(" \t\r");
-    out.push_back(b == std::string::npos ? "" : field.substr(b, e - b + 1));
+    std::string value = b == std::string::npos ? "" : field.substr(b, e - b + 1);
+    // Spreadsheets quote fields ("1.5", "label"); a quoted comma is not supported.
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"')
+      value = value.substr(1, value.size() - 2);
+    out.push_back(value);
   }
   if (!line.empty() && line.back() == ',') out.push_back("");
   return out;
@@ -32,11 +37,14 @@ std::vector<std::string> split_fields(const std::string& line) {
 DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
                     bool normalize) {
   KRAB_CHECK_ARG(core::path_exists(path), "CSV file '", path, "' does not exist");
+  KRAB_CHECK_ARG(!std::filesystem::is_directory(path), "CSV file '", path,
+                 "' is a directory (data.path names the .csv file)");
   KRAB_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0,
                  "test fraction must be in [0, 1), got ", test_fraction);
   std::istringstream in(core::read_file(path));
   std::string line;
   KRAB_CHECK_ARG(static_cast<bool>(std::getline(in, line)), "CSV file '", path, "' is empty");
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 byte order mark (Excel)
   const std::vector<std::string> header = split_fields(line);
   int64_t label = -1;
   std::string names;

@@ -53,10 +53,20 @@ TensorDataset load_split(const fs::path& dir, const std::string& prefix, bool no
   return out;
 }
 
+// data.path must name the directory that holds the four files; a file there is a common slip
+// (the path of one of them), and "does not exist" would be wrong about it.
+void check_directory(const std::string& dir) {
+  std::error_code ec;
+  KRAB_CHECK_ARG(fs::exists(dir, ec), "dataset directory '", dir, "' does not exist");
+  KRAB_CHECK_ARG(fs::is_directory(dir, ec), "dataset directory '", dir,
+                 "' is a file, not a directory (data.path names the directory that holds "
+                 "train-images-idx3-ubyte.gz and the other three files)");
+}
+
 }  // namespace
 
 DataSplits load_fashion_mnist(const std::string& dir, bool normalize) {
-  KRAB_CHECK_ARG(fs::is_directory(dir), "dataset directory '", dir, "' does not exist");
+  check_directory(dir);
   DataSplits splits;
   splits.train = load_split(dir, "train", normalize);
   TensorDataset test = load_split(dir, "t10k", normalize);
@@ -74,7 +84,7 @@ DataSplits load_fashion_mnist(const std::string& dir, bool normalize) {
 }
 
 DataSplits load_fashion_mnist_test(const std::string& dir, bool normalize) {
-  KRAB_CHECK_ARG(fs::is_directory(dir), "dataset directory '", dir, "' does not exist");
+  check_directory(dir);
   DataSplits splits;
   splits.test = load_split(dir, "t10k", normalize);
   splits.input_shape = splits.test->inputs.sizes().slice(1).vec();
