@@ -120,6 +120,9 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
   std::vector<Child> children;
   const int servers = plan.node_rank == 0 ? plan.servers : 0;
   for (int i = 0; i < servers + plan.nproc_per_node; ++i) {
+    // A SIGTERM or Ctrl-C while spawning stops the spawning: the loop below stops the ones
+    // already started.
+    if (g_signal) break;
     const bool server = i < servers;
     const int local = server ? 0 : i - servers;
     const int rank = plan.node_rank * plan.nproc_per_node + local;
@@ -159,6 +162,10 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
 
   int result = 0;
   int alive = static_cast<int>(children.size());
+  if (alive == 0 && g_signal) {
+    std::fprintf(stderr, "krab: interrupted before any process was started\n");
+    return 130;
+  }
   int workers_lost = 0;
   bool stopping = false;
   auto stop_deadline = std::chrono::steady_clock::now();

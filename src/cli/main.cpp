@@ -11,16 +11,23 @@
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <iostream>
 
+#include "cli/job_agreement.h"
 #include "cli/launcher.h"
+#include "cli/resources.h"
 #include "comm/factory.h"
 #include "comm/store.h"
 #include "core/config.h"
 #include "core/errors.h"
+#include "core/fs.h"
+#include "core/printable.h"
 #include "federated/accountant.h"
 #include "federated/processes.h"
 #include "federated/simulation.h"
@@ -64,11 +71,7 @@ struct SimArgs {
 int run_fl_sim(const SimArgs& a) {
   core::Config config = core::Config::load_file(a.job, a.sets);
   if (a.clients > 0) config.set("federated.clients", std::to_string(a.clients));
-  if (!a.report.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(a.report).parent_path();
-    KRAB_CHECK_ARG(dir.empty() || std::filesystem::is_directory(dir), "--report: directory '",
-                   dir.string(), "' does not exist");
-  }
+  if (!a.report.empty()) core::check_writable_file(a.report, "--report");
   federated::SimulationOptions options;
   options.report_path = a.report;
   const auto report = federated::run_simulation(config, options);
@@ -89,11 +92,7 @@ struct ServerArgs {
 
 int run_fl_server(const ServerArgs& a) {
   const core::Config config = core::Config::load_file(a.job, a.sets);
-  if (!a.report.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(a.report).parent_path();
-    KRAB_CHECK_ARG(dir.empty() || std::filesystem::is_directory(dir), "--report: directory '",
-                   dir.string(), "' does not exist");
-  }
+  if (!a.report.empty()) core::check_writable_file(a.report, "--report");
   federated::ServerRunOptions options;
   options.report_path = a.report;
   options.port_file = a.port_file;
@@ -135,13 +134,19 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     KRAB_CHECK_ARG(!mpi,
                    "comm.backend 'mpi' needs the job started by mpirun "
                    "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
-    train::preflight(config, plan.world_size);
-    if (!args.report.empty()) {
-      // Fail now, not after training, if the report cannot be written.
-      std::filesystem::path dir = std::filesystem::path(args.report).parent_path();
-      KRAB_CHECK_ARG(dir.empty() || std::filesystem::is_directory(dir), "--report: directory '",
-                     dir.string(), "' does not exist");
+    const train::PreflightInfo info = train::preflight(config, plan.world_size);
+    // Fail now, not after training, if the outputs cannot be written. Only rank 0, on node 0,
+    // writes them.
+    if (plan.node_rank == 0) {
+      core::check_writable_dir(train::run_directory(config), "checkpoint.dir");
+      if (!args.report.empty()) core::check_writable_file(args.report, "--report");
     }
+    const std::string workers_key =
+        args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
+    cli::check_memory(plan.nproc_per_node,
+                      cli::estimate_worker_memory(info.data_bytes, info.parameters),
+                      cli::available_memory_bytes(), workers_key);
+    cli::warn_if_oversubscribed(plan.nproc_per_node, cli::usable_cores(), workers_key);
     cli::LaunchPlan p = plan;
     // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
     // per core by default) would make W workers on few cores fight for them. It reads its
@@ -159,6 +164,28 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
       server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
       p.rendezvous.port = server->port();
     }
+    cli::Node0Outputs node0;
+    if (args.launch.nnodes > 1) {
+      // Every node must be about to run the same job (job_agreement.h).
+      comm::StorePtr store;
+      if (server) {
+        store = server->store();
+      } else {
+        try {
+          store = comm::connect_store(p.rendezvous, timeout);
+        } catch (const Timeout& e) {
+          throw Timeout(str_cat(e.what(), " (--rdzv; is node 0 started? comm.timeout_s sets the "
+                                          "wait)"));
+        }
+      }
+      cli::Node0Outputs mine;
+      mine.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
+      if (!args.report.empty()) mine.report = std::filesystem::absolute(args.report).string();
+      node0 = cli::agree_on_job(
+          store, p.node_rank, args.launch.nnodes,
+          cli::job_fingerprint(config, args.launch.nnodes, p.nproc_per_node), mine, p.rendezvous,
+          timeout);
+    }
     std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
                  args.job.c_str(), p.world_size,
                  args.launch.nnodes > 1
@@ -171,6 +198,16 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
       const std::string dir = train::run_directory(config);
       std::fprintf(stderr, "krab: checkpoint %s/model.pt\n", dir.c_str());
       if (!args.report.empty()) std::fprintf(stderr, "krab: report %s\n", args.report.c_str());
+    } else if (code == 0) {
+      // Rank 0 lives on node 0 and writes everything there; say so rather than nothing.
+      std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on node 0: %s/model.pt\n",
+                   p.node_rank, node0.run_dir.c_str());
+      if (!node0.report.empty())
+        std::fprintf(stderr, "krab: report on node 0: %s\n", node0.report.c_str());
+      if (!args.report.empty())
+        std::fprintf(stderr, "krab: --report %s is not written on this node: only rank 0 "
+                     "writes the report, on node 0%s\n", args.report.c_str(),
+                     node0.report.empty() ? " (give --report there)" : "");
     }
     return code;
   }
@@ -190,9 +227,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
       auto report =
           train::run_param_server(config, plan.ps_shard, plan.rendezvous, plan.world_size, options);
       if (plan.ps_shard == 0 && report.contains("test_accuracy"))
-        std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",
+        std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
                      report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
-                     report["samples_per_sec"].get<double>());
+                     train::describe_samples_per_sec(report).c_str());
       return 0;
     }
     comm::WorldInfo world;
@@ -214,10 +251,87 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
         std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)));
   auto report = train::run_worker(config, world, options);
   if (plan.rank == 0 && report.contains("test_accuracy"))
-    std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %.0f samples/s\n",
+    std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
                  report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
-                 report["samples_per_sec"].get<double>());
+                 train::describe_samples_per_sec(report).c_str());
   return 0;
+}
+
+// Edit distance, for "did you mean".
+size_t distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// CLI11 answers `krab trian` with "A subcommand is required". Returns the line to print instead
+// ("" when argv[1] is an option or a known command).
+std::string unknown_command(const CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return "";
+  const std::string given = argv[1];
+  std::string best, all;
+  size_t best_distance = 3;  // suggest only names within two edits
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const std::string& name = sub->get_name();
+    if (name == given) return "";
+    all += (all.empty() ? "" : ", ") + name;
+    const size_t d = distance(given, name);
+    if (d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  }
+  return best.empty()
+             ? str_cat("unknown command '", core::printable(given), "' (commands: ", all, ")")
+             : str_cat("unknown command '", core::printable(given), "'; did you mean '", best,
+                       "'?");
+}
+
+// A count given on the command line: a whole number >= 1. (CLI::PositiveNumber's message
+// prints the largest double, 309 digits, as the bound.)
+const CLI::Validator kAtLeastOne(
+    [](std::string& text) -> std::string {
+      char* end = nullptr;
+      errno = 0;
+      const long long n = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || errno == ERANGE || n < 1 || n > 1000000000)
+        return "must be a whole number >= 1, got '" + text + "'";
+      return "";
+    },
+    "N>=1");
+
+std::string g_who = "krab";
+
+// An exception that escapes a thread of ours or a library's (Gloo's EnforceNotMet in its
+// progress thread, say) ends in std::terminate: "terminate called after throwing ..." and
+// SIGABRT, which the launcher can only report as signal 6. Say what it was, like any other
+// error, and exit 1.
+[[noreturn]] void on_terminate() {
+  std::string what = "terminated without an exception (a bug in krab)";
+  if (std::exception_ptr e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const c10::Error& x) {
+      what = x.what_without_backtrace();
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "unknown exception";
+    }
+  }
+  what = what.substr(0, what.find('\n'));
+  std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 }  // namespace
@@ -233,7 +347,8 @@ int main(int argc, char** argv) {
   train->add_option("--nnodes", args.launch.nnodes, "Number of machines (default 1)");
   train->add_option("--node-rank", args.launch.node_rank, "This machine's index, 0..nnodes-1");
   train->add_option("--nproc-per-node", args.launch.nproc_per_node,
-                    "Workers on this machine (default parallel.workers / nnodes)");
+                    "Workers on this machine (default parallel.workers / nnodes)")
+      ->check(kAtLeastOne);
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (default 127.0.0.1, a free port)");
   SimArgs sim;
@@ -241,7 +356,7 @@ int main(int argc, char** argv) {
       "fl-sim", "Federated learning simulated in one process: server and clients on one machine");
   fl_sim->add_option("job", sim.job, "Federated job file (YAML); see docs/config.md")->required();
   fl_sim->add_option("--clients", sim.clients, "Simulated clients (overrides federated.clients)")
-      ->check(CLI::PositiveNumber);
+      ->check(kAtLeastOne);
   fl_sim->add_option("--set", sim.sets, "Override a key: --set federated.rounds=5 (repeatable)");
   fl_sim->add_option("--report", sim.report, "Write a JSON report of the run to FILE");
   ServerArgs srv;
@@ -268,6 +383,9 @@ int main(int argc, char** argv) {
                         "K/N: train on partition K of N of --data (experiments)");
   fl_client->add_option("--cert", cli_opts.cert_file, "PEM client certificate (mutual TLS)");
   fl_client->add_option("--key", cli_opts.key_file, "PEM key of --cert");
+  fl_client->add_option("--server-name", cli_opts.server_name,
+                        "Name the server's certificate must carry, when it is not --server's "
+                        "host (e.g. its DNS name while connecting to 127.0.0.1)");
   fl_client->add_option("--retry-s", cli_opts.retry_s,
                         "Keep retrying an unreachable server this long (default 60)");
   fl_client->add_option("--threads", cli_opts.threads, "Intra-op threads (default 1)");
@@ -287,16 +405,22 @@ int main(int argc, char** argv) {
                       "RDP to (epsilon, delta): balle2020 (default; Opacus, dp_accounting) or "
                       "mironov2017 (TF Privacy before 2020)");
 
+  const bool worker = std::getenv("KRAB_WORKER") != nullptr;
+  const std::string who =
+      worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
+             : std::string("krab");
+  g_who = who;
+  std::set_terminate(on_terminate);
+  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+    std::fprintf(stderr, "krab: error: %s\n", unknown.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  const bool worker = std::getenv("KRAB_WORKER") != nullptr;
-  const std::string who =
-      worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
-             : std::string("krab");
   try {
     if (epsilon->parsed()) return run_epsilon(eps);
     if (fl_server->parsed()) {

@@ -1,6 +1,8 @@
 // Small file-system helpers that keep the "nothing half-written" promise.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <string>
 
 namespace krab::core {
@@ -17,5 +19,22 @@ bool path_exists(const std::string& path);
 
 // mkdir -p. Throws krab::Error naming the path.
 void make_dirs(const std::string& path);
+
+// Checks, before any work is done, that files can later be created in directory `dir`: the
+// missing part of the path is created, a probe file is written and removed, and what was
+// created is removed again, so the check leaves nothing behind. (access(2) is not enough: it
+// says yes to root for /proc and for read-only mounts.) Throws InvalidArgument
+// "`what`: cannot write to 'dir': reason", where `what` names the key or flag that gave it.
+void check_writable_dir(const std::string& dir, const std::string& what);
+
+// The same for a file that will be written with write_file_atomic(): `path` must not be a
+// directory and its directory must pass check_writable_dir (the directory must exist already:
+// a report's directory is not created for it).
+void check_writable_file(const std::string& path, const std::string& what);
+
+// `json` as indented text, for reports. Strings that are not valid UTF-8 (a job named after a
+// file whose name is in Latin-1, say) are written with each bad byte replaced by U+FFFD
+// instead of throwing nlohmann's type_error.316: a report must never be lost to its contents.
+std::string dump_json(const nlohmann::json& json);
 
 }  // namespace krab::core

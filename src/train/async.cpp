@@ -274,8 +274,9 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
       st.seconds_after_warmup > 0 ? st.pushes_after_warmup * batch * accum / st.seconds_after_warmup
                                   : 0;
   if (show)
-    bar.finish(str_cat(human(samples_per_sec), " samples/s | staleness max ",
-                       st.max_staleness_seen));
+    bar.finish(str_cat(samples_per_sec > 0 ? human(samples_per_sec) + " samples/s"
+                                           : std::string("samples/s not measured"),
+                       " | staleness max ", st.max_staleness_seen));
 
   double accuracy = -1;
   if (d.test) {
@@ -327,7 +328,7 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   report["steps"] = steps;
   report["start_step"] = 0;
   report["epochs"] = static_cast<double>(st.pushes * accum) / W / sampler.steps_per_epoch();
-  report["samples_per_sec"] = samples_per_sec;
+  set_samples_per_sec(report, samples_per_sec, st.pushes_after_warmup);
   report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
   report["final_loss"] = with_loss > 0 ? loss_sum / with_loss : 0.0;
   if (accuracy >= 0) {
@@ -362,7 +363,7 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   report["state"] = "";
   report["config"] = c.to_json();
   if (!options.report_path.empty())
-    core::write_file_atomic(options.report_path, report.dump(2) + "\n");
+    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
   return report;
 }
 

@@ -135,7 +135,26 @@ void average_model(torch::nn::Module& model, comm::Communicator& comm) {
 
 }  // namespace
 
-void preflight(const core::Config& job, int workers) {
+void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t measured_steps) {
+  // A run no longer than its warm-up has no measured step: 0 would read as "infinitely slow"
+  // in a table, so the report says null and why.
+  if (measured_steps > 0 && samples_per_sec > 0) {
+    report["samples_per_sec"] = samples_per_sec;
+  } else {
+    report["samples_per_sec"] = nullptr;
+    report["samples_per_sec_note"] =
+        "not measured: the run ended within its warm-up steps, which samples_per_sec leaves "
+        "out; run more steps to measure it";
+  }
+}
+
+std::string describe_samples_per_sec(const nlohmann::json& report) {
+  const auto it = report.find("samples_per_sec");
+  if (it == report.end() || !it->is_number()) return "samples/s not measured";
+  return str_cat(static_cast<int64_t>(std::llround(it->get<double>())), " samples/s");
+}
+
+PreflightInfo preflight(const core::Config& job, int workers) {
   const core::Config c = with_folded_momentum(job);
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   compression_options(job);  // the job as written: its keys are what errors name
@@ -155,6 +174,12 @@ void preflight(const core::Config& job, int workers) {
       decode_checkpoint(core::read_file(*path), *path, expect, *model, *opt);
     }
   }
+  PreflightInfo info;
+  info.parameters = models::parameter_count(*model);
+  for (const data::TensorDataset* t : {&d.train, d.test ? &*d.test : nullptr})
+    if (t != nullptr)
+      info.data_bytes += static_cast<int64_t>(t->inputs.nbytes() + t->targets.nbytes());
+  return info;
 }
 
 nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
@@ -181,7 +206,14 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
   copts.timeout = std::chrono::milliseconds(
       static_cast<int64_t>(c.get_float("comm.timeout_s") * 1000));
   copts.debug_checks = c.get_bool("comm.debug_checks");
-  auto comm = comm::make_communicator(c.get_string("comm.backend"), world, copts);
+  std::unique_ptr<comm::Communicator> comm;
+  try {
+    comm = comm::make_communicator(c.get_string("comm.backend"), world, copts);
+  } catch (const Timeout& e) {
+    // The comm layer names the ranks; the user also needs the address and the knob.
+    throw Timeout(str_cat(e.what(), " (rendezvous ", world.rendezvous.to_string(),
+                          ", comm.timeout_s = ", c.get_float("comm.timeout_s"), " s)"));
+  }
   KRAB_CHECK(comm->size() == W, "communicator size ", comm->size(), " != world ", W);
 
   parallel::DataParallelOptions dpo;
@@ -324,8 +356,11 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
 
   nlohmann::json report;
   if (rank == 0) {
-    if (show) bar.finish(str_cat("loss ", human(smooth), " | ", human(samples_per_sec),
-                                 " samples/s"));
+    if (show)
+      bar.finish(str_cat("loss ", human(smooth), " | ",
+                         measured_steps > 0 && samples_per_sec > 0
+                             ? human(samples_per_sec) + " samples/s"
+                             : std::string("samples/s not measured")));
     const std::string model_pt = (fs::path(run_dir) / "model.pt").string();
     save_model_pt(model_pt, *model);
     last_checkpoint = save_checkpoint(
@@ -338,7 +373,7 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
     report["steps"] = steps;
     report["start_step"] = start_step;
     report["epochs"] = static_cast<double>(steps * accum) / sampler.steps_per_epoch();
-    report["samples_per_sec"] = samples_per_sec;
+    set_samples_per_sec(report, samples_per_sec, measured_steps);
     report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
     report["final_loss"] = totals[0].item<double>() / W;
     if (accuracy >= 0) {
@@ -365,7 +400,7 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
       report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
                                    {"lr", c.get_float("train.optimizer.lr")}};
     if (!options.report_path.empty())
-      core::write_file_atomic(options.report_path, report.dump(2) + "\n");
+      core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
   }
   return report;
 }

@@ -47,10 +47,24 @@ nlohmann::json run_param_server(const core::Config& config, int shard,
 // the key. No-op for the other modes.
 void check_async_options(const core::Config& config);
 
+// What preflight() learned that the launcher needs to size the run.
+struct PreflightInfo {
+  int64_t parameters = 0;  // the model's parameter count
+  int64_t data_bytes = 0;  // the training and test tensors every worker loads
+};
+
 // Checks what can be checked before any process is spawned: data present and readable, batch
 // not larger than the data, model buildable, checkpoint resumable. Throws InvalidArgument /
 // CorruptData naming the key or file. `workers` is the total world size.
-void preflight(const core::Config& config, int workers);
+PreflightInfo preflight(const core::Config& config, int workers);
+
+// The report's samples_per_sec: a number, or null with samples_per_sec_note saying why when
+// nothing was measured (a run of fewer steps than its warm-up). `measured_steps` counts the
+// steps after warm-up.
+void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t measured_steps);
+
+// "1234 samples/s", or "samples/s not measured" for a report whose samples_per_sec is null.
+std::string describe_samples_per_sec(const nlohmann::json& report);
 
 // checkpoint.dir with {name} replaced.
 std::string run_directory(const core::Config& config);

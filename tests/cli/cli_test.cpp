@@ -13,56 +13,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/cli_support.h"
 #include "comm/store.h"
 #include "core/fs.h"
 
-namespace fs = std::filesystem;
-
 namespace {
 
-const std::string kKrab = std::string(KRAB_BINARY_DIR) + "/bin/krab";
-
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-// Runs a shell command (stderr merged), bounded by `timeout` seconds.
-Result run(const std::string& cmd, int timeout = 300) {
-  Result r;
-  std::string quoted;  // single-quote the command for sh -c
-  for (char c : cmd) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  const std::string full = "timeout -k 5 " + std::to_string(timeout) + " sh -c '" + quoted +
-                           "' 2>&1";
-  FILE* p = ::popen(full.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.output.append(buf, n);
-  int status = ::pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("krab-cli-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& text) {
-    const std::string p = (dir_ / name).string();
-    std::ofstream(p) << text;
-    return p;
-  }
-  std::string krab(const std::string& args) {
-    return "cd " + dir_.string() + " && " + kKrab + " " + args;
-  }
-  fs::path dir_;
-};
+using namespace krab::cli_test;
 
 std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
   const std::string bytes = krab::core::read_file(path);
@@ -84,14 +41,6 @@ double max_rel_diff(const std::map<std::string, at::Tensor>& a,
   }
   return worst;
 }
-
-const char* kSmallJob = R"(
-model: {name: mlp, hidden: 32}
-data: {name: synthetic, synthetic_samples: 2048, batch_size: 32}
-train: {steps: 20, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
-parallel: {workers: 2}
-comm: {timeout_s: 20}
-)";
 
 // The determinism contract, the engine's strongest test: W workers with per-worker batch b
 // end where one worker with batch W*b ends, up to float reduction order.
@@ -172,19 +121,6 @@ TEST_F(Cli, ModelPtIsReadableByPythonTorch) {
   EXPECT_NE(py.output.find("fc1.bias (32, 32)"), std::string::npos) << py.output;
 }
 
-void expect_refused(const Result& r, int code, const std::string& needle) {
-  EXPECT_EQ(r.code, code) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
-  EXPECT_EQ(r.output.find("Segmentation"), std::string::npos) << r.output;
-}
-
-// A port nobody listens on right now (bound, then released).
-int free_port() {
-  krab::comm::StoreServer probe("127.0.0.1", 0, std::chrono::seconds(5));
-  return probe.port();
-}
-
 // Under another launcher krab is one worker: the same job started as two processes with
 // torchrun's variables (and again with Slurm's) ends where krab's own launcher ends.
 TEST_F(Cli, TorchrunAndSlurmEnvironmentsMatchTheOwnLauncher) {
@@ -231,7 +167,6 @@ TEST_F(Cli, MpiBackendUnderMpirunMatchesGloo) {
 #endif
 
 // ---- bad input: exit 2, one line naming the cause, nothing left behind ----
-
 
 TEST_F(Cli, BadInputIsRefusedWithExitTwo) {
   write("bad.yaml", "model: {name: cnn\n  data: [");
@@ -377,50 +312,6 @@ TEST_F(Cli, CheckpointFromAnotherModelOrCorruptIsRefused) {
   // Truncated.
   std::ofstream(state, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
   expect_refused(run(krab("train ok.yaml --set checkpoint.resume=true")), 2, "truncated");
-}
-
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  std::ifstream in("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) +
-                   "/children");
-  pid_t p;
-  while (in >> p) out.push_back(p);
-  return out;
-}
-
-std::string environ_of(pid_t pid) {
-  std::string env = krab::core::read_file("/proc/" + std::to_string(pid) + "/environ");
-  for (char& c : env)
-    if (c == '\0') c = '\n';
-  return "\n" + env;
-}
-
-// Starts `krab ARGS...` in `dir` in the background, stderr to `log`.
-pid_t start_krab(const fs::path& dir, const std::string& log, std::vector<std::string> args) {
-  args.insert(args.begin(), kKrab);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::chdir(dir.c_str());
-    std::freopen(log.c_str(), "w", stderr);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(kKrab.c_str(), argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
-// Waits up to `seconds` for `pid` to exit; false (and `pid` killed) if it did not.
-bool wait_exit(pid_t pid, int seconds, int& status) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
-  pid_t got = 0;
-  while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
-         std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (got != 0) return true;
-  ::kill(pid, SIGKILL);
-  return false;
 }
 
 // A worker killed mid-run: the launcher names it, exits 1, and leaves no process behind.
@@ -595,7 +486,6 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
                  2, "sync.aggregate");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
-
 
 // `krab privacy epsilon` prints epsilon alone on stdout; the expected values are the published
 // ones of Opacus (tests of its RDP accountant: sigma 1.5, q 0.04, 2250 steps, delta 1e-5 ->

@@ -158,9 +158,11 @@ GlooCommunicator::GlooCommunicator(std::function<StorePtr()> connect, const std:
     for (const auto& p : peers)
       if (p.rank != rank && (!p.reported || !p.alive)) missing.push_back(p.rank);
     std::string who = missing.empty() ? "" : str_cat(describe_ranks(missing), " did not join; ");
+    // c10's message carries a C++ backtrace after its first line: keep the line.
+    const std::string cause = e.what();
     throw Timeout(str_cat("building the gloo group (generation ", generation, ", ", size,
                           " ranks) failed on rank ", rank, ": ", who,
-                          std::string(e.what()).substr(0, 160)));
+                          cause.substr(0, cause.find('\n')).substr(0, 160)));
   }
 }
 

@@ -1,0 +1,169 @@
+#include "cli/job_agreement.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+
+#ifndef KRAB_VERSION
+#define KRAB_VERSION "unknown"
+#endif
+
+namespace krab::cli {
+namespace {
+
+// FNV-1a over the executable: two nodes running different builds are told so even when both
+// say the same version. The file is a few MB (LibTorch is a shared library), hashed once.
+std::string binary_id() {
+  std::ifstream in("/proc/self/exe", std::ios::binary);
+  uint64_t h = 1469598103934665603ULL;
+  char buf[1 << 16];
+  while (in) {
+    in.read(buf, sizeof(buf));
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[i]);
+      h *= 1099511628211ULL;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return str_cat("krab ", KRAB_VERSION, " (executable ", hex, ")");
+}
+
+// The resolved value of `key` in Config::to_json()'s nested object, as text.
+std::string value_text(const nlohmann::json& root, const std::string& key) {
+  const nlohmann::json* node = &root;
+  for (size_t begin = 0;;) {
+    const size_t dot = key.find('.', begin);
+    node = &node->at(key.substr(begin, dot - begin));
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  std::string text = node->is_string() ? node->get<std::string>() : node->dump();
+  for (size_t at = 0; (at = text.find_first_of("\n\t", at)) != std::string::npos;)
+    text.replace(at, 1, text[at] == '\n' ? "\\n" : "\\t");
+  return text;
+}
+
+std::string key_of(int node) { return str_cat("krab/job/", node); }
+
+}  // namespace
+
+const std::vector<std::string>& per_node_keys() {
+  static const std::vector<std::string> keys = {"name", "checkpoint.dir", "data.path",
+                                                "comm.iface", "train.threads_per_worker"};
+  return keys;
+}
+
+Fingerprint job_fingerprint(const core::Config& config, int nnodes, int per_node) {
+  Fingerprint f;
+  f.emplace_back("krab binary", binary_id());
+  f.emplace_back("--nnodes", std::to_string(nnodes));
+  f.emplace_back("workers per node (--nproc-per-node or parallel.workers / --nnodes)",
+                 std::to_string(per_node));
+  const nlohmann::json values = config.to_json();
+  const auto& skip = per_node_keys();
+  for (const core::KeySpec& spec : core::registry()) {
+    if (std::find(skip.begin(), skip.end(), spec.key) != skip.end()) continue;
+    // parallel.workers only matters through the workers per node above.
+    if (spec.key == "parallel.workers") continue;
+    f.emplace_back(spec.key, value_text(values, spec.key));
+  }
+  return f;
+}
+
+std::string encode(const Fingerprint& f) {
+  std::string out;
+  for (const auto& [k, v] : f) out += k + "\t" + v + "\n";
+  return out;
+}
+
+Fingerprint decode(const std::string& text) {
+  Fingerprint f;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    const size_t tab = line.find('\t');
+    if (tab == std::string::npos) continue;
+    f.emplace_back(line.substr(0, tab), line.substr(tab + 1));
+  }
+  return f;
+}
+
+std::string first_difference(const Fingerprint& node0, const Fingerprint& theirs, int node) {
+  auto value_in = [](const Fingerprint& f, const std::string& key) -> const std::string* {
+    for (const auto& [k, v] : f)
+      if (k == key) return &v;
+    return nullptr;
+  };
+  auto line = [node](const std::string& key, const std::string& a, const std::string& b) {
+    return str_cat("node ", node, "'s job differs from node 0's at key ", key, ": '", a,
+                   "' vs '", b, "'");
+  };
+  for (const auto& [k, v0] : node0) {
+    const std::string* v = value_in(theirs, k);
+    if (v == nullptr) return line(k, "(no such key)", v0);
+    if (*v != v0) return line(k, *v, v0);
+  }
+  for (const auto& [k, v] : theirs)
+    if (value_in(node0, k) == nullptr) return line(k, v, "(no such key)");
+  return "";
+}
+
+Node0Outputs agree_on_job(const comm::StorePtr& store, int node_rank, int nnodes,
+                          const Fingerprint& mine, const Node0Outputs& outputs,
+                          const comm::Endpoint& rendezvous, std::chrono::milliseconds timeout) {
+  const std::string seconds = str_cat(timeout.count() / 1000.0, " s");
+  auto as_bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto read = [&](int node) {
+    const auto v = store->get(key_of(node));
+    return decode(std::string(v.begin(), v.end()));
+  };
+  // Claim the node rank: a second node with the same --node-rank gets 2.
+  KRAB_CHECK_ARG(store->add(str_cat("krab/node/", node_rank), 1) == 1,
+                 "--node-rank ", node_rank, ": another node already joined the rendezvous at ",
+                 rendezvous.to_string(), " as node ", node_rank);
+  if (node_rank != 0) {
+    try {
+      store->wait({key_of(0)}, timeout);
+    } catch (const std::exception&) {
+      throw Timeout(str_cat("node 0 did not publish its job at the rendezvous ",
+                            rendezvous.to_string(), " within comm.timeout_s = ", seconds));
+    }
+    const Fingerprint node0 = read(0);
+    const auto where = store->get("krab/outputs");
+    store->set(key_of(node_rank), as_bytes(encode(mine)));
+    const std::string diff = first_difference(node0, mine, node_rank);
+    if (!diff.empty()) throw InvalidArgument(diff);
+    const std::string text(where.begin(), where.end());
+    const size_t nl = text.find('\n');
+    return {text.substr(0, nl), nl == std::string::npos ? "" : text.substr(nl + 1)};
+  }
+  // The outputs first: a node that sees job/0 finds them there.
+  store->set("krab/outputs", as_bytes(outputs.run_dir + "\n" + outputs.report));
+  store->set(key_of(0), as_bytes(encode(mine)));
+  std::vector<std::string> others;
+  for (int n = 1; n < nnodes; ++n) others.push_back(key_of(n));
+  try {
+    store->wait(others, timeout);
+  } catch (const std::exception&) {
+    std::vector<int> missing;
+    for (int n = 1; n < nnodes; ++n)
+      if (!store->check({key_of(n)})) missing.push_back(n);
+    std::string list;
+    for (int n : missing) list += (list.empty() ? "" : ", ") + std::to_string(n);
+    throw Timeout(str_cat("node(s) ", list.empty() ? "?" : list,
+                          " did not reach the rendezvous at ", rendezvous.to_string(),
+                          " within comm.timeout_s = ", seconds,
+                          " (started with the same --rdzv and --nnodes?)"));
+  }
+  for (int n = 1; n < nnodes; ++n) {
+    const std::string diff = first_difference(mine, read(n), n);
+    if (!diff.empty()) throw InvalidArgument(diff);
+  }
+  return outputs;
+}
+
+}  // namespace krab::cli
