@@ -8,6 +8,7 @@
 // Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
 // the key, file or value; 1 runtime failure (a worker died, a timeout), naming the rank.
 #include <c10/util/Exception.h>
+#include <glog/logging.h>
 #include <malloc.h>
 
 #include <CLI/CLI.hpp>
@@ -309,6 +310,14 @@ const CLI::Validator kAtLeastOne(
     },
     "N>=1");
 
+// LibTorch's c10d logs through glog to stderr ("WARNING: Logging before InitGoogleLogging()",
+// "E1205 ... socket.cpp:860] The client socket has timed out ...") right before it throws the
+// exception krab turns into one line naming the address and the key. Keep only FATAL ones,
+// unless the user asked for glog's output with GLOG_minloglevel.
+void quiet_library_logs() {
+  if (std::getenv("GLOG_minloglevel") == nullptr) FLAGS_minloglevel = google::GLOG_FATAL;
+}
+
 std::string g_who = "krab";
 
 // An exception that escapes a thread of ours or a library's (Gloo's EnforceNotMet in its
@@ -411,6 +420,7 @@ int main(int argc, char** argv) {
              : std::string("krab");
   g_who = who;
   std::set_terminate(on_terminate);
+  quiet_library_logs();
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "krab: error: %s\n", unknown.c_str());
     return 2;

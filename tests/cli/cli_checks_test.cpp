@@ -191,6 +191,7 @@ TEST_F(Cli, RendezvousTimeoutIsOneLineNamingAddressAndKey) {
     EXPECT_NE(r.output.find("comm.timeout_s"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("frame #"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("Exception raised"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("InitGoogleLogging"), std::string::npos) << r.output;  // glog's
   }
 }
 
