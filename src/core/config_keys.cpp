@@ -337,8 +337,9 @@ std::vector<KeySpec> build_registry() {
                 "round (it starts with fewer if at least `federated.min_clients` came).",
                 0),
       string_key("federated.eval_data", "",
-                 "`fl-server`: held-out data to evaluate on (a Fashion-MNIST directory, of which "
-                 "only the t10k files are read); empty = none."),
+                 "`fl-server`: held-out data to evaluate on: a Fashion-MNIST directory (only the "
+                 "t10k files are read), or with `data.name: csv` a CSV file with the clients' "
+                 "columns (required: the model's shape is read from it); empty = none."),
       float_key("federated.sim_dropout", "0",
                 "`fl-sim`: probability that a sampled client drops out of a round.", 0, 1),
       float_key("federated.sim_byzantine_fraction", "0",

@@ -50,8 +50,22 @@ data::DataSplits server_data(const core::Config& c) {
     d.train = {};
     return d;
   }
-  throw NotSupported(
-      str_cat("fl-server: data.name '", name, "' is not supported yet (fashion-mnist, synthetic)"));
+  if (name == "csv") {
+    // A table's shape (features, classes) is in its rows, and the server holds none of the
+    // clients': it needs its own held-out file with the same columns. All of it is test data.
+    KRAB_CHECK_ARG(!eval.empty(), "federated.eval_data: fl-server with data.name csv needs a "
+                   "held-out CSV file of its own, with the clients' columns and every class "
+                   "(the model's shape is read from it)");
+    data::DataSplits all = data::load_csv(eval, c.get_string("data.label_column"), 0.0,
+                                          c.get_bool("data.normalize"));
+    data::DataSplits d;
+    d.input_shape = all.input_shape;
+    d.num_classes = all.num_classes;
+    d.test = std::move(all.train);
+    return d;
+  }
+  throw NotSupported(str_cat("fl-server: data.name '", name,
+                             "' is not supported (fashion-mnist, csv, synthetic)"));
 }
 
 // What a client is told: everything but the server's own files.
@@ -189,6 +203,7 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   to.ca_file = options.ca_file;
   to.cert_file = options.cert_file;
   to.key_file = options.key_file;
+  to.server_name = options.server_name;
   to.token = options.token;
   FederationClient client(to);
   // The server may still be starting: retry an unreachable one for retry_s.

@@ -41,6 +41,7 @@ struct ClientRunOptions {
   std::string server;               // HOST:PORT
   std::string ca_file;              // the CA that signed the server's certificate
   std::string cert_file, key_file;  // optional client certificate
+  std::string server_name;          // the name the server's certificate carries, if not HOST
   std::string token;
   std::string data;       // the client's data: a dataset path (data.path), or "" for synthetic
   std::string partition;  // "K/N": use partition K of N of that data (experiments); "" = all

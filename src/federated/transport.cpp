@@ -22,6 +22,7 @@
 #include "core/fs.h"
 #include "core/printable.h"
 #include "federated/fl.grpc.pb.h"
+#include "federated/tls_files.h"
 #include "federated/transport_payload.h"
 
 namespace krab::federated {
@@ -31,12 +32,6 @@ struct FederationServerState;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string read_pem(const std::string& path, const char* what) {
-  KRAB_CHECK_ARG(!path.empty(), what, " is required (a PEM file)");
-  KRAB_CHECK_ARG(core::path_exists(path), what, ": file '", path, "' does not exist");
-  return core::read_file(path);
-}
 
 std::string tensor_bytes(const at::Tensor& t) {
   const at::Tensor c = t.contiguous().to(at::kFloat).cpu();
@@ -427,10 +422,13 @@ FederationServer::FederationServer(ServerTransportOptions options)
   grpc::SslServerCredentialsOptions ssl(
       options.client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                      : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_key_cert_pairs.push_back({read_pem(options.key_file, "federated.tls_key"),
-                                    read_pem(options.cert_file, "federated.tls_cert")});
+  quiet_grpc_logs();
+  const std::string key = read_private_key(options.key_file, "federated.tls_key");
+  const std::string cert = read_certificates(options.cert_file, "federated.tls_cert");
+  check_key_matches(cert, key, options.cert_file, options.key_file);
+  ssl.pem_key_cert_pairs.push_back({key, cert});
   if (!options.client_ca_file.empty())
-    ssl.pem_root_certs = read_pem(options.client_ca_file, "federated.tls_client_ca");
+    ssl.pem_root_certs = read_certificates(options.client_ca_file, "federated.tls_client_ca");
   impl_->state.options = std::move(options);
   impl_->service = std::make_unique<Service>(&impl_->state);
   grpc::ServerBuilder builder;
@@ -545,15 +543,21 @@ struct FederationClient::Impl {
 FederationClient::FederationClient(ClientTransportOptions options)
     : impl_(std::make_unique<Impl>()) {
   grpc::SslCredentialsOptions ssl;
-  ssl.pem_root_certs = read_pem(options.ca_file, "--ca");
+  quiet_grpc_logs();
+  ssl.pem_root_certs = read_certificates(options.ca_file, "--ca");
   if (!options.cert_file.empty()) {
-    ssl.pem_cert_chain = read_pem(options.cert_file, "--cert");
-    ssl.pem_private_key = read_pem(options.key_file, "--key");
+    ssl.pem_cert_chain = read_certificates(options.cert_file, "--cert");
+    ssl.pem_private_key = read_private_key(options.key_file, "--key");
+    check_key_matches(ssl.pem_cert_chain, ssl.pem_private_key, options.cert_file,
+                      options.key_file);
   }
   KRAB_CHECK_ARG(!options.token.empty(), "--token is required");
   KRAB_CHECK_ARG(options.server.find(':') != std::string::npos, "--server must be HOST:PORT, got '",
                  options.server, "'");
   grpc::ChannelArguments args;
+  // The name the server's certificate must carry when it differs from --server's host (e.g. a
+  // certificate for the machine's DNS name, reached as 127.0.0.1).
+  if (!options.server_name.empty()) args.SetSslTargetNameOverride(options.server_name);
   args.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(options.max_message_bytes, INT32_MAX)));
   args.SetMaxSendMessageSize(

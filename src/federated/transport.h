@@ -104,6 +104,7 @@ struct ClientTransportOptions {
   std::string server;               // HOST:PORT
   std::string ca_file;              // PEM CA that signed the server's certificate
   std::string cert_file, key_file;  // optional client certificate (mutual TLS)
+  std::string server_name;          // "" = the host of `server`; else the name to verify
   std::string token;
   int64_t max_message_bytes = 64 << 20;
   std::chrono::milliseconds timeout{30000};  // per call (GetTask adds the server's poll time)

@@ -1,4 +1,5 @@
 // The tokens file: what it accepts and how it names a bad line.
+#include "federated/processes.h"
 #include "federated/transport.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <thread>
 
 #include "core/errors.h"
@@ -157,6 +159,128 @@ TEST_F(Tls, FitTravelsBothWaysAndWrongModelsAndTokensAreRefused) {
   EXPECT_GE(st.bytes_out, 16);  // the 4 floats went out, and came back
   EXPECT_GE(st.bytes_in, 16);
   EXPECT_GE(st.refused_calls, 2);
+}
+
+// Certificates and keys are checked before gRPC sees them: one line naming the option and the
+// file, never gRPC's own log lines or a generic handshake failure.
+TEST_F(Tls, WrongPemFilesAreNamedBeforeAnythingConnects) {
+  const std::string d = dir_->string();
+  auto error_of = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  ClientTransportOptions key_as_ca = client_options(1, "token-of-alice-0123456");
+  key_as_ca.ca_file = d + "/server.key";
+  std::string e = error_of([&] { FederationClient c(key_as_ca); });
+  EXPECT_NE(e.find("--ca: '" + d + "/server.key' holds a private key"), std::string::npos) << e;
+  {
+    std::ofstream(d + "/garbage.pem") << "not a certificate\n";
+  }
+  ClientTransportOptions garbage = client_options(1, "token-of-alice-0123456");
+  garbage.ca_file = d + "/garbage.pem";
+  e = error_of([&] { FederationClient c(garbage); });
+  EXPECT_NE(e.find("is not a PEM certificate"), std::string::npos) << e;
+  ServerTransportOptions mismatched = server_options();
+  mismatched.key_file = d + "/ca.key";  // a real key, but the CA's, not the server's
+  e = error_of([&] { FederationServer s(mismatched); });
+  EXPECT_NE(e.find("does not belong to the certificate"), std::string::npos) << e;
+  ServerTransportOptions cert_as_key = server_options();
+  cert_as_key.key_file = d + "/server.pem";
+  e = error_of([&] { FederationServer s(cert_as_key); });
+  EXPECT_NE(e.find("federated.tls_key: '" + d + "/server.pem' is not an unencrypted PEM private key"),
+            std::string::npos)
+      << e;
+}
+
+// --server-name: the name the server's certificate must carry is not taken from --server.
+TEST_F(Tls, TheExpectedServerNameCanBeGiven) {
+  FederationServer server(server_options());
+  ClientTransportOptions other = client_options(server.port(), "token-of-alice-0123456");
+  other.server_name = "elsewhere.example";  // the certificate names only 127.0.0.1
+  other.timeout = std::chrono::milliseconds(2000);
+  FederationClient c(other);
+  EXPECT_THROW(c.hello(), PeerLost);
+  FederationClient plain(client_options(server.port(), "token-of-alice-0123456"));
+  EXPECT_EQ(plain.hello().client_name, "alice");
+}
+
+// fl-server on a table: the server's held-out CSV gives the model's shape and the test set;
+// each client reads only its own CSV (the README promises CSV data for real federations).
+TEST_F(Tls, FlServerTrainsOnCsvTables) {
+  const std::string d = dir_->string();
+  auto write_table = [](const std::string& path, uint64_t seed, int rows) {
+    std::ofstream out(path);
+    out << "x1,x2,label\n";
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (int i = 0; i < rows; ++i) {
+      const double a = u(rng), b = u(rng);
+      out << a << "," << b << "," << (a + 0.5 * b > 0 ? 1 : 0) << "\n";
+    }
+  };
+  write_table(d + "/eval.csv", 1, 400);
+  write_table(d + "/north.csv", 2, 600);
+  write_table(d + "/south.csv", 3, 600);
+  {
+    std::ofstream(d + "/tokens.txt") << "north token-of-north-0123456789\n"
+                                     << "south token-of-south-0123456789\n";
+  }
+  core::Config c = core::Config::parse(str_cat(R"(
+name: csv-fed
+model: {name: mlp, hidden: 16}
+data: {name: csv, label_column: label, batch_size: 32}
+train: {seed: 3, optimizer: {name: sgd, lr: 0.3, momentum: 0}}
+federated: {rounds: 4, clients: 2, fraction: 1.0, min_clients: 2, address: "127.0.0.1:0",
+            wait_clients_s: 60, round_deadline_s: 30}
+checkpoint: {dir: )", d, "/csvrun}\n"), "test");
+  c.set("federated.tls_cert", d + "/server.pem");
+  c.set("federated.tls_key", d + "/server.key");
+  c.set("federated.tokens", d + "/tokens.txt");
+  c.set("federated.eval_data", d + "/eval.csv");
+  ServerRunOptions so;
+  so.port_file = d + "/csv.port";
+  so.show_progress = false;
+  nlohmann::json report;
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      report = run_fl_server(c, so);
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  for (int i = 0; i < 300 && !std::filesystem::exists(so.port_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(so.port_file)) << server_error;
+  std::string port;
+  std::ifstream(so.port_file) >> port;
+  std::vector<std::thread> clients;
+  std::vector<int64_t> rounds(2, -1);
+  for (int i = 0; i < 2; ++i)
+    clients.emplace_back([&, i] {
+      ClientRunOptions co;
+      co.server = "127.0.0.1:" + port;
+      co.ca_file = d + "/ca.pem";
+      co.token = i == 0 ? "token-of-north-0123456789" : "token-of-south-0123456789";
+      co.data = d + (i == 0 ? "/north.csv" : "/south.csv");
+      try {
+        rounds[i] = run_fl_client(co);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "client " << i << ": " << e.what();
+      }
+    });
+  for (auto& t : clients) t.join();
+  server.join();
+  ASSERT_TRUE(server_error.empty()) << server_error;
+  EXPECT_EQ(rounds, std::vector<int64_t>({4, 4}));
+  ASSERT_EQ(report["rounds"].size(), 4u);
+  for (const auto& r : report["rounds"]) EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
+  // A linear rule in two features: far above the majority class (about 0.5).
+  EXPECT_GT(report["test_accuracy"].get<double>(), 0.85);
 }
 
 // A copied token neither joins a second time nor takes the holder's tasks; the holder goes on.

@@ -1,0 +1,32 @@
+// PEM files for the federated transport's TLS, checked before gRPC sees them.
+//
+// gRPC accepts any bytes as a certificate or key and fails later: at the handshake, with its own
+// log lines (file:line, memory addresses) and a generic "unavailable". A user who passed the key
+// where the CA belongs, or a key that does not match its certificate, needs one line naming the
+// file and what is wrong with it. These functions parse the files with OpenSSL and throw
+// krab::InvalidArgument (exit 2) whose message names the option (`what`: "--ca",
+// "federated.tls_cert", ...) and the path. They return the file's text for gRPC.
+//
+// Pure apart from reading the named files; thread-safe.
+#pragma once
+
+#include <string>
+
+namespace krab::federated {
+
+// One or more X.509 certificates (a CA bundle, or a certificate chain whose first entry is the
+// leaf). A private key, an empty file or anything that does not parse is refused.
+std::string read_certificates(const std::string& path, const char* what);
+
+// A private key (any type OpenSSL reads, unencrypted: there is no passphrase prompt).
+std::string read_private_key(const std::string& path, const char* what);
+
+// Refuses a key that is not the private half of the first certificate in `cert_pem`.
+void check_key_matches(const std::string& cert_pem, const std::string& key_pem,
+                       const std::string& cert_path, const std::string& key_path);
+
+// Sends gRPC's own log lines nowhere unless KRAB_GRPC_LOG is set in the environment (to debug
+// the transport); krab reports every failure itself, in one line. Idempotent.
+void quiet_grpc_logs();
+
+}  // namespace krab::federated
