@@ -414,10 +414,14 @@ int main(int argc, char** argv) {
                       "RDP to (epsilon, delta): balle2020 (default; Opacus, dp_accounting) or "
                       "mironov2017 (TF Privacy before 2020)");
 
-  const bool worker = std::getenv("KRAB_WORKER") != nullptr;
+  // A worker names its rank in every error line, whoever launched it (krab, torchrun,
+  // mpirun, Slurm).
+  const char* rank = nullptr;
+  for (const char* var : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+    if (rank == nullptr) rank = std::getenv(var);
+  const bool worker = std::getenv("KRAB_WORKER") != nullptr || rank != nullptr;
   const std::string who =
-      worker ? str_cat("krab[rank ", std::getenv("RANK") ? std::getenv("RANK") : "?", "]")
-             : std::string("krab");
+      worker ? str_cat("krab[rank ", rank ? rank : "?", "]") : std::string("krab");
   g_who = who;
   std::set_terminate(on_terminate);
   quiet_library_logs();

@@ -195,6 +195,32 @@ TEST_F(Cli, RendezvousTimeoutIsOneLineNamingAddressAndKey) {
   }
 }
 
+// Under torchrun's variables there is no krab launcher to compare the jobs: two workers that
+// disagree (20 and 30 steps) break inside Gloo. Each must still end with one line naming its
+// rank and exit 1, not "terminate called after throwing 'gloo::EnforceNotMet'" and SIGABRT.
+TEST_F(Cli, GlooFailureInAWorkerIsOneLineAndExitOne) {
+  write("job.yaml", kSmallJob);
+  const std::string env = "cd " + dir_.string() +
+                          " && WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(free_port()) + " ";
+  const std::string log0 = (dir_ / "rank0.txt").string();
+  const pid_t rank0 = ::fork();
+  if (rank0 == 0) {
+    const Result r = run(env + "RANK=0 " + kKrab + " train job.yaml --set train.steps=30 > " +
+                         log0 + " 2>&1");
+    ::_exit(r.code);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const Result rank1 = run(env + "RANK=1 " + kKrab + " train job.yaml --set train.steps=20", 120);
+  int status = 0;
+  ASSERT_TRUE(wait_exit(rank0, 120, status));
+  expect_refused(rank1, 1, "krab[rank 1]: error: ");
+  const std::string out0 = krab::core::read_file(log0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << out0;
+  EXPECT_NE(out0.find("krab[rank 0]: error: "), std::string::npos) << out0;
+  EXPECT_EQ(out0.find("terminate called"), std::string::npos) << out0;
+}
+
 TEST_F(Cli, OutOfRangePortsAreRefused) {
   write("ok.yaml", kSmallJob);
   expect_refused_fast(krab("train ok.yaml --rdzv 127.0.0.1:99999"), 2, "--rdzv: port '99999'");
