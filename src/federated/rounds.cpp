@@ -288,7 +288,7 @@ std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Parti
     }
     rec.bytes_up += replies[i].update.defined() ? replies[i].update.numel() * 4 : 0;
     rec.bytes_up += static_cast<int64_t>(replies[i].secagg.size()) + 16;
-    fitted.push_back({cohort[i], std::move(replies[i])});
+    fitted.push_back({cohort[i], std::move(replies[i]), static_cast<uint64_t>(i + 1)});
   }
   return fitted;
 }
@@ -348,13 +348,22 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
   // Who is still in, by protocol id (cohort position + 1).
   std::map<uint64_t, Fitted*> live;
   std::map<uint64_t, double> examples;
+  // Every message must carry the id the server assigned to the connection it came on: a client
+  // that claims another id could take that client's place in the sum, or (an id outside the
+  // cohort) make the server index out of bounds.
+  auto require_id = [](const Fitted& f, uint64_t claimed, const char* message) {
+    if (claimed != f.secagg_id)
+      throw CorruptData(str_cat(message, " claims client id ", claimed, "; this client's id is ",
+                                f.secagg_id));
+  };
   for (auto& f : fitted) {
     const std::string why = try_call([&] {
       const auto msg = secagg::AdvertiseKeys::from_bytes(f.reply.secagg);
+      require_id(f, msg.client_id, "AdvertiseKeys");
       KRAB_CHECK_ARG(f.reply.num_examples > 0, "reported ", f.reply.num_examples, " examples");
       server.receive(msg);
-      live[msg.client_id] = &f;
-      examples[msg.client_id] = static_cast<double>(f.reply.num_examples);
+      live[f.secagg_id] = &f;
+      examples[f.secagg_id] = static_cast<double>(f.reply.num_examples);
     });
     if (!why.empty()) rec.rejected.push_back({f.who->id(), why});
   }
@@ -363,7 +372,7 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
     return at::Tensor();
   };
   // One stage: call every live participant (in parallel if asked), feed the replies to the
-  // server, drop the ones that fail.
+  // server, drop the ones that fail. take_reply(reply, sender) gets the sender's Fitted.
   auto stage = [&](SecAggRequest::Stage st, auto make_request, auto take_reply) {
     std::vector<std::pair<uint64_t, Fitted*>> who(live.begin(), live.end());
     std::vector<SecAggRequest> requests(who.size());
@@ -381,7 +390,7 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
         rec.bytes_down += static_cast<int64_t>(requests[i].payload.size()) + 16;
       if (errors[i].empty()) {
         rec.bytes_up += static_cast<int64_t>(replies[i].size()) + 16;
-        errors[i] = try_call([&] { take_reply(replies[i]); });
+        errors[i] = try_call([&] { take_reply(replies[i], *who[i].second); });
       }
       if (!errors[i].empty()) {
         rec.dropped.push_back({who[i].second->who->id(), errors[i]});
@@ -404,7 +413,11 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
         r.payload = roster;
         return r;
       },
-      [&](const std::vector<uint8_t>& b) { server.receive(secagg::ShareKeys::from_bytes(b)); });
+      [&](const std::vector<uint8_t>& b, const Fitted& from) {
+        const auto msg = secagg::ShareKeys::from_bytes(b);
+        require_id(from, msg.client_id, "ShareKeys");
+        server.receive(msg);
+      });
 
   // shares_for() closes round 1; a client that never shared has no inbox and is not asked.
   std::map<uint64_t, std::vector<uint8_t>> inbox;
@@ -419,7 +432,11 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
         r.payload = inbox[id];
         return r;
       },
-      [&](const std::vector<uint8_t>& b) { server.receive(secagg::MaskedInput::from_bytes(b)); });
+      [&](const std::vector<uint8_t>& b, const Fitted& from) {
+        const auto msg = secagg::MaskedInput::from_bytes(b);
+        require_id(from, msg.client_id, "MaskedInput");
+        server.receive(msg);
+      });
 
   std::vector<uint8_t> request;
   why = try_call([&] { request = server.unmask_request().to_bytes(); });
@@ -431,8 +448,10 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
         r.payload = request;
         return r;
       },
-      [&](const std::vector<uint8_t>& b) {
-        server.receive(secagg::UnmaskResponse::from_bytes(b));
+      [&](const std::vector<uint8_t>& b, const Fitted& from) {
+        const auto msg = secagg::UnmaskResponse::from_bytes(b);
+        require_id(from, msg.client_id, "UnmaskResponse");
+        server.receive(msg);
       });
 
   const secagg::Result* result = nullptr;
@@ -444,6 +463,9 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
                         options_.min_clients));
   double counted_examples = 0;
   for (uint64_t id : result->counted) {
+    // Ids reach the result only through messages checked above, so each names a live entry.
+    KRAB_CHECK(id >= 1 && id <= rec.cohort.size() && examples.count(id) == 1,
+               "secure aggregation counted unknown client id ", id);
     counted_examples += examples[id];
     rec.counted.push_back(rec.cohort[id - 1]);
   }

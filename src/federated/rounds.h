@@ -221,6 +221,7 @@ class RoundRunner {
   struct Fitted {
     Participant* who;
     FitReply reply;
+    uint64_t secagg_id = 0;  // the protocol id the server assigned this connection
   };
   std::vector<Fitted> fit_cohort(const std::vector<Participant*>& cohort, RoundRecord& rec);
   // Returns the delta, or an undefined tensor after recording why the round failed.

@@ -407,6 +407,60 @@ TEST(Rounds, SecureAggregationMatchesThePlainMeanDespiteDropouts) {
   EXPECT_EQ(rec.dropped.size(), 4u);
 }
 
+// A secure-aggregation client that claims an id other than the one the server gave its
+// connection: a huge id, one past the cohort, or another client's. It must neither crash the
+// server, nor get another client rejected, nor have its update credited to another name.
+class Impostor : public Scripted {
+ public:
+  Impostor(std::string id, at::Tensor update, uint64_t claim, int lie_at)
+      : Scripted(std::move(id), std::move(update), 1), claim_(claim), lie_at_(lie_at) {}
+  FitReply fit(const FitInstruction& ins) override {
+    FitInstruction mine = ins;
+    if (lie_at_ == -1) mine.secagg_id = claim_;  // every message claims the id
+    return Scripted::fit(mine);
+  }
+  std::vector<uint8_t> secagg(const SecAggRequest& req) override {
+    std::vector<uint8_t> out = Scripted::secagg(req);
+    if (req.stage == SecAggRequest::kMaskedInput && lie_at_ == 2) {
+      auto msg = secagg::MaskedInput::from_bytes(out);
+      msg.client_id = claim_;
+      out = msg.to_bytes();
+    }
+    return out;
+  }
+
+ private:
+  uint64_t claim_;
+  int lie_at_;
+};
+
+TEST(Rounds, SecureAggregationTrustsOnlyTheIdItAssigned) {
+  struct Case {
+    uint64_t claim;
+    int lie_at;  // -1: from the first message; 2: only in the masked input
+  };
+  for (const Case k : {Case{1ull << 40, -1}, Case{4, -1}, Case{2, -1}, Case{1, 2}}) {
+    std::vector<std::unique_ptr<Scripted>> c;
+    c.push_back(std::make_unique<Scripted>("a", torch::full({6}, 1.f), 1));
+    c.push_back(std::make_unique<Scripted>("b", torch::full({6}, 3.f), 1));
+    // Third in the cohort (ids are positions from 1): its own id is 3.
+    c.push_back(std::make_unique<Impostor>("z", torch::full({6}, 100.f), k.claim, k.lie_at));
+    FederatedOptions o = all_clients(2);
+    o.secure = true;
+    o.secagg_threshold = 0.6;  // t = 2 of 3
+    RoundRunner run(o, torch::zeros({6}), false);
+    const RoundRecord rec = run.run_round(ptrs(c));
+    ASSERT_TRUE(rec.ok) << k.claim << ": " << rec.failure;
+    EXPECT_EQ(rec.counted, (std::vector<std::string>{"a", "b"})) << k.claim;
+    EXPECT_TRUE(torch::allclose(run.global(), torch::full({6}, 2.f), 1e-4, 1e-4))
+        << k.claim << ": " << run.global();
+    bool named = false;
+    for (const auto& r : k.lie_at == -1 ? rec.rejected : rec.dropped)
+      named |= r.client == "z" && r.reason.find("claims client id") != std::string::npos;
+    EXPECT_TRUE(named) << k.claim;
+  }
+}
+
 TEST(Rounds, ATruncatedSecureMessageDropsOnlyItsSender) {
   std::vector<at::Tensor> u = {torch::full({16}, 1.f), torch::full({16}, 2.f),
                                torch::full({16}, 3.f), torch::full({16}, 4.f)};
