@@ -1,0 +1,139 @@
+// Unit tests of what the launcher decides without a network: the node fingerprint and its
+// comparison (job_agreement.h), the worker memory estimate (resources.h) and the launch plan.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "cli/job_agreement.h"
+#include "cli/launcher.h"
+#include "cli/resources.h"
+#include "comm/store.h"
+#include "core/errors.h"
+
+namespace krab::cli {
+namespace {
+
+core::Config job(const std::vector<std::string>& sets = {}) {
+  return core::Config::parse("train: {steps: 30}\n", "job.yaml", sets);
+}
+
+TEST(JobAgreement, TheSameJobHasNoDifference) {
+  const Fingerprint a = job_fingerprint(job(), 2, 4);
+  EXPECT_EQ(first_difference(a, job_fingerprint(job(), 2, 4), 1), "");
+  EXPECT_EQ(decode(encode(a)), a);
+}
+
+TEST(JobAgreement, TheFirstDifferingKeyIsNamedWithBothValues) {
+  const Fingerprint node0 = job_fingerprint(job(), 2, 4);
+  const Fingerprint node1 =
+      job_fingerprint(job({"train.steps=20", "train.optimizer.lr=0.5"}), 2, 4);
+  // Registry order: train.steps comes before train.optimizer.lr.
+  EXPECT_EQ(first_difference(node0, node1, 1),
+            "node 1's job differs from node 0's at key train.steps: '20' vs '30'");
+  EXPECT_NE(first_difference(node0, job_fingerprint(job(), 2, 2), 3).find("workers per node"),
+            std::string::npos);
+}
+
+TEST(JobAgreement, PerNodeKeysMayDiffer) {
+  const Fingerprint node0 = job_fingerprint(job(), 2, 1);
+  const Fingerprint node1 = job_fingerprint(
+      job({"name=other", "checkpoint.dir=/elsewhere", "data.path=/mnt/data", "comm.iface=eth1",
+           "train.threads_per_worker=4"}),
+      2, 1);
+  EXPECT_EQ(first_difference(node0, node1, 1), "");
+  for (const std::string& key : per_node_keys()) EXPECT_NE(core::find_key(key), nullptr) << key;
+}
+
+TEST(JobAgreement, NodesExchangeThroughTheStore) {
+  comm::StoreServer server("127.0.0.1", 0, std::chrono::seconds(10));
+  const comm::Endpoint at{"127.0.0.1", server.port()};
+  const auto timeout = std::chrono::seconds(10);
+  Node0Outputs outputs{"/runs/job", "/tmp/report.json"};
+  Node0Outputs seen;
+  std::string node1_error;
+  std::thread node1([&] {
+    try {
+      seen = agree_on_job(comm::connect_store(at, timeout), 1, 2,
+                          job_fingerprint(job({"train.steps=20"}), 2, 1), {}, at, timeout);
+    } catch (const InvalidArgument& e) {
+      node1_error = e.what();
+    }
+  });
+  const std::string want = "node 1's job differs from node 0's at key train.steps: '20' vs '30'";
+  EXPECT_THROW(
+      {
+        try {
+          agree_on_job(server.store(), 0, 2, job_fingerprint(job(), 2, 1), outputs, at, timeout);
+        } catch (const InvalidArgument& e) {
+          EXPECT_EQ(e.what(), want);
+          throw;
+        }
+      },
+      InvalidArgument);
+  node1.join();
+  EXPECT_EQ(node1_error, want);
+}
+
+TEST(JobAgreement, NodeOneLearnsWhereNodeZeroWritesAndAMissingNodeIsNamed) {
+  comm::StoreServer server("127.0.0.1", 0, std::chrono::seconds(10));
+  const comm::Endpoint at{"127.0.0.1", server.port()};
+  const auto timeout = std::chrono::seconds(10);
+  Node0Outputs seen;
+  std::thread node1([&] {
+    seen = agree_on_job(comm::connect_store(at, timeout), 1, 3, job_fingerprint(job(), 3, 1), {},
+                        at, timeout);
+  });
+  try {
+    agree_on_job(server.store(), 0, 3, job_fingerprint(job(), 3, 1), {"/runs/job", "/r.json"}, at,
+                 std::chrono::seconds(1));
+    ADD_FAILURE() << "node 2 never came, yet node 0 went on";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("node(s) 2 did not reach the rendezvous at " +
+                                         at.to_string()),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("comm.timeout_s"), std::string::npos) << e.what();
+  }
+  node1.join();
+  EXPECT_EQ(seen.run_dir, "/runs/job");
+  EXPECT_EQ(seen.report, "/r.json");
+}
+
+TEST(Resources, EstimateAddsFixedDataAndModelTerms) {
+  const WorkerFootprint f = estimate_worker_memory(100 << 20, 1000000);
+  EXPECT_EQ(f.fixed_bytes, int64_t{160} << 20);
+  EXPECT_EQ(f.data_bytes, int64_t{200} << 20);
+  EXPECT_EQ(f.model_bytes, 20000000);
+  EXPECT_EQ(f.total(), f.fixed_bytes + f.data_bytes + f.model_bytes);
+}
+
+TEST(Resources, TooManyWorkersAreRefusedNamingKeyAndBothNumbers) {
+  const WorkerFootprint f = estimate_worker_memory(0, 0);  // 160 MiB each
+  EXPECT_NO_THROW(check_memory(4, f, int64_t{1} << 30, "parallel.workers"));
+  try {
+    check_memory(500, f, int64_t{24} << 30, "parallel.workers");
+    ADD_FAILURE() << "500 x 160 MiB fit in 24 GiB?";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("parallel.workers: 500 worker processes"), std::string::npos) << what;
+    EXPECT_NE(what.find("78 GiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("24 GiB available"), std::string::npos) << what;
+  }
+  EXPECT_NO_THROW(check_memory(500, f, -1, "parallel.workers"));  // unknown: not refused
+  EXPECT_GT(available_memory_bytes(), 0);
+  EXPECT_GE(usable_cores(), 1);
+}
+
+TEST(LaunchPlan, NprocPerNodeZeroIsTheDefaultOnlyWhenNotGiven) {
+  LaunchFlags flags;
+  flags.nnodes = 2;
+  flags.rdzv = "127.0.0.1:29500";
+  EXPECT_EQ(plan_launch(flags, 4, {}).nproc_per_node, 2);
+  flags.nproc_per_node = 3;
+  EXPECT_EQ(plan_launch(flags, 4, {}).world_size, 6);
+  flags.rdzv = "127.0.0.1:99999";
+  EXPECT_THROW(plan_launch(flags, 4, {}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace krab::cli
