@@ -144,22 +144,22 @@ Node0Outputs agree_on_job(const comm::StorePtr& store, int node_rank, int nnodes
   // The outputs first: a node that sees job/0 finds them there.
   store->set("krab/outputs", as_bytes(outputs.run_dir + "\n" + outputs.report));
   store->set(key_of(0), as_bytes(encode(mine)));
-  std::vector<std::string> others;
-  for (int n = 1; n < nnodes; ++n) others.push_back(key_of(n));
-  try {
-    store->wait(others, timeout);
-  } catch (const std::exception&) {
-    std::vector<int> missing;
-    for (int n = 1; n < nnodes; ++n)
-      if (!store->check({key_of(n)})) missing.push_back(n);
-    std::string list;
-    for (int n : missing) list += (list.empty() ? "" : ", ") + std::to_string(n);
-    throw Timeout(str_cat("node(s) ", list.empty() ? "?" : list,
-                          " did not reach the rendezvous at ", rendezvous.to_string(),
-                          " within comm.timeout_s = ", seconds,
-                          " (started with the same --rdzv and --nnodes?)"));
-  }
+  // One node at a time, so a node that differs is named at once instead of after waiting for
+  // a node that will never come (one started with another --nnodes, say).
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int n = 1; n < nnodes; ++n) {
+    try {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      store->wait({key_of(n)}, std::max(left, std::chrono::milliseconds(1)));
+    } catch (const std::exception&) {
+      std::string missing;
+      for (int m = n; m < nnodes; ++m)
+        if (!store->check({key_of(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+      throw Timeout(str_cat("node(s) ", missing, " did not reach the rendezvous at ",
+                            rendezvous.to_string(), " within comm.timeout_s = ", seconds,
+                            " (started with the same --rdzv and --nnodes?)"));
+    }
     const std::string diff = first_difference(mine, read(n), n);
     if (!diff.empty()) throw InvalidArgument(diff);
   }

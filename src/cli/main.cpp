@@ -144,7 +144,11 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     }
     const std::string workers_key =
         args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
-    cli::check_memory(plan.nproc_per_node,
+    // Node 0 also runs sync.servers parameter servers for sync.mode async.
+    const int servers = plan.node_rank == 0 && config.get_string("sync.mode") == "async"
+                            ? static_cast<int>(config.get_int("sync.servers"))
+                            : 0;
+    cli::check_memory(plan.nproc_per_node + servers,
                       cli::estimate_worker_memory(info.data_bytes, info.parameters),
                       cli::available_memory_bytes(), workers_key);
     cli::warn_if_oversubscribed(plan.nproc_per_node, cli::usable_cores(), workers_key);
