@@ -82,8 +82,7 @@ LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorData
     r.update = clip_to_norm(r.update, options.clip_norm).clipped;
   }
   if (options.local_noise_std > 0 && std::isfinite(r.update_norm))
-    r.update = add_gaussian_noise(r.update, options.local_noise_std,
-                                  make_cpu_generator(options.noise_seed));
+    r.update = add_gaussian_noise(r.update, options.local_noise_std);
   r.num_examples = data.size();
   r.steps = steps;
   r.mean_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0;

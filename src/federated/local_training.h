@@ -50,7 +50,6 @@ struct RoundOptions {
   double clip_norm = 0;        // > 0: clip the update to this L2 norm
   double local_noise_std = 0;  // > 0: add N(0, std^2) per coordinate after clipping
   uint64_t seed = 0;           // batch order of this client in this round
-  uint64_t noise_seed = 0;     // local DP noise; draw it from OS entropy, never from a config
 };
 
 struct LocalResult {

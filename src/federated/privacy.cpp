@@ -2,13 +2,11 @@
 // accountant.cpp, which has no torch dependency.
 #include "federated/privacy.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <sodium.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <random>
 
 #include "core/errors.h"
 
@@ -38,24 +36,20 @@ ClipResult clip_to_norm(const at::Tensor& update, double max_norm) {
   return {clipped, norm};
 }
 
-at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, at::Generator generator) {
+at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, SecureNoise& source) {
   KRAB_CHECK_ARG(std::isfinite(stddev) && stddev >= 0,
                  "add_gaussian_noise: stddev (sigma * C) must be finite and >= 0, got ", stddev);
   KRAB_CHECK_ARG(sum.defined() && sum.is_floating_point(),
                  "add_gaussian_noise: sum must be a floating-point tensor");
   if (stddev == 0) return sum.clone();
-  at::Tensor noise = at::empty_like(sum);
-  noise.normal_(0.0, stddev, generator);
-  return sum + noise;
+  at::Tensor noise = at::empty(sum.sizes(), at::TensorOptions().dtype(at::kDouble));
+  source.gaussian(stddev, noise.data_ptr<double>(), static_cast<size_t>(noise.numel()));
+  return (sum.to(at::kDouble) + noise.to(sum.device())).to(sum.scalar_type());
 }
 
-at::Generator make_cpu_generator(uint64_t seed) {
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-uint64_t entropy_seed() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev) {
+  SecureNoise source;
+  return add_gaussian_noise(sum, stddev, source);
 }
 
 uint64_t secure_random64() {

@@ -19,8 +19,7 @@
 //
 // Tensors: 1-D float32 updates on any device; results are new tensors (inputs untouched).
 // Errors: InvalidArgument naming the argument (a non-positive C, a negative stddev). Pure
-// functions; the only state is the caller's generator, which must not be shared between
-// threads without locking (as for any torch generator).
+// functions apart from the noise source, which belongs to one thread.
 #pragma once
 
 #include <torch/torch.h>
@@ -28,6 +27,7 @@
 #include <cstdint>
 
 #include "federated/accountant.h"
+#include "federated/secure_noise.h"
 
 namespace krab::federated {
 
@@ -40,18 +40,14 @@ struct ClipResult {
 // either way. A zero update stays zero. The norm is computed in double.
 ClipResult clip_to_norm(const at::Tensor& update, double max_norm);
 
-// Returns sum + N(0, stddev^2) elementwise (stddev >= 0; 0 returns a copy). The noise is drawn
-// with `generator`, which must be a generator for sum's device (CPU generator for a CPU tensor):
-// the same seed gives the same noise. Pass sigma * C as `stddev` for the mechanism above.
-at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, at::Generator generator);
-
-// A CPU generator seeded with `seed`, for add_gaussian_noise on CPU tensors. The server should
-// seed it from a secure source in production: noise that can be predicted can be subtracted.
-at::Generator make_cpu_generator(uint64_t seed);
-
-// 64 bits from the operating system's entropy source (std::random_device), for DP noise: noise
-// seeded from anything in a job file could be predicted, and then subtracted.
-uint64_t entropy_seed();
+// Returns sum + N(0, stddev^2) elementwise (stddev >= 0; 0 returns a copy), the noise drawn by
+// `source` (secure_noise.h: a ChaCha20 stream under a key from the OS, sampled so that the
+// floating-point values do not give the noiseless sum away). Computed in double, added in sum's
+// dtype, on sum's device. Pass sigma * C as `stddev` for the mechanism above.
+at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev, SecureNoise& source);
+// The same with a fresh SecureNoise (a new OS key): what DP noise uses. No seed goes in, so no
+// seed can bring the noise back.
+at::Tensor add_gaussian_noise(const at::Tensor& sum, double stddev);
 
 // 64 uniformly random bits from libsodium's CSPRNG (the OS source), for draws that must be
 // unpredictable to everyone, such as DP cohorts (poisson_sample_clients). Thread-safe.

@@ -293,7 +293,6 @@ int64_t run_fl_client(const ClientRunOptions& options) {
         ro.local_noise_std = task.fit.local_noise_std;
         ro.seed = data::derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
                                     static_cast<uint64_t>(task.fit.round));
-        ro.noise_seed = entropy_seed();
         LocalResult r = trainer.train(task.fit.global, mine, ro);
         FitReply reply;
         reply.num_examples = r.num_examples;

@@ -324,8 +324,7 @@ at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& re
   if (!dp) return aggregator_->aggregate(updates, weights);
   at::Tensor sum = updates.empty() ? torch::zeros_like(global_) : torch::stack(updates).sum(0);
   if (options_.dp == "local") return sum / static_cast<double>(updates.size());
-  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
-                           make_cpu_generator(entropy_seed()));
+  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip);
   return sum / expected_cohort(rec);
 }
 
@@ -474,8 +473,7 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
                        .clone();
   if (!dp) return sum * (total / counted_examples);  // renormalise the weights over the counted
   if (options_.dp == "local") return sum / static_cast<double>(result->counted.size());
-  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip,
-                           make_cpu_generator(entropy_seed()));
+  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip);
   return sum / expected_cohort(rec);
 }
 

@@ -92,8 +92,9 @@ bool load_server_state(const std::string& path, RoundRunner& runner, const std::
   if (crc_of(payload) != crc) throw CorruptData(str_cat(path, ": checksum mismatch"));
 
   // The payload passed its CRC, so some writer wrote it, but not necessarily this krab: every
-  // read below can meet a missing entry, the wrong type or malformed JSON, which LibTorch and
-  // nlohmann report with their own exceptions. Those are a corrupt file; say so, naming it.
+  // read below can meet a missing entry, the wrong type, an unknown pickled class or malformed
+  // JSON, which LibTorch and nlohmann report with their own exceptions. Those are a corrupt
+  // file; say so, naming it.
   torch::serialize::InputArchive archive;
   at::Tensor global;
   int64_t rounds_done = 0;
@@ -127,10 +128,13 @@ bool load_server_state(const std::string& path, RoundRunner& runner, const std::
     }
     for (const auto& j : nlohmann::json::parse(hist.toStringRef()))
       history.push_back(record_from_json(j));
+  } catch (const Error&) {
+    throw;
   } catch (const c10::Error& e) {
     throw CorruptData(str_cat(path, ": not a valid federated server state: ",
                               core::printable(e.what_without_backtrace())));
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {
+    // nlohmann::json's errors, and TorchScript's (an unknown type name in the pickle).
     throw CorruptData(
         str_cat(path, ": not a valid federated server state: ", core::printable(e.what())));
   }

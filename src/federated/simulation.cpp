@@ -49,7 +49,6 @@ class SimClient : public Participant {
     ro.clip_norm = ins.clip_norm;
     ro.local_noise_std = ins.local_noise_std;
     ro.seed = data::derive_seed(seed_, static_cast<uint64_t>(ins.round) * 1000003u + index_);
-    ro.noise_seed = entropy_seed();
     LocalResult r = trainer_->train(ins.global, data_, ro);
     if (attack_scale_ != 0) r.update = r.update * (-attack_scale_);
     FitReply reply;

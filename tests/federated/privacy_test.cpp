@@ -3,9 +3,12 @@
 // that source used), plus closed-form and monotonicity checks.
 #include "federated/privacy.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -65,25 +68,91 @@ TEST(Clip, LeavesShortUpdatesAloneAsACopy) {
 TEST(Noise, StandardDeviationIsSigmaTimesC) {
   const double sigma = 1.1, c = 0.5, stddev = sigma * c;
   const int64_t n = 200000;
-  at::Generator g = make_cpu_generator(2024);
+  SecureNoise g;
   const at::Tensor sum = torch::full({n}, 3.0f);
   const at::Tensor noisy = add_gaussian_noise(sum, stddev, g);
   const at::Tensor noise = (noisy - sum).to(at::kDouble);
   const double mean = noise.mean().item<double>();
   const double sd = noise.std().item<double>();
   // Standard errors: of the mean, stddev / sqrt(n); of the sample sd, ~stddev / sqrt(2n).
-  EXPECT_NEAR(mean, 0.0, 3 * stddev / std::sqrt(double(n)));
-  EXPECT_NEAR(sd, stddev, 3 * stddev / std::sqrt(2.0 * n));
+  EXPECT_NEAR(mean, 0.0, 4 * stddev / std::sqrt(double(n)));
+  EXPECT_NEAR(sd, stddev, 4 * stddev / std::sqrt(2.0 * n));
   EXPECT_FLOAT_EQ(sum[0].item<float>(), 3.0f);  // input untouched
+  EXPECT_EQ(noisy.scalar_type(), at::kFloat);
 
-  // Seeded: the same seed gives the same noise, another seed other noise.
-  at::Tensor a = add_gaussian_noise(sum, stddev, make_cpu_generator(7));
-  at::Tensor b = add_gaussian_noise(sum, stddev, make_cpu_generator(7));
-  at::Tensor other = add_gaussian_noise(sum, stddev, make_cpu_generator(8));
+  // A fixed key reproduces its stream (the transform is deterministic); another key does not.
+  std::array<uint8_t, 32> key{};
+  key[0] = 7;
+  SecureNoise k1(key), k2(key);
+  key[0] = 8;
+  SecureNoise k3(key);
+  at::Tensor a = add_gaussian_noise(sum, stddev, k1);
+  at::Tensor b = add_gaussian_noise(sum, stddev, k2);
+  at::Tensor other = add_gaussian_noise(sum, stddev, k3);
   EXPECT_TRUE(at::equal(a, b));
   EXPECT_FALSE(at::equal(a, other));
   EXPECT_TRUE(at::equal(add_gaussian_noise(sum, 0, g), sum));
   EXPECT_THROW(add_gaussian_noise(sum, -1, g), InvalidArgument);
+}
+
+// DP noise takes no seed at all: two runs of the same job draw different noise.
+TEST(Noise, TwoDrawsFromTheSameInputDiffer) {
+  const at::Tensor sum = torch::zeros({1000});
+  const at::Tensor a = add_gaussian_noise(sum, 1.0), b = add_gaussian_noise(sum, 1.0);
+  EXPECT_EQ(at::eq(a, b).sum().item<int64_t>(), 0);
+}
+
+// The distribution, on 10^6 draws with a fixed key (so the test is deterministic): moments,
+// tails and the Kolmogorov-Smirnov distance to the standard normal's CDF.
+TEST(Noise, TheNoiseIsStandardNormal) {
+  std::array<uint8_t, 32> key{};
+  key[31] = 42;
+  SecureNoise source(key);
+  const size_t n = 1000000;
+  std::vector<double> z(n);
+  source.gaussian(1.0, z.data(), n);
+  double m1 = 0, m2 = 0, m4 = 0, tail = 0;
+  for (double v : z) {
+    m1 += v;
+    m2 += v * v;
+    m4 += v * v * v * v;
+    tail += std::abs(v) > 3;
+  }
+  m1 /= n, m2 /= n, m4 /= n, tail /= n;
+  EXPECT_NEAR(m1, 0, 0.005);    // se 0.001
+  EXPECT_NEAR(m2, 1, 0.007);    // se 0.0014
+  EXPECT_NEAR(m4, 3, 0.05);     // se 0.0098
+  EXPECT_NEAR(tail, 0.0027, 0.0004);  // se 0.00005
+  std::sort(z.begin(), z.end());
+  double ks = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double cdf = 0.5 * std::erfc(-z[i] / std::sqrt(2.0));
+    ks = std::max({ks, std::abs(cdf - double(i) / n), std::abs(cdf - double(i + 1) / n)});
+  }
+  EXPECT_LT(ks, 1.63 / std::sqrt(double(n)));  // the 1% critical value
+}
+
+// The attack on ATen's generator, bounded: it keeps 32 bits of a 64-bit seed, so noise drawn
+// with a seed whose high half is random is found by searching the low half (here 2^16
+// candidates, for a seed whose low half is below that). The same search over the secure
+// source's output finds nothing, because there is no seed to search.
+TEST(Noise, ASeedSearchRecoversTorchNoiseButNotTheSecureSource) {
+  const uint64_t secret = (0x9e3779b9ull << 32) | 51234;  // high half unknown to the attacker
+  at::Tensor torch_noise = at::empty({8}, at::kDouble);
+  torch_noise.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(secret));
+  std::vector<double> secure(8);
+  SecureNoise().gaussian(1.0, secure.data(), secure.size());
+  const at::Tensor secure_noise = torch::tensor(secure, at::kDouble);
+  auto search = [](const at::Tensor& target) -> int64_t {
+    at::Tensor guess = at::empty({8}, at::kDouble);
+    for (uint64_t candidate = 0; candidate < (1u << 16); ++candidate) {
+      guess.normal_(0, 1, at::make_generator<at::CPUGeneratorImpl>(candidate));
+      if (at::equal(guess, target)) return static_cast<int64_t>(candidate);
+    }
+    return -1;
+  };
+  EXPECT_EQ(search(torch_noise), 51234);
+  EXPECT_EQ(search(secure_noise), -1);
 }
 
 // ---------------------------------------------------------------- accountant: published values
