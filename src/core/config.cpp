@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "core/errors.h"
+#include "core/printable.h"
 
 namespace krab::core {
 namespace {
@@ -100,7 +101,7 @@ std::string last_component(const std::string& key) {
 // edit distance; a key put in the wrong place ("train.lr", "lr") by its last component; failing
 // both, the keys of the section the user was aiming at.
 std::string unknown_key_message(const std::string& key) {
-  std::string msg = "unknown key '" + key + "'";
+  std::string msg = "unknown key '" + printable(key) + "'";
   const std::string* closest = nullptr;
   size_t best = 4;  // distances up to 3 count as "close"
   std::vector<std::string> same_leaf;
@@ -153,10 +154,10 @@ Value parse_int(const KeySpec& spec, const std::string& text, const std::string&
   int64_t v = 0;
   auto res = std::from_chars(digits.data(), digits.data() + digits.size(), v);
   if (sign_ok && res.ec == std::errc::result_out_of_range)
-    fail(where, spec.key + ": '" + text + "' is out of range for an int");
+    fail(where, spec.key + ": '" + printable(text) + "' is out of range for an int");
   if (!sign_ok || digits.empty() || res.ec != std::errc() ||
       res.ptr != digits.data() + digits.size())
-    fail(where, spec.key + ": expected an int, got '" + text + "'");
+    fail(where, spec.key + ": expected an int, got '" + printable(text) + "'");
   return v;
 }
 
@@ -168,9 +169,9 @@ Value parse_float(const KeySpec& spec, const std::string& text, const std::strin
   errno = 0;
   double v = plain ? std::strtod(text.c_str(), &end) : 0.0;
   if (!plain || end != text.c_str() + text.size())
-    fail(where, spec.key + ": expected a float, got '" + text + "'");
+    fail(where, spec.key + ": expected a float, got '" + printable(text) + "'");
   if (errno == ERANGE && !std::isfinite(v))
-    fail(where, spec.key + ": '" + text + "' is out of range for a float");
+    fail(where, spec.key + ": '" + printable(text) + "' is out of range for a float");
   return v;
 }
 
@@ -182,8 +183,40 @@ Value parse_bool(const KeySpec& spec, const std::string& text, const std::string
       {"off", false},   {"Off", false},   {"OFF", false}};
   auto it = kWords.find(text);
   if (it == kWords.end())
-    fail(where, spec.key + ": expected a bool (true/false, yes/no, on/off), got '" + text + "'");
+    fail(where, spec.key + ": expected a bool (true/false, yes/no, on/off), got '" +
+                    printable(text) + "'");
   return it->second;
+}
+
+// YAML text is UTF-8, but yaml-cpp passes any bytes through. A string that is not UTF-8 would
+// not survive to_yaml() (the emitter replaces the bad bytes with U+FFFD, so a federated client
+// would get another value than the server has) nor the JSON report, so it is refused here.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const unsigned char c = *p++;
+    if (c < 0x80) continue;
+    int more;
+    uint32_t cp;
+    if (c >= 0xc2 && c <= 0xdf) {
+      more = 1, cp = c & 0x1f;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      more = 2, cp = c & 0x0f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      more = 3, cp = c & 0x07;
+    } else {
+      return false;  // a continuation byte first, an overlong 0xc0/0xc1, or beyond U+10FFFF
+    }
+    if (end - p < more) return false;
+    for (int i = 0; i < more; ++i, ++p) {
+      if ((*p & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (*p & 0x3f);
+    }
+    const uint32_t min = more == 1 ? 0x80 : more == 2 ? 0x800 : 0x10000;
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+  }
+  return true;
 }
 
 // Text -> typed value for one key, with choices and bounds checked. Used for registry defaults,
@@ -193,10 +226,12 @@ Value parse_value(const KeySpec& spec, const std::string& text, const std::strin
     case KeyType::kBool:
       return parse_bool(spec, text, where);
     case KeyType::kString:
+      if (!valid_utf8(text))
+        fail(where, spec.key + ": '" + printable(text) + "' is not valid UTF-8");
       if (!spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end())
-        fail(where,
-             spec.key + ": must be one of " + join(spec.choices, ", ") + "; got '" + text + "'");
+        fail(where, spec.key + ": must be one of " + join(spec.choices, ", ") + "; got '" +
+                        printable(text) + "'");
       return text;
     case KeyType::kInt:
     case KeyType::kFloat:
@@ -213,7 +248,7 @@ Value parse_value(const KeySpec& spec, const std::string& text, const std::strin
                                                    format_float(*spec.max)
                         : spec.min ? ">= " + format_float(*spec.min)
                                    : "<= " + format_float(*spec.max);
-    fail(where, spec.key + ": must be " + range + ", got " + text);
+    fail(where, spec.key + ": must be " + range + ", got " + printable(text));
   }
   return v;
 }
@@ -275,7 +310,7 @@ class ConfigParser {
     if (node.IsMap()) return "a mapping";
     if (node.IsSequence()) return "a list";
     if (node.IsNull()) return "no value";
-    return "'" + node.Scalar() + "'";
+    return "'" + printable(node.Scalar()) + "'";
   }
 
   void walk_mapping(const YAML::Node& map, const std::string& prefix) {
@@ -289,7 +324,7 @@ class ConfigParser {
                                     (prefix.empty() ? "" : " in '" + prefix + "'"));
       std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
       if (!names.insert(key.Scalar()).second)
-        fail(where(key.Mark()), "duplicate key '" + path + "'");
+        fail(where(key.Mark()), "duplicate key '" + printable(path) + "'");
       walk(entry.second, path, key.Mark());
     }
   }
@@ -375,13 +410,13 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
     if (const auto tab = first_tab_indent(yaml_text))
       fail(str_cat(source_name, ":", tab->first, ":", tab->second, ": "),
            "a tab in the indentation; YAML indents with spaces only (" + at +
-               "malformed YAML: " + e.msg + ")");
-    fail(at, "malformed YAML: " + e.msg);
+               "malformed YAML: " + printable(e.msg) + ")");
+    fail(at, "malformed YAML: " + printable(e.msg));
   }
   ConfigParser(config, source_name).run(root);
 
   for (const std::string& item : overrides) {
-    std::string where = "--set '" + item + "': ";
+    std::string where = "--set '" + printable(item) + "': ";
     size_t eq = item.find('=');
     std::string key = trim(item.substr(0, eq));
     if (eq == std::string::npos || key.empty())
@@ -451,7 +486,7 @@ bool Config::is_set(const std::string& key) const {
 }
 
 void Config::set(const std::string& key, const std::string& value) {
-  std::string where = "set '" + key + "=" + value + "': ";
+  std::string where = "set '" + printable(key + "=" + value) + "': ";
   assign(resolve_assignment_key(key, where), value, where);
 }
 

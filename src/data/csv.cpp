@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/printable.h"
 #include "data/dataset.h"
 #include "data/rng.h"
 
@@ -50,7 +52,7 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
   std::string names;
   for (size_t i = 0; i < header.size(); ++i) {
     if (header[i] == label_column) label = static_cast<int64_t>(i);
-    names += (i ? ", " : "") + header[i];
+    names += (i ? ", " : "") + core::printable(header[i], 40);
   }
   KRAB_CHECK_ARG(label >= 0, "data.label_column: '", path, "' has no column '", label_column,
                  "' (columns: ", names, ")");
@@ -67,19 +69,26 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
       throw CorruptData(str_cat(path, ":", no, ": ", f.size(), " fields, the header has ", cols));
     for (int64_t c = 0; c < cols; ++c) {
       const std::string& v = f[c];
-      const std::string where = str_cat(path, ":", no, ": column '", header[c], "'");
+      const std::string where =
+          str_cat(path, ":", no, ": column '", core::printable(header[c], 40), "'");
       if (v.empty()) throw CorruptData(str_cat(where, ": missing value"));
       char* end = nullptr;
       errno = 0;
       const double x = std::strtod(v.c_str(), &end);
       if (end != v.c_str() + v.size() || errno == ERANGE || !std::isfinite(x))
-        throw CorruptData(str_cat(where, ": '", v, "' is not a finite number"));
+        throw CorruptData(
+            str_cat(where, ": '", core::printable(v, 40), "' is not a finite number"));
       if (c == label) {
         if (x < 0 || x != std::floor(x) || x > 1e6)
-          throw CorruptData(str_cat(where, ": label '", v, "' is not a class index (0, 1, ...)"));
+          throw CorruptData(str_cat(where, ": label '", core::printable(v, 40),
+                                    "' is not a class index (0, 1, ...)"));
         labels.push_back(static_cast<int64_t>(x));
         max_label = std::max(max_label, labels.back());
       } else {
+        // Features are float32: a finite double beyond its range would become inf.
+        if (std::fabs(x) > std::numeric_limits<float>::max())
+          throw CorruptData(
+              str_cat(where, ": '", core::printable(v, 40), "' is outside the float32 range"));
         features.push_back(static_cast<float>(x));
       }
     }
@@ -100,11 +109,17 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
                  " rows leaves no training examples");
   const int64_t n_train = n - n_test;
   if (normalize) {
-    const at::Tensor train = x.narrow(0, 0, n_train);
+    // In double: float32 sums and squares of values near its limit overflow to inf.
+    const at::Tensor xd = x.to(torch::kDouble);
+    const at::Tensor train = xd.narrow(0, 0, n_train);
     const at::Tensor mean = train.mean(0, true);
     at::Tensor std = n_train > 1 ? train.std(0, true, true) : torch::ones_like(mean);
     std = torch::where(std > 1e-12, std, torch::ones_like(std));  // constant columns: centre
-    x = (x - mean) / std;
+    x = ((xd - mean) / std).to(torch::kFloat);
+    // A test row far outside the training rows' spread can still leave float32's range.
+    if (!torch::isfinite(x).all().item<bool>())
+      throw CorruptData(str_cat("'", path, "': a standardised feature overflows float32 (a ",
+                                "value lies far outside its column's training spread)"));
   }
   DataSplits d;
   d.train = {x.narrow(0, 0, n_train).clone(), y.narrow(0, 0, n_train).clone()};

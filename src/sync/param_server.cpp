@@ -49,6 +49,50 @@ void to_wire(const WorkerSummary& s, wire::WorkerReport* r) {
   }
 }
 
+// The Step handler's work on a request as gRPC parsed it (Service::Step, serve_step()). The
+// gradient's length is the one thing only the bytes can tell; the shard checks the rest.
+// Throws InvalidArgument for a request the shard refuses, and what ShardState::step throws.
+void run_step(ShardState& state, const wire::StepRequest& req, wire::StepReply* reply,
+              const std::function<bool()>& cancelled) {
+  if (req.grad().size() % sizeof(float) != 0)
+    throw InvalidArgument(
+        str_cat("gradient of ", req.grad().size(), " bytes is not a float32 array"));
+  WorkerSummary summary;
+  ShardState::Step s;
+  s.worker = req.worker();
+  s.clock = req.clock();
+  if (!req.grad().empty()) {
+    // Protobuf strings are heap blocks (16-byte aligned), so this float view is aligned.
+    s.grad = reinterpret_cast<const float*>(req.grad().data());
+    s.grad_numel = static_cast<int64_t>(req.grad().size() / sizeof(float));
+  }
+  s.base_version = req.base_version();
+  s.leave = req.leave();
+  if (req.has_report()) {
+    summary = from_wire(req.report());
+    s.summary = &summary;
+  }
+  ShardState::Reply r = state.step(s, cancelled);
+  reply->set_version(r.version);
+  reply->set_values(std::move(r.values));
+  reply->set_stop(r.stop);
+  reply->set_ticket(r.ticket);
+}
+
+// The chief's view of a Finish reply (finish_shard(), decode_finish_reply()).
+FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::string& who) {
+  const auto& v = reply.values();
+  if (v.size() % sizeof(float) != 0)
+    throw CorruptData(str_cat(who, " sent a shard of ", v.size(), " bytes, not float32 values"));
+  FinalShard f;
+  f.values = at::empty({static_cast<int64_t>(v.size() / 4)}, at::kFloat);
+  if (!v.empty()) std::memcpy(f.values.data_ptr(), v.data(), v.size());
+  f.bytes_received = reply.bytes_received();
+  f.bytes_sent = reply.bytes_sent();
+  f.version = reply.version();
+  return f;
+}
+
 // A failed call, as the exception the CLI maps to an exit code, naming the server.
 [[noreturn]] void throw_status(const grpc::Status& st, int shard, const std::string& address,
                                std::chrono::milliseconds timeout) {
@@ -73,30 +117,8 @@ class Service final : public wire::ParameterServer::Service {
   grpc::Status Step(grpc::ServerContext* ctx, const wire::StepRequest* req,
                     wire::StepReply* reply) override {
     received_ += req->ByteSizeLong();
-    if (req->grad().size() % sizeof(float) != 0)
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              str_cat("gradient of ", req->grad().size(), " bytes is not a float32 array")};
-    WorkerSummary summary;
-    ShardState::Step s;
-    s.worker = req->worker();
-    s.clock = req->clock();
-    if (!req->grad().empty()) {
-      // Protobuf strings are heap blocks (16-byte aligned), so this float view is aligned.
-      s.grad = reinterpret_cast<const float*>(req->grad().data());
-      s.grad_numel = static_cast<int64_t>(req->grad().size() / sizeof(float));
-    }
-    s.base_version = req->base_version();
-    s.leave = req->leave();
-    if (req->has_report()) {
-      summary = from_wire(req->report());
-      s.summary = &summary;
-    }
     try {
-      ShardState::Reply r = state_->step(s, [ctx] { return ctx->IsCancelled(); });
-      reply->set_version(r.version);
-      reply->set_values(std::move(r.values));
-      reply->set_stop(r.stop);
-      reply->set_ticket(r.ticket);
+      run_step(*state_, *req, reply, [ctx] { return ctx->IsCancelled(); });
     } catch (const InvalidArgument& e) {
       return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
     } catch (const std::exception& e) {
@@ -301,14 +323,24 @@ FinalShard finish_shard(const std::string& address, std::chrono::milliseconds ti
   wire::FinishReply reply;
   grpc::Status st = stub->Finish(&ctx, req, &reply);
   if (!st.ok()) throw_status(st, -1, address, timeout);
-  FinalShard f;
-  const auto& v = reply.values();
-  f.values = at::empty({static_cast<int64_t>(v.size() / 4)}, at::kFloat);
-  std::memcpy(f.values.data_ptr(), v.data(), v.size());
-  f.bytes_received = reply.bytes_received();
-  f.bytes_sent = reply.bytes_sent();
-  f.version = reply.version();
-  return f;
+  return final_shard_from_wire(reply, str_cat("parameter server ", address));
+}
+
+std::string serve_step(ShardState& state, const std::string& request,
+                       const std::function<bool()>& cancelled) {
+  wire::StepRequest req;
+  if (!req.ParseFromString(request))
+    throw CorruptData("parameter server: a Step request does not parse");
+  wire::StepReply reply;
+  run_step(state, req, &reply, cancelled);
+  return reply.SerializeAsString();
+}
+
+FinalShard decode_finish_reply(const std::string& bytes, const std::string& who) {
+  wire::FinishReply reply;
+  if (!reply.ParseFromString(bytes))
+    throw CorruptData(str_cat(who, ": the Finish reply does not parse"));
+  return final_shard_from_wire(reply, who);
 }
 
 }  // namespace krab::sync

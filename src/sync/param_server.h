@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,6 +99,19 @@ struct FinalShard {
 };
 
 // The chief's Finish call on the server at `address` (blocks until its workers are done).
+// CorruptData when the reply's values are not a whole number of float32 values.
 FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout);
+
+// The two ends of the protocol over serialised protobuf bytes, without gRPC: the same code the
+// Step handler and finish_shard() run on the messages gRPC hands them, for tests and the
+// fuzzers (tests/fuzz/). serve_step() takes a serialised StepRequest and returns the serialised
+// StepReply; it throws CorruptData when the bytes do not parse, InvalidArgument for a request
+// the shard refuses (the handler's INVALID_ARGUMENT), and whatever ShardState::step() throws
+// (`cancelled` as there). decode_finish_reply() turns a serialised FinishReply into the
+// FinalShard; CorruptData, starting with `who`, when it does not parse or its values are not
+// float32s.
+std::string serve_step(ShardState& state, const std::string& request,
+                       const std::function<bool()>& cancelled);
+FinalShard decode_finish_reply(const std::string& bytes, const std::string& who);
 
 }  // namespace krab::sync

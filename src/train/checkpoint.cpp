@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/printable.h"
 
 namespace krab::train {
 namespace {
@@ -139,55 +140,83 @@ CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& so
   } catch (const std::exception& e) {
     throw CorruptData(str_cat("checkpoint '", source, "' cannot be parsed"));
   }
+  // From here on the bytes passed their CRC, so they are what some writer wrote, but not
+  // necessarily krab: every read below can meet a missing entry or the wrong type, which
+  // LibTorch reports as c10::Error (or, for an unknown pickled class, TorchScript's
+  // ErrorReport). That is a corrupt file, not a bug; say so, naming it.
+  const auto corrupt = [&source](const char* why) {
+    return CorruptData(str_cat("checkpoint '", source, "' is not a valid krab checkpoint: ",
+                               core::printable(why)));
+  };
   CheckpointMeta meta;
-  c10::IValue v;
-  archive.read("meta.step", v);
-  meta.step = v.toInt();
-  archive.read("meta.model_name", v);
-  meta.model_name = v.toStringRef();
-  archive.read("meta.signature", v);
-  meta.signature = v.toStringRef();
-  archive.read("meta.global_batch", v);
-  meta.global_batch = v.toInt();
-  archive.read("meta.seed", v);
-  meta.seed = v.toInt();
+  try {
+    c10::IValue v;
+    archive.read("meta.step", v);
+    meta.step = v.toInt();
+    archive.read("meta.model_name", v);
+    meta.model_name = v.toStringRef();
+    archive.read("meta.signature", v);
+    meta.signature = v.toStringRef();
+    archive.read("meta.global_batch", v);
+    meta.global_batch = v.toInt();
+    archive.read("meta.seed", v);
+    meta.seed = v.toInt();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw corrupt(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw corrupt(e.what());
+  }
 
   if (meta.model_name != expect.model_name || meta.signature != expect.signature)
-    throw InvalidArgument(str_cat("checkpoint '", source, "' was written for ",
-                                  meta.model_name == expect.model_name
-                                      ? str_cat("a different '", meta.model_name, "' model")
-                                      : str_cat("model '", meta.model_name,
-                                                "', not this job's '", expect.model_name, "'"),
-                                  ": ",
-                                  first_signature_difference(meta.signature, expect.signature),
-                                  " (model.* keys must match to resume)"));
+    throw InvalidArgument(
+        str_cat("checkpoint '", source, "' was written for ",
+                meta.model_name == expect.model_name
+                    ? str_cat("a different '", core::printable(meta.model_name), "' model")
+                    : str_cat("model '", core::printable(meta.model_name), "', not this job's '",
+                              expect.model_name, "'"),
+                ": ", core::printable(first_signature_difference(meta.signature, expect.signature)),
+                " (model.* keys must match to resume)"));
   if (meta.global_batch != expect.global_batch)
     throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
                                   meta.global_batch, "; this job's global batch is ",
                                   expect.global_batch, " (workers x data.batch_size x "
                                   "train.grad_accum must match to resume)"));
-  torch::serialize::InputArchive optim_archive;
-  // Copy into the existing tensors: Module::load() swaps their storage with set_(), which
-  // the optimizer and DataParallel (holding the same parameters) must not be exposed to.
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& item : module.named_parameters()) {
+  try {
+    // Every tensor is read and checked before any is copied, so a checkpoint whose tensors
+    // contradict its signature leaves the model as it was. Copy into the existing tensors:
+    // Module::load() swaps their storage with set_(), which the optimizer and DataParallel
+    // (holding the same parameters) must not be exposed to.
+    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, saved)
+    const auto take = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
       at::Tensor t;
-      archive.read("param." + item.key(), t);
-      item.value().copy_(t);
+      archive.read(key, t, is_buffer);
+      if (!t.defined() || t.sizes() != dest.sizes() || t.scalar_type() != dest.scalar_type())
+        throw CorruptData(str_cat("checkpoint '", source, "': '", key, "' does not match the ",
+                                  "model's tensor ", dest.sizes(), " ", dest.scalar_type()));
+      copies.emplace_back(dest, t);
+    };
+    for (auto& item : module.named_parameters()) take("param." + item.key(), item.value(), false);
+    for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value(), true);
+    torch::serialize::InputArchive optim_archive;
+    archive.read("optimizer", optim_archive);
+    at::Tensor rng;
+    archive.read("rng", rng, /*is_buffer=*/true);
+    {
+      torch::NoGradGuard no_grad;
+      for (auto& [dest, saved] : copies) dest.copy_(saved);
     }
-    for (auto& item : module.named_buffers()) {
-      at::Tensor t;
-      archive.read("buffer." + item.key(), t, /*is_buffer=*/true);
-      item.value().copy_(t);
-    }
+    optimizer.load(optim_archive);
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(rng);
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw corrupt(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw corrupt(e.what());
   }
-  archive.read("optimizer", optim_archive);
-  optimizer.load(optim_archive);
-  at::Tensor rng;
-  archive.read("rng", rng, /*is_buffer=*/true);
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
-  gen.set_state(rng);
   return meta;
 }
 
@@ -214,8 +243,13 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   if (!core::path_exists(pointer)) return std::nullopt;
   std::string name = core::read_file(pointer);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (name.find('/') != std::string::npos || name.rfind("step-", 0) != 0)
-    throw CorruptData(str_cat("'", pointer, "' does not name a step directory"));
+  // Exactly what save_checkpoint writes: "step-" and the digits of a step. Checking the prefix
+  // alone let "step-00000001\0junk" through, and the NUL then cut every path built from it.
+  const bool digits = name.size() > 5 && name.size() <= 5 + 19 &&
+                      name.find_first_not_of("0123456789", 5) == std::string::npos;
+  if (name.rfind("step-", 0) != 0 || !digits)
+    throw CorruptData(str_cat("'", pointer, "' does not name a step directory (it holds '",
+                              core::printable(name), "')"));
   const std::string state = (fs::path(run_dir) / name / "state.krab").string();
   if (!core::path_exists(state))
     throw CorruptData(str_cat("'", pointer, "' points to '", state, "', which is missing"));

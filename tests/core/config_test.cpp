@@ -379,5 +379,24 @@ TEST(ConfigExamples, AllParse) {
   EXPECT_GE(seen, 3);
 }
 
+// Found by tests/fuzz/fuzz_config: --set text was quoted raw in messages, and a string value
+// that is not UTF-8 came back changed from to_yaml() (the emitter writes U+FFFD for the bad
+// bytes), so a federated client would have run with another value than the server.
+TEST(ConfigFuzzFindings, OverrideBytesAreEscapedInMessages) {
+  const std::string msg = parse_error("", {std::string("\x07train.epochs\x1b=3")});
+  EXPECT_CONTAINS(msg, "\\x07train.epochs\\x1b=3");
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+}
+
+TEST(ConfigFuzzFindings, AStringThatIsNotUtf8IsRefused) {
+  const std::string msg = parse_error("name: run\xd7\xd7\n");
+  EXPECT_CONTAINS(msg, "job.yaml:1:7: ");
+  EXPECT_CONTAINS(msg, "name: 'run\\xd7\\xd7' is not valid UTF-8");
+  EXPECT_CONTAINS(parse_error("", {"data.path=/tmp/\xc0\xaf"}), "not valid UTF-8");  // overlong '/'
+  const Config ok = Config::parse("name: caf\xc3\xa9-\xe2\x82\xac\n", "job.yaml");
+  EXPECT_EQ(Config::parse(ok.to_yaml(), "again"), ok);
+  EXPECT_EQ(ok.get_string("name"), "caf\xc3\xa9-\xe2\x82\xac");
+}
+
 }  // namespace
 }  // namespace krab::core

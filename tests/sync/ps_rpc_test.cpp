@@ -188,5 +188,30 @@ TEST(ParamServerRpc, ShardTooLargeForOneMessageNamesTheKey) {
   EXPECT_THROW(check_shard_fits(100, 0), InvalidArgument);
 }
 
+// What fuzz_ps_payload feeds the chief (tests/fuzz/): a Finish reply whose values are not whole
+// float32s used to be copied in full into a tensor of size / 4 floats, past its end.
+TEST(ParamServerPayload, AFinishReplyOfPartFloatsIsCorruptDataNotAnOverflow) {
+  // FinishReply{values: 5 bytes, version: 2}
+  try {
+    decode_finish_reply(std::string("\x0a\x05" "abcde" "\x20\x02", 9), "parameter server 1");
+    ADD_FAILURE() << "accepted";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter server 1"), std::string::npos) << e.what();
+  }
+  const FinalShard f =
+      decode_finish_reply(std::string("\x0a\x04\0\0\x80\x3f\x20\x02", 8), "server 0");
+  EXPECT_TRUE(torch::equal(f.values, torch::ones({1})));
+  EXPECT_EQ(f.version, 2);
+}
+
+TEST(ParamServerPayload, AStepRequestGoesThroughTheHandlersChecks) {
+  auto shard = make_shard(torch::zeros({2}), 0, 1, 1, -1);
+  const auto never = [] { return false; };
+  EXPECT_THROW(serve_step(*shard, "\xff\xff", never), CorruptData);
+  // StepRequest{worker: 0, clock: 1, grad: 6 bytes}
+  EXPECT_THROW(serve_step(*shard, std::string("\x08\x00\x10\x01\x1a\x06" "abcdef", 12), never),
+               InvalidArgument);
+}
+
 }  // namespace
 }  // namespace krab::sync
