@@ -278,27 +278,38 @@ size_t distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// CLI11 answers `krab trian` with "A subcommand is required". Returns the line to print instead
-// ("" when argv[1] is an option or a known command).
+// CLI11 answers `krab trian` (or `krab privacy epsilonn`) with "A subcommand is required".
+// Returns the line to print instead ("" when the words name known commands, or are options
+// or arguments).
 std::string unknown_command(const CLI::App& app, int argc, char** argv) {
-  if (argc < 2 || argv[1][0] == '-') return "";
-  const std::string given = argv[1];
-  std::string best, all;
-  size_t best_distance = 3;  // suggest only names within two edits
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-    const std::string& name = sub->get_name();
-    if (name == given) return "";
-    all += (all.empty() ? "" : ", ") + name;
-    const size_t d = distance(given, name);
-    if (d < best_distance) {
-      best_distance = d;
-      best = name;
+  const CLI::App* at = &app;
+  for (int i = 1; i < argc; ++i) {
+    const auto subs = at->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty() || argv[i][0] == '-') return "";
+    const std::string given = argv[i];
+    const CLI::App* match = nullptr;
+    std::string best, all;
+    size_t best_distance = 3;  // suggest only names within two edits
+    for (const CLI::App* sub : subs) {
+      const std::string& name = sub->get_name();
+      if (name == given) match = sub;
+      all += (all.empty() ? "" : ", ") + name;
+      const size_t d = distance(given, name);
+      if (d < best_distance) {
+        best_distance = d;
+        best = name;
+      }
     }
+    if (match != nullptr) {
+      at = match;
+      continue;
+    }
+    return best.empty()
+               ? str_cat("unknown command '", core::printable(given), "' (commands: ", all, ")")
+               : str_cat("unknown command '", core::printable(given), "'; did you mean '", best,
+                         "'?");
   }
-  return best.empty()
-             ? str_cat("unknown command '", core::printable(given), "' (commands: ", all, ")")
-             : str_cat("unknown command '", core::printable(given), "'; did you mean '", best,
-                       "'?");
+  return "";
 }
 
 // A count given on the command line: a whole number >= 1. (CLI::PositiveNumber's message
@@ -396,6 +407,17 @@ int main(int argc, char** argv) {
                         "K/N: train on partition K of N of --data (experiments)");
   fl_client->add_option("--cert", cli_opts.cert_file, "PEM client certificate (mutual TLS)");
   fl_client->add_option("--key", cli_opts.key_file, "PEM key of --cert");
+  fl_client->add_flag("--require-secure-aggregation", cli_opts.policy.require_secure,
+                      "Leave (exit 2) if a round is not securely aggregated");
+  fl_client->add_option("--min-local-noise", cli_opts.policy.min_local_noise,
+                        "Leave if a round's local DP noise multiplier (noise std / clip) is "
+                        "below this (default 0: no minimum)");
+  fl_client->add_option("--max-clip", cli_opts.policy.max_clip,
+                        "Leave if a round does not clip updates to at most this L2 norm "
+                        "(default 0: no bound)");
+  fl_client->add_option("--max-weight", cli_opts.policy.max_weight,
+                        "Leave if a secure round weights this client's update above this "
+                        "(default 1: no bound)");
   fl_client->add_option("--server-name", cli_opts.server_name,
                         "Name the server's certificate must carry, when it is not --server's "
                         "host (e.g. its DNS name while connecting to 127.0.0.1)");

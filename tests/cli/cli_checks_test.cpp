@@ -236,6 +236,9 @@ TEST_F(Cli, MisleadingMessagesSayWhatIsWrong) {
   expect_refused_fast(krab("train ok.yaml --set data.name=csv --set data.path=."), 2,
                       "CSV file '.' is a directory");
   expect_refused_fast(krab("trian ok.yaml"), 2, "unknown command 'trian'; did you mean 'train'?");
+  expect_refused_fast(krab("privacy epsilonn --delta 1e-5"), 2,
+                      "unknown command 'epsilonn'; did you mean 'epsilon'?");
+  expect_refused_fast(krab("zzz"), 2, "unknown command 'zzz' (commands: train, fl-sim");
   write("tab.yaml", "model:\n\tname: mlp\n");
   expect_refused_fast(krab("train tab.yaml"), 2, "tab.yaml:2:1: a tab in the indentation");
 }
