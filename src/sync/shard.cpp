@@ -167,7 +167,12 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
         ++dropped_;  // its round was applied while the worker was counted out
       }
     } else {
-      const int64_t staleness = std::max<int64_t>(0, version_ - s.base_version);
+      // The version comes off the wire: one this shard never had is refused, not subtracted
+      // (INT64_MIN would overflow the difference).
+      KRAB_CHECK_ARG(s.base_version >= 0 && s.base_version <= version_, "worker ", w,
+                     " pushed a gradient of version ", s.base_version, "; this shard is at ",
+                     version_);
+      const int64_t staleness = version_ - s.base_version;
       staleness_sum_ += staleness;
       max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
       // The first step says nothing about speeds: every worker pulled at once at the start.

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <limits>
 #include <thread>
 
 #include "core/errors.h"
@@ -251,6 +252,24 @@ TEST(Shard, BadInputIsRefusedNamingTheProblem) {
   EXPECT_THROW(shard.step(push(0, 2, g), kNever), InvalidArgument);
   EXPECT_EQ(shard.stats().pushes, 1);  // nothing refused was applied
   EXPECT_TRUE(torch::allclose(shard.values(), -0.05 * g));
+}
+
+// The base version comes off the wire (StepRequest.base_version): INT64_MIN made the staleness
+// `version - base` overflow (UBSan, with the request fuzz_ps_payload's seed base-version-min
+// carries); a version the shard never had is refused by name.
+TEST(Shard, ABaseVersionTheShardNeverHadIsRefused) {
+  ShardState shard(options(1, -1), torch::zeros({4}), sgd(0.1));
+  const at::Tensor g = torch::ones({4});
+  for (int64_t base : {std::numeric_limits<int64_t>::min(), int64_t{-1}, int64_t{1}}) {
+    try {
+      shard.step(push(0, 1, g, base), kNever);
+      ADD_FAILURE() << "base version " << base << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("gradient of version"), std::string::npos) << e.what();
+    }
+  }
+  shard.step(push(0, 1, g, 0), kNever);
+  EXPECT_EQ(shard.stats().pushes, 1);
 }
 
 // Many threads: the staleness bound holds whatever the interleaving, and every push counts.
