@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 BUILD_TYPE ?= Release
 
-.PHONY: all setup build demo test clean asan tsan sanitize
+.PHONY: all setup build demo test clean asan asan-build fuzz tsan sanitize
 
 all: build
 
@@ -24,12 +24,29 @@ test: build
 
 # Sanitizer builds of the unit and multi-rank tests (the e2e tests run the release binary):
 # ASan + UBSan over every layer (secure aggregation's parsing and crypto included), TSan over comm,
-# parallel, compress and the parameter-server shard.
+# parallel, compress and the parameter-server shard. The ASan build uses clang, which makes it the
+# fuzzing build too (docs/fuzzing.md): its tests include a short run of every fuzz target
+# (FUZZ_CI_SECONDS each); `make fuzz` runs them longer (FUZZ_SECONDS each).
 SANITIZE_TARGETS = core_config_test data_test models_test comm_gloo_test parallel_test train_test compress_test sync_shard_test sync_rpc_test secagg_test fl_test
-asan: setup
-	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=address
+ASAN_CC  ?= clang-14
+ASAN_CXX ?= clang++-14
+FUZZ_CI_SECONDS ?= 15
+FUZZ_SECONDS ?= 60
+asan-build: setup
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=address \
+	  -DCMAKE_C_COMPILER=$(ASAN_CC) -DCMAKE_CXX_COMPILER=$(ASAN_CXX)
 	cmake --build build-asan -j $(JOBS) --target $(SANITIZE_TARGETS)
-	cd build-asan && ctest --output-on-failure --timeout 900 -L sanitize
+	cmake --build build-asan -j $(JOBS) --target fuzzers
+
+asan: asan-build
+	cd build-asan && KRAB_FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
+	  ctest --output-on-failure --timeout 900 -L sanitize
+	@grep -ah '^fuzz fuzz_' build-asan/Testing/Temporary/LastTest.log || true
+
+fuzz: asan-build
+	cd build-asan && KRAB_FUZZ_SECONDS=$(FUZZ_SECONDS) \
+	  ctest --output-on-failure --timeout $$(( $(FUZZ_SECONDS) + 300 )) -L fuzz
+	@grep -ah '^fuzz fuzz_' build-asan/Testing/Temporary/LastTest.log || true
 
 tsan: setup
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=thread

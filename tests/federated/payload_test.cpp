@@ -22,8 +22,8 @@ namespace fs = std::filesystem;
 std::string state_file(const std::string& payload) {
   std::string out("KRABFLS1", 8);
   const uint64_t length = payload.size();
-  const uint32_t crc = static_cast<uint32_t>(crc32(
-      crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
   out.append(reinterpret_cast<const char*>(&length), 8);
   out.append(reinterpret_cast<const char*>(&crc), 4);
   return out + payload;
@@ -126,7 +126,10 @@ TEST(TransportPayload, ATaskOfAnUnknownKindIsCorruptDataNotACast) {
 TEST(TransportPayload, AnUpdateThatIsNotWholeFloatsIsRefusedNamingTheClient) {
   // TaskResult{update: 5 bytes}
   try {
-    decode_fit_result(std::string("\x1a\x05" "abcde", 7), false, "client 'a'");
+    decode_fit_result(std::string("\x1a\x05"
+                                  "abcde",
+                                  7),
+                      false, "client 'a'");
     ADD_FAILURE() << "accepted";
   } catch (const CorruptData& e) {
     EXPECT_NE(std::string(e.what()).find("client 'a'"), std::string::npos) << e.what();

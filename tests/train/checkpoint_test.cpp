@@ -1,6 +1,8 @@
 // Checkpoint files and the `latest` pointer given bytes krab did not write: regression tests
 // for what tests/fuzz/ found (docs/fuzzing.md). Every refusal is a krab error naming the file,
 // with the file's bytes escaped in the message.
+#include "train/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -10,7 +12,6 @@
 #include <fstream>
 
 #include "core/errors.h"
-#include "train/checkpoint.h"
 
 namespace krab::train {
 namespace {
@@ -66,8 +67,8 @@ std::string with_header(const std::string& payload) {
   std::string out("KRABCKPT", 8);
   const uint32_t version = 1;
   const uint64_t length = payload.size();
-  const uint32_t crc = static_cast<uint32_t>(crc32(
-      crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
   out.append(reinterpret_cast<const char*>(&version), 4);
   out.append(reinterpret_cast<const char*>(&length), 8);
   out.append(reinterpret_cast<const char*>(&crc), 4);
@@ -103,8 +104,8 @@ TEST(Checkpoint, AMissingOrMistypedEntryBehindAValidCrcIsCorruptDataNamingTheFil
   torch::serialize::OutputArchive missing;  // no meta.step at all
   missing.write("meta.model_name", c10::IValue(std::string("linear")));
   std::string msg = message_of([&] {
-    decode_checkpoint(with_header(archive_bytes(missing)), "run/state.krab", job.expect,
-                      *job.model, job.optimizer);
+    decode_checkpoint(with_header(archive_bytes(missing)), "run/state.krab", job.expect, *job.model,
+                      job.optimizer);
   });
   EXPECT_NE(msg.find("run/state.krab"), std::string::npos) << msg;
 

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# run_fuzzer.sh FUZZER SEEDS WORKDIR [LIBFUZZER FLAGS...] — one bounded fuzzing run (a ctest
+# test; docs/fuzzing.md).
+#
+# Runs FUZZER for KRAB_FUZZ_SECONDS (default 15) from the seed corpus SEEDS (read only: new
+# inputs go to WORKDIR/corpus, which later runs start from too). A crash, sanitizer report
+# (UBSan made fatal here), timeout or finding leaves its input in WORKDIR/artifacts/ and fails
+# the test. Prints one summary line: executions, new corpus inputs, crashes.
+set -uo pipefail
+fuzzer=$1 seeds=$2 work=$3
+shift 3
+seconds=${KRAB_FUZZ_SECONDS:-15}
+name=$(basename "$fuzzer")
+mkdir -p "$work/corpus" "$work/artifacts"
+touch "$work/log.start"
+export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+export LSAN_OPTIONS="suppressions=$(dirname "$0")/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+"$fuzzer" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+  -artifact_prefix="$work/artifacts/" "$@" "$work/corpus" "$seeds" >"$work/log" 2>&1
+rc=$?
+# -fork=1 prints running totals ("#123: cov: ... oom/timeout/crash: 1/0/0 ...") instead of stats.
+execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -1)
+[[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\): cov:.*/\1/p' "$work/log" | tail -1)
+ooms=$(sed -n 's|.*oom/timeout/crash: \([0-9]*\)/.*|\1|p' "$work/log" | tail -1)
+inputs=$(find "$work/artifacts" -type f -newer "$work/log.start" 2>/dev/null | wc -l)
+echo "fuzz $name: ${execs:-?} executions in ${seconds} s, exit $rc, $inputs input(s) saved" \
+  "to artifacts/${ooms:+ ($ooms ignored out-of-memory)}, corpus $(find "$work/corpus" -type f |
+  wc -l) + $(find "$seeds" -type f | wc -l) seeds"
+if ((rc != 0)); then
+  tail -n 60 "$work/log"
+  exit 1
+fi
