@@ -179,17 +179,17 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
         try {
           store = comm::connect_store(p.rendezvous, timeout);
         } catch (const Timeout& e) {
-          throw Timeout(str_cat(e.what(), " (--rdzv; is node 0 started? comm.timeout_s sets the "
-                                          "wait)"));
+          throw Timeout(str_cat(e.what(),
+                                " (--rdzv; is node 0 started? comm.timeout_s sets the "
+                                "wait)"));
         }
       }
       cli::Node0Outputs mine;
       mine.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
       if (!args.report.empty()) mine.report = std::filesystem::absolute(args.report).string();
-      node0 = cli::agree_on_job(
-          store, p.node_rank, args.launch.nnodes,
-          cli::job_fingerprint(config, args.launch.nnodes, p.nproc_per_node), mine, p.rendezvous,
-          timeout);
+      node0 = cli::agree_on_job(store, p.node_rank, args.launch.nnodes,
+                                cli::job_fingerprint(config, args.launch.nnodes, p.nproc_per_node),
+                                mine, p.rendezvous, timeout);
     }
     std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
                  args.job.c_str(), p.world_size,
@@ -210,9 +210,10 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
       if (!node0.report.empty())
         std::fprintf(stderr, "krab: report on node 0: %s\n", node0.report.c_str());
       if (!args.report.empty())
-        std::fprintf(stderr, "krab: --report %s is not written on this node: only rank 0 "
-                     "writes the report, on node 0%s\n", args.report.c_str(),
-                     node0.report.empty() ? " (give --report there)" : "");
+        std::fprintf(stderr,
+                     "krab: --report %s is not written on this node: only rank 0 "
+                     "writes the report, on node 0%s\n",
+                     args.report.c_str(), node0.report.empty() ? " (give --report there)" : "");
     }
     return code;
   }
@@ -370,8 +371,9 @@ int main(int argc, char** argv) {
   train->add_option("--report", args.report, "Write a JSON report of the run to FILE");
   train->add_option("--nnodes", args.launch.nnodes, "Number of machines (default 1)");
   train->add_option("--node-rank", args.launch.node_rank, "This machine's index, 0..nnodes-1");
-  train->add_option("--nproc-per-node", args.launch.nproc_per_node,
-                    "Workers on this machine (default parallel.workers / nnodes)")
+  train
+      ->add_option("--nproc-per-node", args.launch.nproc_per_node,
+                   "Workers on this machine (default parallel.workers / nnodes)")
       ->check(kAtLeastOne);
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (default 127.0.0.1, a free port)");

@@ -286,6 +286,10 @@ std::vector<KeySpec> build_registry() {
                 "`trimmed_mean`: fraction trimmed at each end per coordinate.", 0, 0.499999),
       int_key("federated.byzantine_f", "0", "`krum`/`multi_krum`: byzantine clients tolerated.", 0),
       int_key("federated.krum_m", "1", "`multi_krum`: lowest-score updates averaged.", 1),
+      int_key("federated.max_client_examples", "0",
+              "A client reporting more training examples than this is rejected (its example "
+              "count is its weight in the mean, and it reports the count itself); 0 = no bound.",
+              0),
       float_key("federated.max_update_norm", "0",
                 "Updates with a larger L2 norm are rejected and logged; 0 = no bound.", 0),
       bool_key("federated.secure_aggregation", "false",

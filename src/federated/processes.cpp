@@ -285,6 +285,20 @@ int64_t run_fl_client(const ClientRunOptions& options) {
       secure.reset();
       continue;
     }
+    // The server's settings against this client's own minimums: a breach ends the client
+    // (exit 2, naming the flag), before it trains or sends anything.
+    try {
+      if (task.kind == RemoteTask::kFit) check_fit(options.policy, task.fit);
+      if (task.kind == RemoteTask::kSecAgg && task.secagg.stage == SecAggRequest::kShareKeys)
+        check_weight(options.policy, task.secagg.weight);
+    } catch (const InvalidArgument& e) {
+      try {
+        client.submit_error(task.task_id, str_cat("refused by the client's policy: ", e.what()));
+      } catch (const std::exception&) {
+        // Leaving anyway.
+      }
+      throw;
+    }
     try {
       if (task.kind == RemoteTask::kFit) {
         RoundOptions ro;

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "federated/client_policy.h"
 
 namespace krab::federated {
 
@@ -47,6 +48,7 @@ struct ClientRunOptions {
   std::string partition;  // "K/N": use partition K of N of that data (experiments); "" = all
   double retry_s = 60;
   int threads = 1;
+  ClientPolicy policy;  // what this client insists on (client_policy.h)
 };
 
 // Returns the number of rounds this client took part in.

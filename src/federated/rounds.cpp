@@ -83,6 +83,7 @@ FederatedOptions read_options(const core::Config& c) {
   o.aggregator_options.byzantine_f = c.get_int("federated.byzantine_f");
   o.aggregator_options.krum_m = c.get_int("federated.krum_m");
   o.max_update_norm = c.get_float("federated.max_update_norm");
+  o.max_client_examples = c.get_int("federated.max_client_examples");
   o.secure = c.get_bool("federated.secure_aggregation");
   o.secagg_threshold = c.get_float("federated.secagg_threshold");
   o.secagg_clip = c.get_float("federated.secagg_clip");
@@ -252,6 +253,15 @@ double RoundRunner::charge_privacy(const RoundRecord& rec) {
   return privacy_spent(sigma, 1.0, dp_worst_participations_, options_.dp_delta).epsilon;
 }
 
+std::string RoundRunner::check_examples(const std::string& client, int64_t n) const {
+  if (n <= 0) return str_cat("client '", client, "': reported ", n, " examples");
+  if (options_.max_client_examples > 0 && n > options_.max_client_examples)
+    return str_cat("client '", client, "': reported ", n,
+                   " examples, above federated.max_client_examples (",
+                   options_.max_client_examples, ")");
+  return "";
+}
+
 double RoundRunner::expected_cohort(const RoundRecord& rec) const {
   return rec.sampling_rate * static_cast<double>(rec.available);
 }
@@ -305,8 +315,7 @@ at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& re
   std::vector<double> weights;
   for (const auto& f : fitted) {
     std::string why = validate_update(f.who->id(), f.reply.update, global_.numel(), bound);
-    if (why.empty() && f.reply.num_examples <= 0)
-      why = str_cat("client '", f.who->id(), "': reported ", f.reply.num_examples, " examples");
+    if (why.empty()) why = check_examples(f.who->id(), f.reply.num_examples);
     if (!why.empty()) {
       rec.rejected.push_back({f.who->id(), why});
       continue;
@@ -359,7 +368,8 @@ at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& r
     const std::string why = try_call([&] {
       const auto msg = secagg::AdvertiseKeys::from_bytes(f.reply.secagg);
       require_id(f, msg.client_id, "AdvertiseKeys");
-      KRAB_CHECK_ARG(f.reply.num_examples > 0, "reported ", f.reply.num_examples, " examples");
+      const std::string bad = check_examples(f.who->id(), f.reply.num_examples);
+      if (!bad.empty()) throw InvalidArgument(bad);
       server.receive(msg);
       live[f.secagg_id] = &f;
       examples[f.secagg_id] = static_cast<double>(f.reply.num_examples);

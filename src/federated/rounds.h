@@ -129,6 +129,7 @@ struct FederatedOptions {
   std::string aggregator = "mean";
   AggregatorOptions aggregator_options;
   double max_update_norm = 0;  // 0 = no bound
+  int64_t max_client_examples = 0;  // 0 = no bound on a client's self-reported example count
   bool secure = false;
   double secagg_threshold = 0.66;  // of the cohort size
   double secagg_clip = 4.0;        // per-coordinate range of a weighted update
@@ -230,6 +231,8 @@ class RoundRunner {
   size_t secagg_threshold(size_t cohort) const;
   // Charges `rec`'s round to the privacy budget and returns the epsilon spent so far.
   double charge_privacy(const RoundRecord& rec);
+  // Why a reported example count is refused ("" = fine): <= 0, or above the bound.
+  std::string check_examples(const std::string& client, int64_t n) const;
   // Central DP: the fixed denominator q * available (see the header comment).
   double expected_cohort(const RoundRecord& rec) const;
 

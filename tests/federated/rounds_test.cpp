@@ -13,6 +13,7 @@
 
 #include "core/errors.h"
 #include "federated/accountant.h"
+#include "federated/client_policy.h"
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
 
@@ -491,6 +492,70 @@ TEST(Rounds, SecureAggregationFailsCleanlyBelowTheThreshold) {
   EXPECT_FALSE(rec.ok);
   EXPECT_NE(rec.failure.find("secure aggregation"), std::string::npos) << rec.failure;
   EXPECT_TRUE(torch::equal(run.global(), torch::full({8}, 3.f)));
+}
+
+// A client's example count is its weight and is self-reported: a bound keeps one client from
+// claiming the mean for itself, in plain and in secure rounds.
+TEST(Rounds, AnExampleCountAboveTheBoundIsRejected) {
+  for (bool secure : {false, true}) {
+    std::vector<std::unique_ptr<Scripted>> c;
+    c.push_back(std::make_unique<Scripted>("a", torch::full({4}, 1.f), 100));
+    c.push_back(std::make_unique<Scripted>("b", torch::full({4}, 3.f), 100));
+    c.push_back(std::make_unique<Scripted>("greedy", torch::full({4}, 50.f), 1000000000));
+    FederatedOptions o = all_clients(2);
+    o.secure = secure;
+    o.secagg_threshold = 0.6;
+    o.max_client_examples = 1000;
+    RoundRunner run(o, torch::zeros({4}), false);
+    const RoundRecord rec = run.run_round(ptrs(c));
+    ASSERT_TRUE(rec.ok) << rec.failure;
+    EXPECT_EQ(rec.counted, (std::vector<std::string>{"a", "b"})) << secure;
+    ASSERT_EQ(rec.rejected.size(), 1u);
+    EXPECT_NE(rec.rejected[0].reason.find("federated.max_client_examples"), std::string::npos);
+    EXPECT_TRUE(torch::allclose(run.global(), torch::full({4}, 2.f), 1e-4, 1e-4)) << secure;
+  }
+}
+
+// A client's own minimums hold whatever the server asks (client_policy.h).
+TEST(ClientPolicy, TheServersRequestIsCheckedAgainstTheClientsFlags) {
+  auto error_of = [](auto fn) -> std::string {
+    try {
+      fn();
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "";
+  };
+  FitInstruction ins;
+  ins.round = 3;
+  ClientPolicy open;
+  EXPECT_EQ(error_of([&] { check_fit(open, ins); }), "");
+  ClientPolicy strict;
+  strict.require_secure = true;
+  strict.min_local_noise = 1.0;
+  strict.max_clip = 2.0;
+  strict.max_weight = 0.5;
+  EXPECT_NE(error_of([&] { check_fit(strict, ins); }).find("--require-secure-aggregation"),
+            std::string::npos);
+  ins.secure = true;
+  ins.secagg_clients = 10;
+  ins.secagg_threshold = 5;  // 2t = n: unsafe, refused even without a flag
+  EXPECT_NE(error_of([&] { check_fit(open, ins); }).find("2t > n"), std::string::npos);
+  ins.secagg_threshold = 6;
+  ins.clip_norm = 1.0;
+  ins.local_noise_std = 0.5;  // multiplier 0.5 < 1
+  EXPECT_NE(error_of([&] { check_fit(strict, ins); }).find("--min-local-noise"),
+            std::string::npos);
+  ins.local_noise_std = 1.5;
+  ins.clip_norm = 1.5;  // multiplier 1, but...
+  ins.local_noise_std = 1.5;
+  EXPECT_EQ(error_of([&] { check_fit(strict, ins); }), "");
+  ins.clip_norm = 3.0;  // ...clip 3 > --max-clip 2
+  ins.local_noise_std = 3.0;
+  EXPECT_NE(error_of([&] { check_fit(strict, ins); }).find("--max-clip"), std::string::npos);
+  EXPECT_EQ(error_of([&] { check_weight(strict, 0.2); }), "");
+  EXPECT_NE(error_of([&] { check_weight(strict, 1.0); }).find("--max-weight"), std::string::npos);
+  EXPECT_EQ(error_of([&] { check_weight(open, 1.0); }), "");
 }
 
 TEST(ServerState, RoundTripAndRefusesCorruptFiles) {
