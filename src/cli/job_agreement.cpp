@@ -52,8 +52,8 @@ std::string key_of(int node) { return str_cat("krab/job/", node); }
 }  // namespace
 
 const std::vector<std::string>& per_node_keys() {
-  static const std::vector<std::string> keys = {"name", "checkpoint.dir", "data.path",
-                                                "comm.iface", "train.threads_per_worker"};
+  static const std::vector<std::string> keys = {"name", "checkpoint.dir", "data.path", "comm.iface",
+                                                "train.threads_per_worker"};
   return keys;
 }
 
@@ -99,8 +99,8 @@ std::string first_difference(const Fingerprint& node0, const Fingerprint& theirs
     return nullptr;
   };
   auto line = [node](const std::string& key, const std::string& a, const std::string& b) {
-    return str_cat("node ", node, "'s job differs from node 0's at key ", key, ": '", a,
-                   "' vs '", b, "'");
+    return str_cat("node ", node, "'s job differs from node 0's at key ", key, ": '", a, "' vs '",
+                   b, "'");
   };
   for (const auto& [k, v0] : node0) {
     const std::string* v = value_in(theirs, k);
@@ -122,9 +122,9 @@ Node0Outputs agree_on_job(const comm::StorePtr& store, int node_rank, int nnodes
     return decode(std::string(v.begin(), v.end()));
   };
   // Claim the node rank: a second node with the same --node-rank gets 2.
-  KRAB_CHECK_ARG(store->add(str_cat("krab/node/", node_rank), 1) == 1,
-                 "--node-rank ", node_rank, ": another node already joined the rendezvous at ",
-                 rendezvous.to_string(), " as node ", node_rank);
+  KRAB_CHECK_ARG(store->add(str_cat("krab/node/", node_rank), 1) == 1, "--node-rank ", node_rank,
+                 ": another node already joined the rendezvous at ", rendezvous.to_string(),
+                 " as node ", node_rank);
   if (node_rank != 0) {
     try {
       store->wait({key_of(0)}, timeout);
@@ -155,7 +155,8 @@ Node0Outputs agree_on_job(const comm::StorePtr& store, int node_rank, int nnodes
     } catch (const std::exception&) {
       std::string missing;
       for (int m = n; m < nnodes; ++m)
-        if (!store->check({key_of(m)})) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+        if (!store->check({key_of(m)}))
+          missing += (missing.empty() ? "" : ", ") + std::to_string(m);
       throw Timeout(str_cat("node(s) ", missing, " did not reach the rendezvous at ",
                             rendezvous.to_string(), " within comm.timeout_s = ", seconds,
                             " (started with the same --rdzv and --nnodes?)"));

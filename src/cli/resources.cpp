@@ -28,9 +28,7 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
-std::string mib(int64_t bytes) {
-  return str_cat((bytes + (int64_t{1} << 19)) >> 20, " MiB");
-}
+std::string mib(int64_t bytes) { return str_cat((bytes + (int64_t{1} << 19)) >> 20, " MiB"); }
 
 }  // namespace
 
@@ -67,12 +65,11 @@ void check_memory(int processes, const WorkerFootprint& footprint, int64_t avail
   if (available < 0) return;
   const double need = static_cast<double>(processes) * static_cast<double>(footprint.total());
   KRAB_CHECK_ARG(need <= static_cast<double>(available), key, ": ", processes,
-                 " worker processes on this node need about ",
-                 gib(static_cast<int64_t>(need)), " (", mib(footprint.total()), " each: ",
-                 mib(footprint.fixed_bytes), " LibTorch process, ", mib(footprint.data_bytes),
-                 " data, ", mib(footprint.model_bytes),
-                 " model and optimizer) but this machine has ", gib(available),
-                 " available (MemAvailable in /proc/meminfo); use fewer workers");
+                 " worker processes on this node need about ", gib(static_cast<int64_t>(need)),
+                 " (", mib(footprint.total()), " each: ", mib(footprint.fixed_bytes),
+                 " LibTorch process, ", mib(footprint.data_bytes), " data, ",
+                 mib(footprint.model_bytes), " model and optimizer) but this machine has ",
+                 gib(available), " available (MemAvailable in /proc/meminfo); use fewer workers");
 }
 
 void warn_if_oversubscribed(int processes, int cores, const std::string& key) {

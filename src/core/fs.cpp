@@ -82,7 +82,8 @@ void check_writable_dir(const std::string& dir, const std::string& what) {
   std::string why;
   std::vector<fs::path> created;
   for (auto it = missing.rbegin(); it != missing.rend() && why.empty(); ++it) {
-    if (::mkdir(it->c_str(), 0755) == 0) created.push_back(*it);
+    if (::mkdir(it->c_str(), 0755) == 0)
+      created.push_back(*it);
     else if (errno != EEXIST)  // another process's run may be creating it too
       why = str_cat("cannot create '", it->string(), "': ", std::strerror(errno));
   }

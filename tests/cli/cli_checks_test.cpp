@@ -69,11 +69,11 @@ TEST_F(Cli, MoreWorkersThanCoresGetAWarning) {
   const int cores = CPU_COUNT(&set);
   if (cores > 4) GTEST_SKIP() << cores << " cores: too many workers to start for this test";
   write("ok.yaml", kSmallJob);
-  const Result r = run(krab(str_cat("train ok.yaml --set train.steps=2 --set parallel.workers=",
-                                    cores + 1)));
+  const Result r =
+      run(krab(str_cat("train ok.yaml --set train.steps=2 --set parallel.workers=", cores + 1)));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find(str_cat("warning: parallel.workers: ", cores + 1,
-                                  " worker processes on ", cores, " cores")),
+  EXPECT_NE(r.output.find(str_cat("warning: parallel.workers: ", cores + 1, " worker processes on ",
+                                  cores, " cores")),
             std::string::npos)
       << r.output;
 }
@@ -134,9 +134,10 @@ TEST_F(Cli, NodesWithDifferentJobsFailAtRendezvous) {
   const std::string common =
       "--nnodes 2 --nproc-per-node 1 --rdzv " + rdzv + " --set comm.timeout_s=30 ";
   const std::string log0 = (dir_ / "node0.txt").string();
-  const pid_t node0 = start_krab(
-      dir_, log0, {"train", "job.yaml", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node",
-                   "1", "--rdzv", rdzv, "--set", "comm.timeout_s=30", "--set", "train.steps=30"});
+  const pid_t node0 =
+      start_krab(dir_, log0,
+                 {"train", "job.yaml", "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+                  "--rdzv", rdzv, "--set", "comm.timeout_s=30", "--set", "train.steps=30"});
   const Result node1 = run(krab("train job.yaml --node-rank 1 " + common +
                                 "--set train.steps=20 --set train.optimizer.lr=0.5"));
   int status = 0;
@@ -158,14 +159,17 @@ TEST_F(Cli, NodeOneSaysWhereNodeZeroWroteTheReport) {
   const pid_t node0 = start_krab(dir_, log0,
                                  {"train", "job.yaml", "--nnodes", "2", "--node-rank", "0",
                                   "--nproc-per-node", "1", "--rdzv", rdzv, "--report", "r0.json"});
-  const Result node1 = run(krab("train job.yaml --nnodes 2 --node-rank 1 --nproc-per-node 1 "
-                                "--rdzv " + rdzv + " --report r1.json"));
+  const Result node1 =
+      run(krab("train job.yaml --nnodes 2 --node-rank 1 --nproc-per-node 1 "
+               "--rdzv " +
+               rdzv + " --report r1.json"));
   int status = 0;
   ASSERT_TRUE(wait_exit(node0, 120, status));
   ASSERT_EQ(node1.code, 0) << node1.output;
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << krab::core::read_file(log0);
   EXPECT_NE(node1.output.find("report on node 0: " + (dir_ / "r0.json").string()),
-            std::string::npos) << node1.output;
+            std::string::npos)
+      << node1.output;
   EXPECT_NE(node1.output.find("--report r1.json is not written on this node"), std::string::npos)
       << node1.output;
   EXPECT_NE(node1.output.find((dir_ / "runs/job/model.pt").string()), std::string::npos)
@@ -179,8 +183,8 @@ TEST_F(Cli, NodeOneSaysWhereNodeZeroWroteTheReport) {
 TEST_F(Cli, RendezvousTimeoutIsOneLineNamingAddressAndKey) {
   write("job.yaml", kSmallJob);
   const std::string port = std::to_string(free_port());
-  const std::string flags = " --nproc-per-node 1 --rdzv 127.0.0.1:" + port +
-                            " --set comm.timeout_s=2";
+  const std::string flags =
+      " --nproc-per-node 1 --rdzv 127.0.0.1:" + port + " --set comm.timeout_s=2";
   for (const std::string& cmd :
        {krab("train job.yaml --nnodes 2 --node-rank 0" + flags),
         krab("train job.yaml --nnodes 2 --node-rank 1" + flags),
@@ -200,14 +204,14 @@ TEST_F(Cli, RendezvousTimeoutIsOneLineNamingAddressAndKey) {
 // rank and exit 1, not "terminate called after throwing 'gloo::EnforceNotMet'" and SIGABRT.
 TEST_F(Cli, GlooFailureInAWorkerIsOneLineAndExitOne) {
   write("job.yaml", kSmallJob);
-  const std::string env = "cd " + dir_.string() +
-                          " && WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(free_port()) + " ";
+  const std::string env =
+      "cd " + dir_.string() +
+      " && WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " ";
   const std::string log0 = (dir_ / "rank0.txt").string();
   const pid_t rank0 = ::fork();
   if (rank0 == 0) {
-    const Result r = run(env + "RANK=0 " + kKrab + " train job.yaml --set train.steps=30 > " +
-                         log0 + " 2>&1");
+    const Result r =
+        run(env + "RANK=0 " + kKrab + " train job.yaml --set train.steps=30 > " + log0 + " 2>&1");
     ::_exit(r.code);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
@@ -224,8 +228,8 @@ TEST_F(Cli, GlooFailureInAWorkerIsOneLineAndExitOne) {
 TEST_F(Cli, OutOfRangePortsAreRefused) {
   write("ok.yaml", kSmallJob);
   expect_refused_fast(krab("train ok.yaml --rdzv 127.0.0.1:99999"), 2, "--rdzv: port '99999'");
-  expect_refused_fast("cd " + dir_.string() + " && RANK=0 WORLD_SIZE=1 MASTER_PORT=70000 " +
-                          kKrab + " train ok.yaml",
+  expect_refused_fast("cd " + dir_.string() + " && RANK=0 WORLD_SIZE=1 MASTER_PORT=70000 " + kKrab +
+                          " train ok.yaml",
                       2, "'70000'");
 }
 
@@ -250,9 +254,10 @@ TEST_F(Cli, CsvWithByteOrderMarkAndQuotedNumbersLoads) {
     csv += str_cat("\"", i % 2, "\",\"", i * 0.5, "\",", i % 2 ? 1.5 : -1.5, "\r\n");
   write("t.csv", csv);
   write("ok.yaml", kSmallJob);
-  const Result r = run(krab("train ok.yaml --set data.name=csv --set data.path=t.csv "
-                            "--set data.label_column=label --set data.batch_size=8 "
-                            "--set train.steps=2"));
+  const Result r =
+      run(krab("train ok.yaml --set data.name=csv --set data.path=t.csv "
+               "--set data.label_column=label --set data.batch_size=8 "
+               "--set train.steps=2"));
   EXPECT_EQ(r.code, 0) << r.output;
 }
 

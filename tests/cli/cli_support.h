@@ -34,8 +34,8 @@ inline Result run(const std::string& cmd, int timeout = 300) {
   Result r;
   std::string quoted;  // single-quote the command for sh -c
   for (char c : cmd) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  const std::string full = "timeout -k 5 " + std::to_string(timeout) + " sh -c '" + quoted +
-                           "' 2>&1";
+  const std::string full =
+      "timeout -k 5 " + std::to_string(timeout) + " sh -c '" + quoted + "' 2>&1";
   FILE* p = ::popen(full.c_str(), "r");
   char buf[4096];
   size_t n;
@@ -104,7 +104,8 @@ inline std::string environ_of(pid_t pid) {
 }
 
 // Starts `krab ARGS...` in `dir` in the background, stderr to `log`.
-inline pid_t start_krab(const fs::path& dir, const std::string& log, std::vector<std::string> args) {
+inline pid_t start_krab(const fs::path& dir, const std::string& log,
+                        std::vector<std::string> args) {
   args.insert(args.begin(), kKrab);
   pid_t pid = ::fork();
   if (pid == 0) {

@@ -36,10 +36,10 @@ TEST(JobAgreement, TheFirstDifferingKeyIsNamedWithBothValues) {
 
 TEST(JobAgreement, PerNodeKeysMayDiffer) {
   const Fingerprint node0 = job_fingerprint(job(), 2, 1);
-  const Fingerprint node1 = job_fingerprint(
-      job({"name=other", "checkpoint.dir=/elsewhere", "data.path=/mnt/data", "comm.iface=eth1",
-           "train.threads_per_worker=4"}),
-      2, 1);
+  const Fingerprint node1 =
+      job_fingerprint(job({"name=other", "checkpoint.dir=/elsewhere", "data.path=/mnt/data",
+                           "comm.iface=eth1", "train.threads_per_worker=4"}),
+                      2, 1);
   EXPECT_EQ(first_difference(node0, node1, 1), "");
   for (const std::string& key : per_node_keys()) EXPECT_NE(core::find_key(key), nullptr) << key;
 }
@@ -91,9 +91,9 @@ TEST(JobAgreement, NodeOneLearnsWhereNodeZeroWritesAndAMissingNodeIsNamed) {
                  std::chrono::seconds(1));
     ADD_FAILURE() << "node 2 never came, yet node 0 went on";
   } catch (const Timeout& e) {
-    EXPECT_NE(std::string(e.what()).find("node(s) 2 did not reach the rendezvous at " +
-                                         at.to_string()),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("node(s) 2 did not reach the rendezvous at " + at.to_string()),
+        std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("comm.timeout_s"), std::string::npos) << e.what();
   }
