@@ -86,6 +86,14 @@ void check_key_matches(const std::string& cert_pem, const std::string& key_pem,
                  "'");
 }
 
+std::string sha256(const std::string& text) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  KRAB_CHECK(EVP_Digest(text.data(), text.size(), out, &n, EVP_sha256(), nullptr) == 1 && n == 32,
+             "SHA-256 failed");
+  return std::string(reinterpret_cast<const char*>(out), n);
+}
+
 void quiet_grpc_logs() {
   static std::once_flag once;
   std::call_once(once, [] {

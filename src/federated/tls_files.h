@@ -25,6 +25,10 @@ std::string read_private_key(const std::string& path, const char* what);
 void check_key_matches(const std::string& cert_pem, const std::string& key_pem,
                        const std::string& cert_path, const std::string& key_path);
 
+// SHA-256 of `text` (32 raw bytes): tokens are kept and looked up by digest, so the lookup's
+// timing depends on a hash of the guess, not on how many leading characters it got right.
+std::string sha256(const std::string& text);
+
 // Sends gRPC's own log lines nowhere unless KRAB_GRPC_LOG is set in the environment (to debug
 // the transport); krab reports every failure itself, in one line. Idempotent.
 void quiet_grpc_logs();

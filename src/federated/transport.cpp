@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/security/auth_metadata_processor.h>
 
 #include <climits>
 #include <condition_variable>
@@ -172,7 +174,8 @@ std::string new_session() {
 }  // namespace
 
 struct FederationServerState {
-  ServerTransportOptions options;
+  ServerTransportOptions options;     // options.tokens is emptied: only digests are kept
+  std::map<std::string, TokenInfo> by_digest;  // sha256(token) -> client
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, Slot> slots;  // by client name
@@ -204,9 +207,11 @@ struct FederationServerState {
             str_cat("the token of '", slot.name, "' is held by another connected client")};
   }
 
-  // The client a call's token names, or a refusal.
-  grpc::Status authenticate(grpc::ServerContext* ctx, std::string* name) {
-    const auto& md = ctx->client_metadata();
+  // The client a call's token names, or a refusal. Runs twice per call: in TokenGate, on the
+  // call's headers before gRPC reads its message (a stranger cannot make the server buffer a
+  // 64 MiB body), and in the handler, which needs the name.
+  grpc::Status check_token(const std::multimap<grpc::string_ref, grpc::string_ref>& md,
+                           const grpc::AuthContext* auth, std::string* name) {
     auto it = md.find("authorization");
     std::lock_guard<std::mutex> lock(mu);
     if (it == md.end()) {
@@ -216,8 +221,8 @@ struct FederationServerState {
     std::string value(it->second.data(), it->second.size());
     const std::string prefix = "Bearer ";
     if (value.compare(0, prefix.size(), prefix) == 0) value = value.substr(prefix.size());
-    auto t = options.tokens.find(value);
-    if (t == options.tokens.end()) {
+    auto t = by_digest.find(sha256(value));
+    if (t == by_digest.end()) {
       refuse("unknown token");
       return {grpc::StatusCode::UNAUTHENTICATED, "unknown token"};
     }
@@ -226,12 +231,47 @@ struct FederationServerState {
       return {grpc::StatusCode::UNAUTHENTICATED,
               str_cat("the token of '", t->second.client, "' expired at ", t->second.expires)};
     }
+    // Under mutual TLS a token is good only with its own client's certificate: the
+    // certificate's common name must be the token's client name.
+    if (!options.client_ca_file.empty()) {
+      std::string cn;
+      if (auth != nullptr)
+        for (const auto& v : auth->FindPropertyValues("x509_common_name")) cn.assign(v.data(), v.size());
+      if (cn != t->second.client) {
+        refuse(str_cat("the token of '", t->second.client, "' with the certificate of '",
+                       core::printable(cn), "'"));
+        return {grpc::StatusCode::UNAUTHENTICATED,
+                str_cat("the token of '", t->second.client,
+                        "' needs a client certificate whose common name is '", t->second.client,
+                        "'")};
+      }
+    }
     *name = t->second.client;
     return grpc::Status::OK;
+  }
+
+  grpc::Status authenticate(grpc::ServerContext* ctx, std::string* name) {
+    const auto auth = ctx->auth_context();
+    return check_token(ctx->client_metadata(), auth.get(), name);
   }
 };
 
 namespace {
+
+// Checks the token on a call's headers, before its message is read (see check_token).
+class TokenGate final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenGate(FederationServerState* s) : s_(s) {}
+  bool IsBlocking() const override { return false; }  // a digest lookup: nothing blocks
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext* auth, OutputMetadata*,
+                       OutputMetadata*) override {
+    std::string name;
+    return s_->check_token(md, auth, &name);
+  }
+
+ private:
+  FederationServerState* s_;
+};
 
 class Service final : public wire::Federation::Service {
  public:
@@ -430,10 +470,22 @@ FederationServer::FederationServer(ServerTransportOptions options)
   if (!options.client_ca_file.empty())
     ssl.pem_root_certs = read_certificates(options.client_ca_file, "federated.tls_client_ca");
   impl_->state.options = std::move(options);
+  // Keep digests only: the tokens themselves need not stay in memory.
+  for (auto& [token, info] : impl_->state.options.tokens)
+    impl_->state.by_digest.emplace(sha256(token), info);
+  impl_->state.options.tokens.clear();
   impl_->service = std::make_unique<Service>(&impl_->state);
   grpc::ServerBuilder builder;
   const auto& o = impl_->state.options;
-  builder.AddListeningPort(o.address, grpc::SslServerCredentials(ssl), &impl_->port);
+  auto credentials = grpc::SslServerCredentials(ssl);
+  credentials->SetAuthMetadataProcessor(std::make_shared<TokenGate>(&impl_->state));
+  builder.AddListeningPort(o.address, credentials, &impl_->port);
+  // Bounds on what callers can make the server hold: few streams per connection (a client needs
+  // two: a poll and a submit), and a memory quota for gRPC's buffers.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 4);
+  grpc::ResourceQuota quota("krab-fl-server");
+  quota.Resize(static_cast<size_t>(std::max<int64_t>(int64_t{1} << 30, 4 * o.max_message_bytes)));
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX)));
   builder.SetMaxSendMessageSize(

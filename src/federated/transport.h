@@ -10,7 +10,12 @@
 // certificates signed by that CA (mutual TLS). Each call carries a bearer token; the server
 // maps it to a client name through the tokens file, refuses unknown and expired tokens with
 // UNAUTHENTICATED (the client reports "token refused: ..." and exits 2), and counts every
-// refusal. A token belongs to one client at a time: Ready hands out a session that GetTask and
+// refusal. Tokens are checked on a call's headers, before gRPC reads its message (an
+// AuthMetadataProcessor), so a stranger cannot make the server buffer large bodies; they are
+// kept and compared as SHA-256 digests; under mutual TLS a token is accepted only with a client
+// certificate whose common name is the token's client name. Each connection may have at most 4
+// concurrent calls, and gRPC's buffers share one memory quota. A token belongs to one client at
+// a time: Ready hands out a session that GetTask and
 // Submit must carry, and a second Ready with a token whose holder is still polling is refused
 // (TokenInUse), so a copied token can neither join twice nor take the holder's tasks. A message above `max_message_bytes` is refused by gRPC (RESOURCE_EXHAUSTED) before
 // any of krab's code sees it; a task result that does not parse, has the wrong task id or an

@@ -4,8 +4,11 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -281,6 +284,131 @@ checkpoint: {dir: )", d, "/csvrun}\n"), "test");
   for (const auto& r : report["rounds"]) EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
   // A linear rule in two features: far above the majority class (about 0.5).
   EXPECT_GT(report["test_accuracy"].get<double>(), 0.85);
+}
+
+// The resident memory of process `pid` in bytes (VmRSS), or -1.
+int64_t resident_bytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  int64_t kb = -1;
+  while (in >> key) {
+    if (key == "VmRSS:") {
+      in >> kb;
+      return kb * 1024;
+    }
+    in.ignore(1 << 20, '\n');
+  }
+  return -1;
+}
+
+// A stranger's large calls are refused on their headers: the server never reads, so never
+// buffers, their bodies. Measured on a real fl-server process (this process's own memory holds
+// the attacker's messages): six concurrent 60 MiB calls without a valid token once took the
+// server from 171 MB to 760 MB.
+TEST_F(Tls, CallsWithoutAValidTokenAreRefusedBeforeTheirBodyIsRead) {
+  const std::string krab = std::string(KRAB_BINARY_DIR) + "/bin/krab";
+  if (!std::filesystem::exists(krab)) GTEST_SKIP() << "no " << krab << " in this build";
+  const std::string d = dir_->string();
+  {
+    std::ofstream(d + "/gate-tokens.txt") << "alice token-of-alice-0123456789\n";
+    std::ofstream(d + "/gate.yaml") << "name: gate\nmodel: {name: mlp, hidden: 8}\n"
+                                    << "data: {name: synthetic, synthetic_samples: 200}\n"
+                                    << "federated: {clients: 1, min_clients: 1, "
+                                       "wait_clients_s: 120, max_message_mb: 100, "
+                                       "address: \"127.0.0.1:0\", tls_cert: "
+                                    << d << "/server.pem, tls_key: " << d
+                                    << "/server.key, tokens: " << d << "/gate-tokens.txt}\n"
+                                    << "checkpoint: {dir: " << d << "/gaterun}\n";
+  }
+  const std::string port_file = d + "/gate.port";
+  std::filesystem::remove(port_file);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const std::string job = d + "/gate.yaml";
+    ::execl(krab.c_str(), "krab", "fl-server", job.c_str(), "--port-file", port_file.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  for (int i = 0; i < 600 && !std::filesystem::exists(port_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(port_file));
+  std::string port;
+  std::ifstream(port_file) >> port;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // settle after start-up
+  const int64_t before = resident_bytes(pid);
+  std::atomic<bool> done{false};
+  std::atomic<int64_t> peak{before};
+  std::thread sampler([&] {
+    while (!done) {
+      peak = std::max<int64_t>(peak, resident_bytes(pid));
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  std::vector<std::thread> attackers;
+  std::atomic<int> refused{0};
+  for (int i = 0; i < 6; ++i)
+    attackers.emplace_back([&, i] {
+      ClientTransportOptions o;
+      o.server = "127.0.0.1:" + port;
+      o.ca_file = d + "/ca.pem";
+      o.token = i % 2 ? "not-a-token-of-anyone-000" : "";
+      if (o.token.empty()) o.token = "x";  // the client insists on a token; any wrong one
+      o.max_message_bytes = 100 << 20;
+      o.timeout = std::chrono::milliseconds(20000);
+      FederationClient stranger(o);
+      FitReply reply;
+      reply.update = torch::ones({15 << 20});  // 60 MiB
+      reply.num_examples = 1;
+      try {
+        stranger.submit_fit(1, reply);
+      } catch (const InvalidArgument& e) {
+        refused += std::string(e.what()).find("token refused") != std::string::npos;
+      }
+    });
+  for (auto& t : attackers) t.join();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  done = true;
+  sampler.join();
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_EQ(refused, 6);
+  ASSERT_GT(before, 0);
+  EXPECT_LT(peak - before, int64_t{100} << 20)
+      << "the server grew from " << before / 1e6 << " MB to " << peak / 1e6 << " MB";
+}
+
+// Mutual TLS: a token is good only with its own client's certificate (common name = the
+// token's client name), so a stolen token is useless without the matching key.
+TEST_F(Tls, UnderMutualTlsATokenNeedsItsOwnClientsCertificate) {
+  const std::string d = dir_->string();
+  const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  for (const char* who : {"alice", "mallory"}) {
+    const std::string cmd = "cd " + d + " && openssl req " + ec + " -subj /CN=" + who +
+                            " -keyout " + who + ".key -out " + who + ".csr" +
+                            " && openssl x509 -req -in " + who +
+                            ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out " + who +
+                            ".pem";
+    ASSERT_EQ(std::system((cmd + " >/dev/null 2>&1").c_str()), 0) << cmd;
+  }
+  ServerTransportOptions so = server_options();
+  so.client_ca_file = d + "/ca.pem";
+  FederationServer server(so);
+  auto client = [&](const std::string& cert) {
+    ClientTransportOptions o = client_options(server.port(), "token-of-alice-0123456");
+    o.cert_file = d + "/" + cert + ".pem";
+    o.key_file = d + "/" + cert + ".key";
+    return o;
+  };
+  FederationClient alice(client("alice"));
+  EXPECT_EQ(alice.hello().client_name, "alice");
+  FederationClient thief(client("mallory"));
+  try {
+    thief.hello();
+    FAIL() << "alice's token was accepted with mallory's certificate";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("common name is 'alice'"), std::string::npos) << e.what();
+  }
 }
 
 // A copied token neither joins a second time nor takes the holder's tasks; the holder goes on.
