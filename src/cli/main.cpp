@@ -124,99 +124,117 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);   // and stay there when freed
 }
 
+// Everything the launcher can check before it spawns a process: the job (data, model,
+// checkpoint), the outputs rank 0 will write, and room for the workers in memory.
+void check_before_spawning(const TrainArgs& args, const core::Config& config,
+                           const cli::LaunchPlan& plan) {
+  KRAB_CHECK_ARG(config.get_string("comm.backend") != "mpi",
+                 "comm.backend 'mpi' needs the job started by mpirun "
+                 "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
+  const train::PreflightInfo info = train::preflight(config, plan.world_size);
+  // Only rank 0, on node 0, writes the outputs.
+  if (plan.node_rank == 0) {
+    core::check_writable_dir(train::run_directory(config), "checkpoint.dir");
+    if (!args.report.empty()) core::check_writable_file(args.report, "--report");
+  }
+  const std::string workers_key =
+      args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
+  // Node 0 also runs sync.servers parameter servers for sync.mode async.
+  const int servers = plan.node_rank == 0 && config.get_string("sync.mode") == "async"
+                          ? static_cast<int>(config.get_int("sync.servers"))
+                          : 0;
+  cli::check_memory(plan.nproc_per_node + servers,
+                    cli::estimate_worker_memory(info.data_bytes, info.parameters),
+                    cli::available_memory_bytes(), workers_key);
+  cli::warn_if_oversubscribed(plan.nproc_per_node, cli::usable_cores(), workers_key);
+}
+
+// Every node must be about to run the same job (job_agreement.h). Returns where node 0 writes
+// its outputs.
+cli::Node0Outputs agree_with_other_nodes(const TrainArgs& args, const core::Config& config,
+                                         const cli::LaunchPlan& p, const comm::StoreServer* server,
+                                         std::chrono::milliseconds timeout) {
+  comm::StorePtr store;
+  if (server != nullptr) {
+    store = server->store();
+  } else {
+    try {
+      store = comm::connect_store(p.rendezvous, timeout);
+    } catch (const Timeout& e) {
+      throw Timeout(
+          str_cat(e.what(), " (--rdzv; is node 0 started? comm.timeout_s sets the wait)"));
+    }
+  }
+  cli::Node0Outputs mine;
+  mine.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
+  if (!args.report.empty()) mine.report = std::filesystem::absolute(args.report).string();
+  return cli::agree_on_job(store, p.node_rank, args.launch.nnodes,
+                           cli::job_fingerprint(config, args.launch.nnodes, p.nproc_per_node), mine,
+                           p.rendezvous, timeout);
+}
+
+// The last lines of a successful run: where the model and the report are. Rank 0 lives on
+// node 0 and writes everything there; the other nodes say so rather than nothing.
+void say_where_outputs_are(const TrainArgs& args, const core::Config& config, int node_rank,
+                           const cli::Node0Outputs& node0) {
+  if (node_rank == 0) {
+    std::fprintf(stderr, "krab: checkpoint %s/model.pt\n", train::run_directory(config).c_str());
+    if (!args.report.empty()) std::fprintf(stderr, "krab: report %s\n", args.report.c_str());
+    return;
+  }
+  std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on node 0: %s/model.pt\n",
+               node_rank, node0.run_dir.c_str());
+  if (!node0.report.empty())
+    std::fprintf(stderr, "krab: report on node 0: %s\n", node0.report.c_str());
+  if (!args.report.empty())
+    std::fprintf(stderr,
+                 "krab: --report %s is not written on this node: only rank 0 writes the report, "
+                 "on node 0%s\n",
+                 args.report.c_str(), node0.report.empty() ? " (give --report there)" : "");
+}
+
+int run_launcher(const TrainArgs& args, const core::Config& config, const cli::LaunchPlan& plan,
+                 const std::vector<std::string>& argv) {
+  check_before_spawning(args, config, plan);
+  cli::LaunchPlan p = plan;
+  // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
+  // per core by default) would make W workers on few cores fight for them. It reads its
+  // limit from the environment once, at load, so the launcher sets it for the workers.
+  const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
+  p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
+  if (config.get_string("sync.mode") == "async") {
+    p.servers = static_cast<int>(config.get_int("sync.servers"));
+    p.tolerate_worker_loss = true;
+  }
+  std::unique_ptr<comm::StoreServer> server;
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
+  if (p.host_store) {
+    server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
+    p.rendezvous.port = server->port();
+  }
+  cli::Node0Outputs node0;
+  if (args.launch.nnodes > 1)
+    node0 = agree_with_other_nodes(args, config, p, server.get(), timeout);
+  std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
+               args.job.c_str(), p.world_size,
+               args.launch.nnodes > 1
+                   ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
+                   : "",
+               config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
+               p.rendezvous.to_string().c_str());
+  const int code = cli::spawn_and_supervise(p, argv, 5.0);
+  if (code == 0) say_where_outputs_are(args, config, p.node_rank, node0);
+  return code;
+}
+
 int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   core::Config config = core::Config::load_file(args.job, args.sets);
   const auto env = cli::current_environment();
   const cli::LaunchPlan plan =
       cli::plan_launch(args.launch, static_cast<int>(config.get_int("parallel.workers")), env);
   const bool mpi = config.get_string("comm.backend") == "mpi";
-
-  if (plan.role == cli::Role::kLauncher) {
-    KRAB_CHECK_ARG(!mpi,
-                   "comm.backend 'mpi' needs the job started by mpirun "
-                   "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
-    const train::PreflightInfo info = train::preflight(config, plan.world_size);
-    // Fail now, not after training, if the outputs cannot be written. Only rank 0, on node 0,
-    // writes them.
-    if (plan.node_rank == 0) {
-      core::check_writable_dir(train::run_directory(config), "checkpoint.dir");
-      if (!args.report.empty()) core::check_writable_file(args.report, "--report");
-    }
-    const std::string workers_key =
-        args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
-    // Node 0 also runs sync.servers parameter servers for sync.mode async.
-    const int servers = plan.node_rank == 0 && config.get_string("sync.mode") == "async"
-                            ? static_cast<int>(config.get_int("sync.servers"))
-                            : 0;
-    cli::check_memory(plan.nproc_per_node + servers,
-                      cli::estimate_worker_memory(info.data_bytes, info.parameters),
-                      cli::available_memory_bytes(), workers_key);
-    cli::warn_if_oversubscribed(plan.nproc_per_node, cli::usable_cores(), workers_key);
-    cli::LaunchPlan p = plan;
-    // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
-    // per core by default) would make W workers on few cores fight for them. It reads its
-    // limit from the environment once, at load, so the launcher sets it for the workers.
-    const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
-    p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
-    if (config.get_string("sync.mode") == "async") {
-      p.servers = static_cast<int>(config.get_int("sync.servers"));
-      p.tolerate_worker_loss = true;
-    }
-    std::unique_ptr<comm::StoreServer> server;
-    const auto timeout =
-        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
-    if (p.host_store) {
-      server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
-      p.rendezvous.port = server->port();
-    }
-    cli::Node0Outputs node0;
-    if (args.launch.nnodes > 1) {
-      // Every node must be about to run the same job (job_agreement.h).
-      comm::StorePtr store;
-      if (server) {
-        store = server->store();
-      } else {
-        try {
-          store = comm::connect_store(p.rendezvous, timeout);
-        } catch (const Timeout& e) {
-          throw Timeout(str_cat(e.what(),
-                                " (--rdzv; is node 0 started? comm.timeout_s sets the "
-                                "wait)"));
-        }
-      }
-      cli::Node0Outputs mine;
-      mine.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
-      if (!args.report.empty()) mine.report = std::filesystem::absolute(args.report).string();
-      node0 = cli::agree_on_job(store, p.node_rank, args.launch.nnodes,
-                                cli::job_fingerprint(config, args.launch.nnodes, p.nproc_per_node),
-                                mine, p.rendezvous, timeout);
-    }
-    std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
-                 args.job.c_str(), p.world_size,
-                 args.launch.nnodes > 1
-                     ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
-                     : "",
-                 config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
-                 p.rendezvous.to_string().c_str());
-    const int code = cli::spawn_and_supervise(p, argv, 5.0);
-    if (code == 0 && p.node_rank == 0) {
-      const std::string dir = train::run_directory(config);
-      std::fprintf(stderr, "krab: checkpoint %s/model.pt\n", dir.c_str());
-      if (!args.report.empty()) std::fprintf(stderr, "krab: report %s\n", args.report.c_str());
-    } else if (code == 0) {
-      // Rank 0 lives on node 0 and writes everything there; say so rather than nothing.
-      std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on node 0: %s/model.pt\n",
-                   p.node_rank, node0.run_dir.c_str());
-      if (!node0.report.empty())
-        std::fprintf(stderr, "krab: report on node 0: %s\n", node0.report.c_str());
-      if (!args.report.empty())
-        std::fprintf(stderr,
-                     "krab: --report %s is not written on this node: only rank 0 "
-                     "writes the report, on node 0%s\n",
-                     args.report.c_str(), node0.report.empty() ? " (give --report there)" : "");
-    }
-    return code;
-  }
+  if (plan.role == cli::Role::kLauncher) return run_launcher(args, config, plan, argv);
 
   // Worker (or parameter server).
   keep_freed_memory();
