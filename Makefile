@@ -41,12 +41,12 @@ asan-build: setup
 asan: asan-build
 	cd build-asan && KRAB_FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
 	  ctest --output-on-failure --timeout 900 -L sanitize
-	@grep -ah '^fuzz fuzz_' build-asan/Testing/Temporary/LastTest.log || true
+	@grep -ahE '^(fuzz fuzz_|  crash-)' build-asan/Testing/Temporary/LastTest.log || true
 
 fuzz: asan-build
 	cd build-asan && KRAB_FUZZ_SECONDS=$(FUZZ_SECONDS) \
 	  ctest --output-on-failure --timeout $$(( $(FUZZ_SECONDS) + 300 )) -L fuzz
-	@grep -ah '^fuzz fuzz_' build-asan/Testing/Temporary/LastTest.log || true
+	@grep -ahE '^(fuzz fuzz_|  crash-)' build-asan/Testing/Temporary/LastTest.log || true
 
 tsan: setup
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DKRAB_SANITIZE=thread
