@@ -36,6 +36,8 @@ std::vector<std::string> split_fields(const std::string& line) {
 
 }  // namespace
 
+constexpr int64_t kMaxLabel = 65535;
+
 DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
                     bool normalize) {
   KRAB_CHECK_ARG(core::path_exists(path), "CSV file '", path, "' does not exist");
@@ -79,9 +81,11 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
         throw CorruptData(
             str_cat(where, ": '", core::printable(v, 40), "' is not a finite number"));
       if (c == label) {
-        if (x < 0 || x != std::floor(x) || x > 1e6)
+        // A class index sizes the model's output layer: a hostile or mistyped 1e6 would make
+        // it a million wide. 65535 classes is beyond any table krab is meant for.
+        if (x < 0 || x != std::floor(x) || x > kMaxLabel)
           throw CorruptData(str_cat(where, ": label '", core::printable(v, 40),
-                                    "' is not a class index (0, 1, ...)"));
+                                    "' is not a class index (0, 1, ... ", kMaxLabel, ")"));
         labels.push_back(static_cast<int64_t>(x));
         max_label = std::max(max_label, labels.back());
       } else {

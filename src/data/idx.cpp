@@ -84,11 +84,13 @@ at::Tensor read_idx(const std::string& path, uint32_t expected_magic) {
   for (int i = 0; i < ndims; ++i) {
     dims[i] = big_endian(dim_bytes + 4 * i);
     if (dims[i] == 0) throw CorruptData(str_cat("'", path, "': dimension ", i, " is zero"));
-    payload *= static_cast<uint64_t>(dims[i]);  // each factor < 2^32, checked after each step
-    if (payload > kMaxPayload) {
+    // Checked before multiplying: payload <= 2^34 times a factor < 2^32 can pass 2^64, and a
+    // wrapped product ([2^17, 2^17, 2^30] gives 0) would pass a check made afterwards.
+    if (payload > kMaxPayload / static_cast<uint64_t>(dims[i])) {
       throw CorruptData(str_cat("'", path, "': header claims an implausible payload (over ",
                                 kMaxPayload, " bytes)"));
     }
+    payload *= static_cast<uint64_t>(dims[i]);
   }
 
   // Allocate the tensor only after the bytes have arrived: a corrupt header on a small file

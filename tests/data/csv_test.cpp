@@ -72,6 +72,12 @@ TEST(LoadCsv, BadFilesAreNamedByLineAndColumn) {
   expect_throw_containing<CorruptData>(
       [&] { load_csv(write_csv(dir, "a,label\n1,0\n2,0.5\n"), "label", 0.0, false); },
       {"label '0.5'"});
+  // A class index sizes the output layer: 1e6 classes from one bad row is refused.
+  expect_throw_containing<CorruptData>(
+      [&] { load_csv(write_csv(dir, "a,label\n1,0\n2,1000000\n"), "label", 0.0, false); },
+      {"table.csv:3", "label '1000000'", "65535"});
+  EXPECT_EQ(load_csv(write_csv(dir, "a,label\n1,0\n2,65535\n"), "label", 0.0, false).num_classes,
+            65536);
   expect_throw_containing<InvalidArgument>(
       [&] { load_csv(dir.file("missing.csv"), "label", 0.0, false); }, {"missing.csv"});
 }

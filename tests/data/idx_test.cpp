@@ -223,6 +223,21 @@ TEST(IdxCrafted, ZeroDimension) {
                                        {"train-images-idx3-ubyte", "zero"});
 }
 
+// Dimensions whose product wraps around 2^64 ([2^17, 2^17, 2^30] = 2^64 -> 0) must not pass the
+// size guard as an empty payload.
+TEST(IdxCrafted, DimensionsWhoseProductWrapsAreRefused) {
+  TempDir dir;
+  write_dataset(dir, false);
+  std::string header;
+  put_u32(header, 2051);
+  put_u32(header, 1u << 17);
+  put_u32(header, 1u << 17);
+  put_u32(header, 1u << 30);
+  write_plain(dir.file("train-images-idx3-ubyte"), header);
+  expect_throw_containing<CorruptData>([&] { load_fashion_mnist(dir.path().string(), false); },
+                                       {"train-images-idx3-ubyte", "implausible"});
+}
+
 TEST(IdxCrafted, TestImageSizeMismatch) {
   TempDir dir;
   write_dataset(dir, false);
