@@ -18,6 +18,26 @@ namespace {
 constexpr std::string_view kEncryptionContext = "krab secagg v1: share encryption key";
 constexpr std::string_view kMaskContext = "krab secagg v1: pairwise mask seed";
 constexpr size_t kSecretBytes = 32;  // s_sk and b are both 32 bytes
+constexpr std::string_view kCommitContext = "krab secagg v1: self-mask commitment";
+
+// BLAKE2b over (context, round, id, b): binds the commitment to this round and client, so it
+// cannot be replayed for another. b is 32 uniformly random bytes, so the hash reveals nothing.
+std::array<uint8_t, 32> commit_self_mask(const Seed& b, uint64_t round, uint64_t id) {
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, 32);
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(kCommitContext.data()),
+                            kCommitContext.size());
+  uint8_t ids[16];
+  for (int i = 0; i < 8; ++i) {
+    ids[i] = static_cast<uint8_t>(round >> (8 * i));
+    ids[8 + i] = static_cast<uint8_t>(id >> (8 * i));
+  }
+  crypto_generichash_update(&st, ids, sizeof ids);
+  crypto_generichash_update(&st, b.data(), b.size());
+  std::array<uint8_t, 32> out{};
+  crypto_generichash_final(&st, out.data(), out.size());
+  return out;
+}
 
 // The AAD binds a ciphertext to its sender, its recipient and the run: the server cannot replay
 // u's share for v to w, nor last round's share into this one.
@@ -89,6 +109,16 @@ ShareKeys Client::share_keys(const Roster& roster) {
   KRAB_CHECK_ARG(self != peers.end(), "secagg client ", id_, " is not on the roster");
   KRAB_CHECK_ARG(self->second.c_pk == c_.pk && self->second.s_pk == s_.pk, "secagg client ", id_,
                  ": the roster lists keys for it that it did not advertise");
+  // Every public key on the roster must be distinct (Bonawitz et al. 2017, round 1): a server
+  // that hands two ids the same key can make masks cancel that should not, or read shares
+  // meant for someone else.
+  std::map<PublicKey, uint64_t> seen;
+  for (const auto& [v, peer] : peers)
+    for (const PublicKey* pk : {&peer.c_pk, &peer.s_pk}) {
+      const auto [it, fresh] = seen.emplace(*pk, v);
+      KRAB_CHECK_ARG(fresh, "secagg client ", id_, ": the roster gives clients ", it->second,
+                     " and ", v, " the same public key");
+    }
 
   wire::ensure_sodium();
   Seed b;
@@ -208,7 +238,7 @@ MaskedInput Client::masked_input(const IncomingShares& incoming, const float* up
   }
   held_ = std::move(held);
   stage_ = Stage::kMasked;
-  return MaskedInput{config_.round, id_, std::move(y)};
+  return MaskedInput{config_.round, id_, commit_self_mask(b_, config_.round, id_), std::move(y)};
 }
 
 UnmaskResponse Client::unmask(const UnmaskRequest& request) {
@@ -338,6 +368,7 @@ void Server::receive(const MaskedInput& msg) {
                  "'s masked input has ", msg.y.size(), " values, the config's vector_length is ",
                  config_.vector_length);
   add_to(masked_sum_, msg.y);
+  b_commitments_[u] = msg.b_commitment;
   u3_.insert(u);
   traffic_[2].bytes_received += msg.to_bytes().size();
   traffic_[2].messages_received += 1;
@@ -398,6 +429,11 @@ const Result& Server::result() {
     std::vector<uint8_t> b = shamir::combine(b_shares_.at(u), t);
     Seed seed;
     std::copy(b.begin(), b.end(), seed.begin());
+    // As for the dropped clients' keys below: a wrong share makes a wrong seed, and that must
+    // be an error, never a silently wrong sum.
+    if (commit_self_mask(seed, config_.round, u) != b_commitments_.at(u))
+      throw CorruptData(str_cat("secagg server: the reconstructed self-mask seed of client ", u,
+                                " does not match its commitment (a bad share in round 3)"));
     apply_mask(sum, seed, config_.round, -1);
     sodium_memzero(seed.data(), seed.size());
     sodium_memzero(b.data(), b.size());

@@ -21,8 +21,11 @@
 //                     addressed to v by every client in U2.
 //   2 MaskedInput     client u decrypts its shares and sends
 //                       y_u = encode(x_u) + PRG(b_u) + sum_{v in U2, v != u} ±PRG(s_uv)  mod 2^32
-//                     (+ if u < v, - if u > v; s_uv = agree(s_u, s_pk_v)). 28 + 4 m bytes. In
-//                     the sum over U3 the pairwise masks of survivor pairs cancel.
+//                     (+ if u < v, - if u > v; s_uv = agree(s_u, s_pk_v)), with a commitment
+//                     to b_u (a keyed BLAKE2b hash bound to the round and u), so that a bad
+//                     share of b_u in round 3 is detected instead of corrupting the sum.
+//                     60 + 4 m bytes. In the sum over U3 the pairwise masks of survivor pairs
+//                     cancel.
 //   3 Unmasking       server -> U3: UnmaskRequest {survivors U3, dropped U2 \ U3}
 //                     (20 + 8 |U2| bytes). Each v answers with its share of b_u for every u in
 //                     U3 and its share of s_sk_u for every dropped u (28 + 68 |U2| bytes). With
@@ -127,6 +130,7 @@ struct IncomingShares {
 struct MaskedInput {
   uint64_t round = 0;
   uint64_t client_id = 0;
+  std::array<uint8_t, 32> b_commitment{};  // commits to the client's self-mask seed b_u
   std::vector<uint32_t> y;
   std::vector<uint8_t> to_bytes() const;
   static MaskedInput from_bytes(const uint8_t* data, size_t size);
@@ -274,6 +278,7 @@ class Server {
   std::vector<uint32_t> masked_sum_;                             // sum of y_u over U3
   UnmaskRequest request_;
   std::map<uint64_t, std::vector<shamir::Share>> b_shares_, sk_shares_;  // by owner
+  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;   // U3's, from round 2
   std::set<uint64_t> responders_;
   Result result_;
   std::array<RoundTraffic, 4> traffic_{};

@@ -172,10 +172,11 @@ IncomingShares IncomingShares::from_bytes(const uint8_t* data, size_t size) {
 }
 
 std::vector<uint8_t> MaskedInput::to_bytes() const {
-  wire::Writer w(28 + 4 * y.size());
+  wire::Writer w(60 + 4 * y.size());
   w.magic(kMaskedMagic);
   w.u64(round);
   w.u64(client_id);
+  w.bytes(b_commitment.data(), b_commitment.size());
   w.u64(y.size());
   for (uint32_t v : y) w.u32(v);
   return w.take();
@@ -187,6 +188,7 @@ MaskedInput MaskedInput::from_bytes(const uint8_t* data, size_t size) {
   MaskedInput m;
   m.round = r.u64();
   m.client_id = r.u64();
+  r.bytes(m.b_commitment.data(), m.b_commitment.size());
   const uint64_t n = r.u64();
   if (n != r.remaining() / 4 || r.remaining() % 4 != 0)
     r.fail(str_cat("length ", n, " does not match the ", r.remaining(), " bytes left"));

@@ -283,6 +283,45 @@ TEST(SecAgg, WrongLengthUpdateAndOutOfOrderCallsAreInvalidArguments) {
   EXPECT_THROW(Server{bad}, InvalidArgument);
 }
 
+// A wrong share of a survivor's self-mask seed in round 3 reconstructs a wrong seed. Most wrong
+// shares already fail Shamir's consistency check; what is left (shares consistent with another
+// seed, e.g. a client that split one seed and masked with another) is caught by the commitment
+// sent with the masked input. Either way it is CorruptData, never a silently wrong sum.
+TEST(SecAgg, AWrongSelfMaskSeedIsAnErrorNotAWrongSum) {
+  auto run = [](bool bad_share, bool bad_commitment) {
+    Harness h(4, 4, 16);  // t = n: every share is needed, so a bad one cannot be outvoted
+    h.advertise();
+    h.share();
+    for (auto& [id, c] : h.clients) {
+      MaskedInput y = c.masked_input(wire(h.server->shares_for(id)), h.updates[id]);
+      if (bad_commitment && id == h.id(1)) y.b_commitment[0] ^= 0x01;
+      h.server->receive(wire(y));
+    }
+    const UnmaskRequest request = wire(h.server->unmask_request());
+    bool tampered = false;
+    for (auto& [id, c] : h.clients) {
+      UnmaskResponse r = c.unmask(request);
+      if (bad_share && !tampered && !r.self_mask_shares.empty()) {
+        std::vector<uint8_t> bytes = r.self_mask_shares[0].share.to_bytes();
+        bytes.back() ^= 0x01;  // still a well-formed share, of another value
+        r.self_mask_shares[0].share = shamir::Share::from_bytes(bytes.data(), bytes.size());
+        tampered = true;
+      }
+      h.server->receive(wire(r));
+    }
+    try {
+      h.server->result();
+      return std::string("(a result)");
+    } catch (const CorruptData& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(run(false, false), "(a result)");
+  EXPECT_NE(run(true, false), "(a result)");
+  EXPECT_NE(run(false, true).find("does not match its commitment"), std::string::npos)
+      << run(false, true);
+}
+
 TEST(SecAgg, RosterChecksOnTheClient) {
   Harness h(4, 3, 8);
   h.advertise();
@@ -300,6 +339,20 @@ TEST(SecAgg, RosterChecksOnTheClient) {
   Roster swapped = roster;
   swapped.clients[0].s_pk = swapped.clients[1].s_pk;
   EXPECT_THROW(c.share_keys(swapped), InvalidArgument);
+  // Distinct ids but one public key twice (another client's, or the same client's two keys).
+  for (int which = 0; which < 3; ++which) {
+    Roster same_key = roster;
+    auto& other = same_key.clients[2];
+    if (which == 0) other.c_pk = same_key.clients[3].c_pk;
+    if (which == 1) other.s_pk = same_key.clients[3].s_pk;
+    if (which == 2) other.s_pk = other.c_pk;
+    try {
+      c.share_keys(same_key);
+      ADD_FAILURE() << "roster " << which << " accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("the same public key"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_NO_THROW(c.share_keys(roster));
 }
 
@@ -350,7 +403,7 @@ TEST(SecAgg, TruncatedOversizedAndGarbageMessagesAreCorrupt) {
   const MaskedInput y = h.clients.at(h.id(0)).masked_input(in, h.updates[h.id(0)]);
   expect_rejects_damaged(y);
   auto y_bytes = y.to_bytes();
-  y_bytes[20] ^= 1;  // the length no longer matches the payload
+  y_bytes[52] ^= 1;  // the length (after tag, round, id, commitment) no longer matches
   EXPECT_THROW(MaskedInput::from_bytes(y_bytes), CorruptData);
   h.server->receive(y);
   h.gone = {h.id(0)};
@@ -375,7 +428,7 @@ TEST(SecAgg, TrafficMatchesTheDocumentedSizes) {
   EXPECT_EQ(t[0].bytes_sent, n * (16 + 72 * n));
   EXPECT_EQ(t[1].bytes_received, n * (24 + 196 * (n - 1)));
   EXPECT_EQ(t[1].bytes_sent, n * (24 + 196 * (n - 1)));
-  EXPECT_EQ(t[2].bytes_received, n * (28 + 4 * m));
+  EXPECT_EQ(t[2].bytes_received, n * (60 + 4 * m));
   EXPECT_EQ(t[3].bytes_sent, n * (20 + 8 * n));
   EXPECT_EQ(t[3].bytes_received, n * (28 + 68 * n));
   for (const auto& r : t) {
