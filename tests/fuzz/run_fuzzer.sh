@@ -15,9 +15,13 @@ mkdir -p "$work/corpus" "$work/artifacts"
 touch "$work/log.start"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 export LSAN_OPTIONS="suppressions=$(dirname "$0")/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
-"$fuzzer" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
+# timeout(1) guards the wall clock for the whole process group (fork mode's children too): a
+# child that runs out of memory while LibTorch fills a forged allocation can hang in its report.
+timeout -k 10 $((seconds + 120)) \
+  "$fuzzer" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
   -artifact_prefix="$work/artifacts/" "$@" "$work/corpus" "$seeds" >"$work/log" 2>&1
 rc=$?
+((rc == 124 || rc == 137)) && echo "fuzz $name: cut by the wall-clock guard after $((seconds + 120)) s"
 # -fork=1 prints running totals ("#123: cov: ... oom/timeout/crash: 1/0/0 ...") instead of stats.
 execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log" | tail -1)
 [[ -n $execs ]] || execs=$(sed -n 's/^#\([0-9]*\): cov:.*/\1/p' "$work/log" | tail -1)
