@@ -74,7 +74,11 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
                    p.world_size - 1);
     const std::string addr = has(env, "MASTER_ADDR") ? env.at("MASTER_ADDR") : "127.0.0.1";
     const std::string port = has(env, "MASTER_PORT") ? env.at("MASTER_PORT") : "29500";
-    p.rendezvous = comm::parse_endpoint(addr + ":" + port, "MASTER_ADDR:MASTER_PORT");
+    if (ours && has(env, "KRAB_STORE_FILE"))
+      p.rendezvous = comm::Endpoint{"127.0.0.1", 0, env.at("KRAB_STORE_FILE")};
+    else
+      p.rendezvous = comm::parse_endpoint(addr + ":" + port, "MASTER_ADDR:MASTER_PORT");
+    if (has(env, "KRAB_JOB_SECRET")) p.rendezvous.secret = env.at("KRAB_JOB_SECRET");
     p.host_store = !ours && p.rank == 0;
     if (has(env, "KRAB_PS_SHARD")) p.ps_shard = env_int(env, "KRAB_PS_SHARD");
     return p;
@@ -129,7 +133,8 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
     std::vector<std::string> envs;
     for (auto& [k, v] : current_environment())
       if (k != "RANK" && k != "WORLD_SIZE" && k != "LOCAL_RANK" && k != "LOCAL_WORLD_SIZE" &&
-          k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER" && k != "KRAB_PS_SHARD")
+          k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER" && k != "KRAB_PS_SHARD" &&
+          k != "KRAB_STORE_FILE" && k != "KRAB_JOB_SECRET")
         envs.push_back(k + "=" + v);
     for (auto& [k, v] : plan.worker_env)
       if (!std::getenv(k.c_str())) envs.push_back(k + "=" + v);
@@ -140,7 +145,12 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
     envs.push_back("WORLD_SIZE=" + std::to_string(plan.world_size));
     envs.push_back("LOCAL_WORLD_SIZE=" + std::to_string(plan.nproc_per_node));
     envs.push_back("MASTER_ADDR=" + plan.rendezvous.host);
-    envs.push_back("MASTER_PORT=" + std::to_string(plan.rendezvous.port));
+    if (plan.rendezvous.port > 0)
+      envs.push_back("MASTER_PORT=" + std::to_string(plan.rendezvous.port));
+    if (!plan.rendezvous.file.empty()) envs.push_back("KRAB_STORE_FILE=" + plan.rendezvous.file);
+    // The environment, not the command line: /proc/PID/environ is readable by this user only.
+    if (!plan.rendezvous.secret.empty())
+      envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
     std::vector<char*> cargv, cenv;
     for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
     cargv.push_back(nullptr);

@@ -8,6 +8,10 @@
 //     KRAB_WORKER=1, then watches them: the first worker that fails makes the launcher stop
 //     the others (SIGTERM, then SIGKILL after a grace period), name the rank, and exit non-zero.
 //     Workers die with their launcher (PR_SET_PDEATHSIG), so nothing is left behind.
+//     One node: the store is a FileStore in a private directory (KRAB_STORE_FILE), and the
+//     launcher makes a random job secret (KRAB_JOB_SECRET); several nodes: the secret comes
+//     from the user (comm/store.h, README "Running across machines safely"). Both travel in
+//     the workers' environment, never on a command line.
 //  2. As a worker of (1): KRAB_WORKER=1; or, for sync.mode async, as one of node 0's
 //     parameter servers: KRAB_WORKER=1 and KRAB_PS_SHARD=i.
 //  3. Under another launcher: torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), mpirun
@@ -28,6 +32,7 @@ struct LaunchFlags {
   int node_rank = 0;
   int nproc_per_node = 0;  // 0 = parallel.workers / nnodes
   std::string rdzv;        // HOST:PORT; "" = 127.0.0.1 with a free port (single node only)
+  std::string job_secret_file;  // --job-secret-file: the job secret, shared by every node
 };
 
 enum class Role { kLauncher, kWorker };

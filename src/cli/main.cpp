@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -193,6 +194,62 @@ void say_where_outputs_are(const TrainArgs& args, const core::Config& config, in
                  args.report.c_str(), node0.report.empty() ? " (give --report there)" : "");
 }
 
+// The job secret (comm/store.h): --job-secret-file's or KRAB_JOB_SECRET's, the same on every
+// node; on one node without either, 32 random bytes. Several nodes without one: sync.mode
+// async refuses (its parameter servers listen on the network), sync warns.
+std::string job_secret(const TrainArgs& args, const core::Config& config) {
+  std::string secret;
+  const char* env = std::getenv("KRAB_JOB_SECRET");
+  if (!args.launch.job_secret_file.empty()) {
+    secret = core::read_file(args.launch.job_secret_file);
+    while (!secret.empty() && std::isspace(static_cast<unsigned char>(secret.back())))
+      secret.pop_back();
+  } else if (env != nullptr) {
+    secret = env;
+  } else if (args.launch.nnodes == 1) {
+    unsigned char bytes[32];
+    FILE* f = std::fopen("/dev/urandom", "rb");
+    const bool ok = f != nullptr && std::fread(bytes, 1, sizeof(bytes), f) == sizeof(bytes);
+    if (f != nullptr) std::fclose(f);
+    if (!ok) throw Error("cannot read /dev/urandom for the job secret");
+    static const char* kHex = "0123456789abcdef";
+    for (unsigned char b : bytes) secret += {kHex[b >> 4], kHex[b & 15]};
+    return secret;
+  } else {
+    KRAB_CHECK_ARG(config.get_string("sync.mode") != "async",
+                   "sync.mode 'async' on several nodes needs a job secret, the same on every "
+                   "node: --job-secret-file FILE or KRAB_JOB_SECRET (e.g. `openssl rand -hex "
+                   "32`); the parameter servers refuse calls without it");
+    std::fprintf(stderr,
+                 "krab: warning: no job secret (--job-secret-file or KRAB_JOB_SECRET): whoever "
+                 "reaches the rendezvous port can read and change the job's keys\n");
+    return "";
+  }
+  KRAB_CHECK_ARG(secret.size() >= 16, args.launch.job_secret_file.empty()
+                                          ? std::string("KRAB_JOB_SECRET")
+                                          : "--job-secret-file " + args.launch.job_secret_file,
+                 ": the job secret must be at least 16 characters, got ", secret.size());
+  return secret;
+}
+
+// A directory only this user can enter, removed with the object: where a one-node job's
+// FileStore lives.
+struct PrivateDir {
+  std::string path;
+  PrivateDir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-rdzv-XXXXXX");
+    if (::mkdtemp(templ.data()) == nullptr)
+      throw Error(str_cat("cannot create a directory for the rendezvous in ", templ, ": ",
+                          std::strerror(errno)));
+    path = templ;
+  }
+  ~PrivateDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
 int run_launcher(const TrainArgs& args, const core::Config& config, const cli::LaunchPlan& plan,
                  const std::vector<std::string>& argv) {
   check_before_spawning(args, config, plan);
@@ -206,11 +263,19 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const cli::L
     p.servers = static_cast<int>(config.get_int("sync.servers"));
     p.tolerate_worker_loss = true;
   }
+  p.rendezvous.secret = job_secret(args, config);
+  std::unique_ptr<PrivateDir> store_dir;
   std::unique_ptr<comm::StoreServer> server;
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
-  if (p.host_store) {
-    server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout);
+  if (args.launch.nnodes == 1) {
+    // On no network: torch 1.13's TCPStore would listen on every interface (comm/store.h).
+    store_dir = std::make_unique<PrivateDir>();
+    p.rendezvous = {"127.0.0.1", 0, store_dir->path + "/store", p.rendezvous.secret};
+    server = std::make_unique<comm::StoreServer>(p.rendezvous);
+  } else if (p.host_store) {
+    server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout,
+                                                 p.rendezvous.secret);
     p.rendezvous.port = server->port();
   }
   cli::Node0Outputs node0;
@@ -271,8 +336,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   world.iface = config.get_string("comm.iface");
   if (plan.host_store && !mpi)
     server = std::make_unique<comm::StoreServer>(
-        "0.0.0.0", plan.rendezvous.port,
-        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)));
+        plan.rendezvous.host, plan.rendezvous.port,
+        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)),
+        plan.rendezvous.secret);
   auto report = train::run_worker(config, world, options);
   if (plan.rank == 0 && report.contains("test_accuracy"))
     std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
@@ -394,7 +460,11 @@ int main(int argc, char** argv) {
                    "Workers on this machine (default parallel.workers / nnodes)")
       ->check(kAtLeastOne);
   train->add_option("--rdzv", args.launch.rdzv,
-                    "Rendezvous HOST:PORT, hosted by node 0 (default 127.0.0.1, a free port)");
+                    "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
+                    "file)");
+  train->add_option("--job-secret-file", args.launch.job_secret_file,
+                    "File holding the job secret, the same on every node (or KRAB_JOB_SECRET); "
+                    "see README 'Running across machines safely'");
   SimArgs sim;
   auto* fl_sim = app.add_subcommand(
       "fl-sim", "Federated learning simulated in one process: server and clients on one machine");

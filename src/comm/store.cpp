@@ -5,6 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <c10/util/hash.h>
+#include <fcntl.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -15,7 +18,15 @@
 
 namespace krab::comm {
 
-std::string Endpoint::to_string() const { return str_cat(host, ":", port); }
+std::string Endpoint::to_string() const {
+  return file.empty() ? str_cat(host, ":", port) : str_cat("file ", file);
+}
+
+bool is_loopback(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a{};
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
 
 Endpoint parse_endpoint(const std::string& text, const std::string& what) {
   auto colon = text.rfind(':');
@@ -54,9 +65,27 @@ bool port_in_use(const std::string& host, int port) {
   return in_use;
 }
 
+// The job's keys live under a name only holders of the secret can compute (store.h). SHA-1 is
+// enough here: the secret is 32 random bytes, and only its preimage resistance matters.
+StorePtr under_secret(const std::string& secret, StorePtr base) {
+  if (secret.empty()) return base;
+  c10::sha1 digest("krab rendezvous prefix\n" + secret);
+  return prefixed(str_cat("krab-", digest.str(), "/"), std::move(base));
+}
+
 }  // namespace
 
-StoreServer::StoreServer(const std::string& host, int port, std::chrono::milliseconds timeout) {
+StoreServer::StoreServer(const Endpoint& at) {
+  // FileStore opens the file with mode 0644; made first, it keeps 0600.
+  const int fd = ::open(at.file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  KRAB_CHECK_ARG(fd >= 0, "cannot create the rendezvous file ", at.file, ": ",
+                 std::strerror(errno));
+  ::close(fd);
+  store_ = under_secret(at.secret, c10::make_intrusive<c10d::FileStore>(at.file, -1));
+}
+
+StoreServer::StoreServer(const std::string& host, int port, std::chrono::milliseconds timeout,
+                         const std::string& secret) {
   KRAB_CHECK_ARG(!port_in_use(host, port), "rendezvous port ", port,
                  " is already in use (pick another with --rdzv HOST:PORT)");
   c10d::TCPStoreOptions opts;
@@ -65,20 +94,28 @@ StoreServer::StoreServer(const std::string& host, int port, std::chrono::millise
   opts.waitWorkers = false;
   opts.timeout = timeout;
   try {
-    store_ = c10::make_intrusive<c10d::TCPStore>(host, opts);
+    tcp_ = c10::make_intrusive<c10d::TCPStore>(host, opts);
   } catch (const std::exception& e) {
     throw InvalidArgument(str_cat("cannot host the rendezvous store on ", host, ":", port, ": ",
                                   std::string(e.what()).substr(0, 200)));
   }
+  store_ = under_secret(secret, tcp_);
 }
 
 StoreServer::~StoreServer() = default;
 
-int StoreServer::port() const { return store_->getPort(); }
+int StoreServer::port() const { return tcp_ ? tcp_->getPort() : 0; }
 
 StorePtr StoreServer::store() const { return store_; }
 
 StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout) {
+  if (!at.file.empty()) {
+    KRAB_CHECK_ARG(::access(at.file.c_str(), R_OK | W_OK) == 0, "the rendezvous file ",
+                   at.file, " is not there (KRAB_STORE_FILE; is the launcher gone?)");
+    auto store = c10::make_intrusive<c10d::FileStore>(at.file, -1);
+    store->setTimeout(timeout);
+    return under_secret(at.secret, store);
+  }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(at.port);
   opts.isServer = false;
@@ -87,7 +124,7 @@ StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout) {
   // TCPStore's client retries its connect until the timeout; its exception text is long and
   // names no option, so it is replaced by one line.
   try {
-    return c10::make_intrusive<c10d::TCPStore>(at.host, opts);
+    return under_secret(at.secret, c10::make_intrusive<c10d::TCPStore>(at.host, opts));
   } catch (const std::exception& e) {
     throw Timeout(str_cat("cannot reach the rendezvous store at ", at.to_string(), " within ",
                           timeout.count() / 1000.0, " s"));

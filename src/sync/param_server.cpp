@@ -5,8 +5,11 @@
 #include <ATen/ops/empty.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <climits>
+#include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
@@ -19,11 +22,30 @@ namespace {
 // Below protobuf's 2 GiB hard limit, with room for the framing.
 constexpr int64_t kMaxShardBytes = (int64_t{1} << 31) - (int64_t{1} << 20);
 
-grpc::ChannelArguments channel_args() {
+// A message may be one shard's floats plus this much (framing, a worker's report).
+constexpr int64_t kMessageMargin = int64_t{1} << 20;
+constexpr char kSecretKey[] = "krab-job-secret";
+constexpr char kNonFinite[] = "the gradient has a NaN or an infinity";
+
+int message_limit(int64_t floats) {
+  return static_cast<int>(std::min<int64_t>(INT_MAX, floats * 4 + kMessageMargin));
+}
+
+grpc::ChannelArguments channel_args(int max_receive = INT_MAX) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(INT_MAX);
+  args.SetMaxReceiveMessageSize(max_receive);
   args.SetMaxSendMessageSize(INT_MAX);
   return args;
+}
+
+// Same time for every `given` of the right length, wherever it differs (the length of the
+// secret is no secret: the launcher makes 64 hex digits).
+bool same_secret(const std::string& expected, grpc::string_ref given) {
+  if (given.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < expected.size(); ++i)
+    diff |= static_cast<unsigned char>(expected[i] ^ given.data()[i]);
+  return diff == 0;
 }
 
 WorkerSummary from_wire(const wire::WorkerReport& r) {
@@ -57,6 +79,11 @@ void run_step(ShardState& state, const wire::StepRequest& req, wire::StepReply* 
   if (req.grad().size() % sizeof(float) != 0)
     throw InvalidArgument(
         str_cat("gradient of ", req.grad().size(), " bytes is not a float32 array"));
+  // One NaN would make every parameter of the shard NaN at its next update, for every worker.
+  const size_t n = req.grad().size() / sizeof(float);
+  const float* g = reinterpret_cast<const float*>(req.grad().data());
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(g[i])) throw InvalidArgument(kNonFinite);
   WorkerSummary summary;
   ShardState::Step s;
   s.worker = req.worker();
@@ -99,6 +126,7 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
   const std::string who = str_cat("parameter server ", shard, " (", address, ")");
   switch (st.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::UNAUTHENTICATED:
       throw InvalidArgument(str_cat(who, " refused the call: ", st.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
       throw Timeout(str_cat(who, " did not answer within ", timeout.count() / 1000.0,
@@ -110,19 +138,28 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
   }
 }
 
+// The replies' messages name no state of the shard or of other workers (an outsider read
+// worker clocks from them once); what was wrong goes to this server's stderr.
 class Service final : public wire::ParameterServer::Service {
  public:
-  explicit Service(std::shared_ptr<ShardState> state) : state_(std::move(state)) {}
+  Service(std::shared_ptr<ShardState> state, std::string secret)
+      : state_(std::move(state)), secret_(std::move(secret)) {}
 
   grpc::Status Step(grpc::ServerContext* ctx, const wire::StepRequest* req,
                     wire::StepReply* reply) override {
+    if (!authorised(*ctx, "Step")) return unauthenticated();
     received_ += req->ByteSizeLong();
     try {
       run_step(*state_, *req, reply, [ctx] { return ctx->IsCancelled(); });
     } catch (const InvalidArgument& e) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, e.what()};
+      log(*ctx, "Step", e.what());
+      return {grpc::StatusCode::INVALID_ARGUMENT,
+              std::string(e.what()) == kNonFinite
+                  ? kNonFinite
+                  : "the shard refused the request (the parameter server's log says why)"};
     } catch (const std::exception& e) {
-      return {grpc::StatusCode::CANCELLED, e.what()};
+      log(*ctx, "Step", e.what());
+      return {grpc::StatusCode::CANCELLED, "the call was cancelled"};
     }
     sent_ += reply->ByteSizeLong();
     return grpc::Status::OK;
@@ -130,6 +167,7 @@ class Service final : public wire::ParameterServer::Service {
 
   grpc::Status Finish(grpc::ServerContext* ctx, const wire::FinishRequest*,
                       wire::FinishReply* reply) override {
+    if (!authorised(*ctx, "Finish")) return unauthenticated();
     while (!state_->wait_done(std::chrono::milliseconds(200)))
       if (ctx->IsCancelled()) return {grpc::StatusCode::CANCELLED, "chief went away"};
     at::Tensor v = state_->values();
@@ -154,7 +192,26 @@ class Service final : public wire::ParameterServer::Service {
   std::atomic<uint64_t> received_{0}, sent_{0};
 
  private:
+  bool authorised(const grpc::ServerContext& ctx, const char* call) {
+    if (secret_.empty()) return true;
+    const auto& md = ctx.client_metadata();
+    const auto it = md.find(kSecretKey);
+    if (it != md.end() && same_secret(secret_, it->second)) return true;
+    log(ctx, call, "the job secret is missing or wrong");
+    return false;
+  }
+
+  static grpc::Status unauthenticated() {
+    return {grpc::StatusCode::UNAUTHENTICATED, "the job secret is missing or wrong"};
+  }
+
+  static void log(const grpc::ServerContext& ctx, const char* call, const std::string& why) {
+    std::fprintf(stderr, "krab: parameter server: refused a %s call from %s: %s\n", call,
+                 ctx.peer().c_str(), why.c_str());
+  }
+
   std::shared_ptr<ShardState> state_;
+  const std::string secret_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool finish_answered_ = false;
@@ -175,14 +232,18 @@ struct ParamServer::Impl {
   int port = 0;
 };
 
-ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port) : impl_(new Impl) {
-  impl_->service = std::make_unique<Service>(std::move(state));
+ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port, Access access)
+    : impl_(new Impl) {
+  const int max_receive = message_limit(state->numel());
+  impl_->service = std::make_unique<Service>(std::move(state), std::move(access.secret));
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second server could share a taken port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxReceiveMessageSize(max_receive);
   builder.SetMaxSendMessageSize(INT_MAX);
-  builder.AddListeningPort(str_cat("0.0.0.0:", port), grpc::InsecureServerCredentials(),
+  const std::string host =
+      access.host.find(':') != std::string::npos ? "[" + access.host + "]" : access.host;
+  builder.AddListeningPort(str_cat(host, ":", port), grpc::InsecureServerCredentials(),
                            &impl_->port);
   builder.RegisterService(impl_->service.get());
   impl_->server = builder.BuildAndStart();
@@ -211,19 +272,22 @@ struct PsClient::Impl {
   std::vector<int64_t> versions;
   std::chrono::milliseconds timeout;
   int64_t total = 0;
+  std::string secret;
 };
 
 PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
-                   std::chrono::milliseconds timeout)
+                   std::chrono::milliseconds timeout, std::string secret)
     : impl_(new Impl), worker_(worker) {
   KRAB_CHECK_ARG(!addresses.empty(), "no parameter servers to talk to");
   const int n = static_cast<int>(addresses.size());
   impl_->total = total_numel;
   impl_->timeout = timeout;
+  impl_->secret = std::move(secret);
   for (int i = 0; i < n; ++i) {
-    impl_->stubs.push_back(wire::ParameterServer::NewStub(grpc::CreateCustomChannel(
-        addresses[i], grpc::InsecureChannelCredentials(), channel_args())));
     impl_->ranges.push_back(shard_range(total_numel, i, n));
+    impl_->stubs.push_back(wire::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(addresses[i], grpc::InsecureChannelCredentials(),
+                                  channel_args(message_limit(impl_->ranges[i].numel)))));
   }
   impl_->versions.assign(n, 0);
   impl_->addresses = std::move(addresses);
@@ -279,6 +343,7 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
     if (summary && i == 0) to_wire(*summary, q.mutable_report());
     bytes_sent_ += q.ByteSizeLong();
     ctxs[i].set_deadline(std::chrono::system_clock::now() + impl_->timeout);
+    if (!impl_->secret.empty()) ctxs[i].AddMetadata(kSecretKey, impl_->secret);
     impl_->stubs[i]->async()->Step(&ctxs[i], &reqs[i], &replies[i],
                                    [&, i](grpc::Status st) {
                                      std::lock_guard<std::mutex> lock(mu);
@@ -314,11 +379,13 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
   return result;
 }
 
-FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout) {
+FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout,
+                        const std::string& secret) {
   auto stub = wire::ParameterServer::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!secret.empty()) ctx.AddMetadata(kSecretKey, secret);
   wire::FinishRequest req;
   wire::FinishReply reply;
   grpc::Status st = stub->Finish(&ctx, req, &reply);

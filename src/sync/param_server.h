@@ -13,9 +13,18 @@
 // parameters down (4 bytes per parameter), plus protobuf/gRPC framing. Both sides count the
 // protobuf message sizes they send and receive (the meter the report uses).
 //
-// Servers listen on every interface (0.0.0.0) and are reached at the address they publish in
-// the rendezvous store. Messages have no size limit below protobuf's 2 GiB; a shard too large
-// for one message is refused up front (use more servers).
+// Who may call (issue 17): a server listens on the address its Access says — loopback for a
+// one-node job, every interface only when workers on other nodes must reach it. Every call
+// must carry the job secret in its "krab-job-secret" metadata; a call without it, or with
+// another, is refused UNAUTHENTICATED before the shard sees it (Finish included: an outsider
+// cannot make a server exit). The comparison takes the same time wherever the first wrong
+// byte is. The channel is not encrypted: on a network an eavesdropper learns the secret (README
+// "Running across machines safely"). A pushed gradient with a NaN or an infinity is refused
+// (INVALID_ARGUMENT), and so is anything else the shard refuses; the reply's message is one
+// fixed line per kind of refusal, never the shard's or another worker's state (clocks,
+// versions, sizes): the details go to the server's stderr. A server accepts messages up to
+// its shard's size plus 1 MiB; a shard too large for one message (2 GiB) is refused up front
+// (use more servers).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -35,11 +44,19 @@ namespace krab::sync {
 // sync.servers otherwise.
 void check_shard_fits(int64_t numel, int servers);
 
+// Where a server listens and what its callers must show.
+struct Access {
+  std::string host = "127.0.0.1";  // the address to listen on ("0.0.0.0": every interface)
+  // The job secret every call must carry. "" accepts every caller: for tests only; krab's
+  // launcher always has one.
+  std::string secret;
+};
+
 class ParamServer {
  public:
-  // Serves `state` on 0.0.0.0:port (0 = a free port). Throws InvalidArgument when the port is
-  // taken.
-  ParamServer(std::shared_ptr<ShardState> state, int port);
+  // Serves `state` on access.host:port (0 = a free port). Throws InvalidArgument when the port
+  // is taken.
+  ParamServer(std::shared_ptr<ShardState> state, int port, Access access = {});
   ~ParamServer();  // stops serving (in-flight calls are cancelled)
   int port() const;
   // Blocks until a Finish call was answered or `timeout` passed (false).
@@ -61,9 +78,9 @@ struct PullResult {
 class PsClient {
  public:
   // `addresses[i]` ("host:port") serves shard i of a model of `total_numel` parameters.
-  // `timeout` bounds every call (staleness waits included).
+  // `timeout` bounds every call (staleness waits included). Every call carries `secret`.
   PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
-           std::chrono::milliseconds timeout);
+           std::chrono::milliseconds timeout, std::string secret = "");
   ~PsClient();
 
   // First call: fills `params` (total_numel floats) with the current model (unless stop).
@@ -100,7 +117,8 @@ struct FinalShard {
 
 // The chief's Finish call on the server at `address` (blocks until its workers are done).
 // CorruptData when the reply's values are not a whole number of float32 values.
-FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout);
+FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout,
+                        const std::string& secret = "");
 
 // The two ends of the protocol over serialised protobuf bytes, without gRPC: the same code the
 // Step handler and finish_shard() run on the messages gRPC hands them, for tests and the

@@ -3,7 +3,8 @@
 // Processes: krab's launcher on node 0 starts sync.servers server processes beside the
 // workers. Each server builds the model from the seed exactly as the workers do, keeps its
 // shard of the flat parameters and the optimizer state for it, and publishes its address in
-// the rendezvous store ("krab/ps/<i>"). Workers need no collective group at all: a worker
+// the rendezvous store ("krab/ps/<i>"); it listens on loopback unless the job spans nodes,
+// and every call must carry the job secret (sync/param_server.h). Workers need no collective group at all: a worker
 // that dies takes nothing down with it. Server 0, the chief, waits until every worker has
 // finished or been counted out, collects the other shards, evaluates the model, and writes
 // model.pt and the report; it also draws the progress bar (in steps of W pushes).
@@ -108,7 +109,7 @@ nlohmann::json run_async_worker(const core::Config& c, const comm::WorldInfo& wo
     const auto v = store->get(server_key(i));  // waits for the server to publish
     addresses.emplace_back(v.begin(), v.end());
   }
-  sync::PsClient client(addresses, rank, numel, comm_timeout(c));
+  sync::PsClient client(addresses, rank, numel, comm_timeout(c), world.rendezvous.secret);
   at::Tensor flat = torch::zeros({numel}), grad = torch::zeros({numel});
   sync::PullResult next = client.pull(flat);
   unflatten_from(flat, params);
@@ -229,7 +230,13 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   auto state = std::make_shared<sync::ShardState>(
       so, flat.narrow(0, range.offset, range.numel),
       [&c](std::vector<at::Tensor> ps) { return make_optimizer(c, std::move(ps)); });
-  sync::ParamServer server(state, 0);
+  // One node (a loopback or file rendezvous): on loopback only. Otherwise the workers of the
+  // other nodes must reach it, and the job secret keeps out everyone else (sync/param_server.h).
+  sync::Access access;
+  access.host = rendezvous.file.empty() && !comm::is_loopback(rendezvous.host) ? "0.0.0.0"
+                                                                               : "127.0.0.1";
+  access.secret = rendezvous.secret;
+  sync::ParamServer server(state, 0, access);
   auto store = comm::connect_store(rendezvous, comm_timeout(c));
   const std::string address = str_cat(rendezvous.host, ":", server.port());
   store->set(server_key(shard), std::vector<uint8_t>(address.begin(), address.end()));
@@ -261,7 +268,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   std::vector<at::Tensor> parts{state->values()};
   for (int i = 1; i < S; ++i) {
     const auto v = store->get(server_key(i));
-    sync::FinalShard f = sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(c));
+    sync::FinalShard f = sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(c),
+                                            rendezvous.secret);
     KRAB_CHECK(f.values.numel() == sync::shard_range(numel, i, S).numel, "shard ", i, " size");
     parts.push_back(f.values);
     bytes_in += f.bytes_received;
