@@ -171,7 +171,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["refused_calls"] = st.refused_calls;
   report["refusals"] = st.refusals;
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
+  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, core::dump_json(report));
   std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
   require_a_successful_round(runner);
   return report;

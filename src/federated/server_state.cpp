@@ -56,7 +56,10 @@ void save_server_state(const std::string& path, RoundRunner& runner, const std::
   archive.write("rounds_done", torch::tensor(runner.rounds_done(), torch::kLong));
   nlohmann::json history = nlohmann::json::array();
   for (const auto& r : runner.history()) history.push_back(r.to_json());
-  archive.write("history", c10::IValue(history.dump()));
+  // Client names come from the tokens file and may not be UTF-8: replace such bytes rather
+  // than throw (nlohmann's type_error.316) after a round that succeeded.
+  archive.write("history", c10::IValue(history.dump(-1, ' ', false,
+                                                     nlohmann::json::error_handler_t::replace)));
   archive.write("signature", c10::IValue(signature));
   std::vector<std::string> keys;
   for (const auto& [k, v] : runner.strategy().state()) {

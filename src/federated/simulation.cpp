@@ -199,7 +199,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["parameters"] = trainer.num_parameters();
   add_history(report, runner);
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, report.dump(2));
+  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, core::dump_json(report));
   require_a_successful_round(runner);
   return report;
 }

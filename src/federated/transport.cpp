@@ -129,6 +129,22 @@ std::map<std::string, TokenInfo> read_tokens(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// HOST:PORT with PORT a whole number in 1..65535 (0 too where it means "any free port").
+void check_host_port(const std::string& text, const char* what, bool allow_zero) {
+  const size_t colon = text.rfind(':');
+  KRAB_CHECK_ARG(colon != std::string::npos && colon > 0 && colon + 1 < text.size(), what,
+                 " must be HOST:PORT, got '", core::printable(text), "'");
+  const std::string port = text.substr(colon + 1);
+  const bool digits = port.size() <= 5 && port.find_first_not_of("0123456789") == std::string::npos;
+  const long p = digits ? std::stol(port) : -1;
+  KRAB_CHECK_ARG(p >= (allow_zero ? 0 : 1) && p <= 65535, what, ": port '", core::printable(port),
+                 "' is not a number in ", allow_zero ? "0" : "1", "..65535");
+}
+
+}  // namespace
+
 // ---- server ---------------------------------------------------------------------------------
 
 namespace {
@@ -462,6 +478,8 @@ struct FederationServer::Impl {
 
 FederationServer::FederationServer(ServerTransportOptions options)
     : impl_(std::make_unique<Impl>()) {
+  // gRPC would take port 99999 modulo 2^16 (and listen somewhere unexpected): refuse it here.
+  check_host_port(options.address, "federated.address", /*allow_zero=*/true);
   grpc::SslServerCredentialsOptions ssl(
       options.client_ca_file.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                      : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -607,8 +625,7 @@ FederationClient::FederationClient(ClientTransportOptions options)
                       options.key_file);
   }
   KRAB_CHECK_ARG(!options.token.empty(), "--token is required");
-  KRAB_CHECK_ARG(options.server.find(':') != std::string::npos, "--server must be HOST:PORT, got '",
-                 options.server, "'");
+  check_host_port(options.server, "--server", /*allow_zero=*/false);
   grpc::ChannelArguments args;
   // The name the server's certificate must carry when it differs from --server's host (e.g. a
   // certificate for the machine's DNS name, reached as 127.0.0.1).

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/fs.h"
 #include "federated/accountant.h"
 #include "federated/client_policy.h"
 #include "federated/secure_client.h"
@@ -556,6 +557,28 @@ TEST(ClientPolicy, TheServersRequestIsCheckedAgainstTheClientsFlags) {
   EXPECT_EQ(error_of([&] { check_weight(strict, 0.2); }), "");
   EXPECT_NE(error_of([&] { check_weight(strict, 1.0); }).find("--max-weight"), std::string::npos);
   EXPECT_EQ(error_of([&] { check_weight(open, 1.0); }), "");
+}
+
+// Client names are the tokens file's and need not be UTF-8: the state file and the report are
+// written anyway (the bytes replaced), never lost to a JSON library error after the round.
+TEST(ServerState, ClientNamesThatAreNotUtf8AreWrittenReplaced) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("krab-flutf8-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("caf\xe9", torch::ones({2}), 1));
+  c.push_back(std::make_unique<Scripted>("b", torch::ones({2}), 1));
+  RoundRunner run(all_clients(), torch::zeros({2}), false);
+  ASSERT_TRUE(run.run_round(ptrs(c)).ok);
+  const std::string path = state_path(dir.string());
+  EXPECT_NO_THROW(save_server_state(path, run, "sig"));
+  RoundRunner back(all_clients(), torch::zeros({2}), false);
+  ASSERT_TRUE(load_server_state(path, back, "sig"));
+  EXPECT_EQ(back.history()[0].cohort[1], "caf\xef\xbf\xbd");  // U+FFFD; "b" sorts first
+  nlohmann::json report;
+  add_history(report, run);
+  EXPECT_NE(core::dump_json(report).find("caf\xef\xbf\xbd"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServerState, RoundTripAndRefusesCorruptFiles) {

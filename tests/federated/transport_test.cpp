@@ -411,6 +411,24 @@ TEST_F(Tls, UnderMutualTlsATokenNeedsItsOwnClientsCertificate) {
   }
 }
 
+// Ports out of range are refused with the option named (gRPC would wrap 99999 to 34463).
+TEST_F(Tls, OutOfRangePortsAreRefused) {
+  ServerTransportOptions so = server_options();
+  so.address = "127.0.0.1:99999";
+  try {
+    FederationServer s(so);
+    FAIL() << "listened on port 99999";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("federated.address: port '99999'"), std::string::npos)
+        << e.what();
+  }
+  for (const char* bad : {"127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:-1", "127.0.0.1:7x"}) {
+    ClientTransportOptions co = client_options(1, "token-of-alice-0123456");
+    co.server = bad;
+    EXPECT_THROW(FederationClient c(co), InvalidArgument) << bad;
+  }
+}
+
 // A copied token neither joins a second time nor takes the holder's tasks; the holder goes on.
 TEST_F(Tls, ASecondHolderOfATokenIsRefusedAndCannotTakeTasks) {
   FederationServer server(server_options());
