@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <thread>
 
 #include "core/errors.h"
@@ -140,11 +141,89 @@ TEST(ParamServerRpc, GradientOfTheWrongSizeIsRefusedByTheServer) {
     client.push_pull(torch::ones({kNumel + 2}), params);
     ADD_FAILURE() << "the server took a gradient of the wrong size";
   } catch (const InvalidArgument& e) {
+    // The server's log has the sizes; the reply names none of the shard's state (issue 17).
     const std::string m = e.what();
     EXPECT_NE(m.find("parameter server 0"), std::string::npos) << m;
-    EXPECT_NE(m.find("pushed 1003 gradient values"), std::string::npos) << m;
+    EXPECT_NE(m.find("refused"), std::string::npos) << m;
+    EXPECT_EQ(m.find("1001"), std::string::npos) << m;
   }
   EXPECT_EQ(shard->stats().pushes, 0);
+}
+
+// Issue 17: with no credentials a client pulled every parameter, pushed a NaN gradient (the
+// parameters became NaN) and made a server exit with Finish. Now every call needs the job
+// secret, whatever it asks for.
+TEST(ParamServerRpc, CallsWithoutTheJobSecretAreRefused) {
+  const std::string secret(64, 'k');
+  auto shard = make_shard(torch::zeros({kNumel}), 0, 1, 1, -1);
+  ParamServer server(shard, 0, Access{"127.0.0.1", secret});
+  at::Tensor params = at::empty({kNumel}, at::kFloat);
+  for (const std::string& wrong : {std::string(), std::string(64, 'x'), secret + "x"}) {
+    PsClient outsider({local(server.port())}, 0, kNumel, 10000ms, wrong);
+    try {
+      outsider.pull(params);
+      ADD_FAILURE() << "a pull without the job secret was answered";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("job secret"), std::string::npos) << e.what();
+    }
+    PsClient pusher({local(server.port())}, 0, kNumel, 10000ms, wrong);
+    EXPECT_THROW(pusher.push_pull(torch::full({kNumel}, NAN), params), InvalidArgument);
+    EXPECT_THROW(finish_shard(local(server.port()), 2000ms, wrong), InvalidArgument);
+  }
+  EXPECT_FALSE(server.wait_finish_answered(10ms));
+  EXPECT_EQ(shard->stats().pushes, 0);
+  EXPECT_TRUE(torch::equal(shard->values(), torch::zeros({kNumel})));
+  // The job's own worker is served.
+  PsClient worker({local(server.port())}, 0, kNumel, 10000ms, secret);
+  worker.pull(params);
+  worker.push_pull(torch::ones({kNumel}), params);
+  EXPECT_EQ(shard->stats().pushes, 1);
+}
+
+TEST(ParamServerRpc, NonFiniteGradientsAreRefused) {
+  const std::string secret(64, 'k');
+  auto shard = make_shard(torch::zeros({kNumel}), 0, 1, 1, -1);
+  ParamServer server(shard, 0, Access{"127.0.0.1", secret});
+  at::Tensor params = at::empty({kNumel}, at::kFloat);
+  PsClient worker({local(server.port())}, 0, kNumel, 10000ms, secret);
+  worker.pull(params);
+  for (float bad : {NAN, INFINITY, -INFINITY}) {
+    at::Tensor g = torch::ones({kNumel});
+    g[kNumel / 2] = bad;
+    PsClient again({local(server.port())}, 0, kNumel, 10000ms, secret);
+    try {
+      again.push_pull(g, params);
+      ADD_FAILURE() << "a gradient with " << bad << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("NaN or an infinity"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(shard->stats().pushes, 0);
+  EXPECT_TRUE(torch::isfinite(shard->values()).all().item<bool>());
+}
+
+// shard.cpp's refusals named the worker's clock and the shard's version; a caller now learns
+// that it was refused, the server's stderr why.
+TEST(ParamServerRpc, RefusalsNameNoStateOfTheShard) {
+  auto shard = make_shard(torch::zeros({kNumel}), 0, 1, 2, 1);
+  ParamServer server(shard, 0);
+  at::Tensor params = at::empty({kNumel}, at::kFloat);
+  PsClient w0({local(server.port())}, 0, kNumel, 10000ms);
+  w0.pull(params);
+  w0.push_pull(torch::ones({kNumel}), params);
+  PsClient w1({local(server.port())}, 1, kNumel, 10000ms);
+  w1.pull(params);
+  w1.push_pull(torch::ones({kNumel}), params);  // clock 1; the shard's version moves on
+  PsClient replay({local(server.port())}, 1, kNumel, 10000ms);  // clock 1 again
+  try {
+    replay.push_pull(torch::ones({kNumel}), params);
+    ADD_FAILURE() << "a repeated clock was taken";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find("clock"), std::string::npos) << m;
+    EXPECT_EQ(m.find("version"), std::string::npos) << m;
+    EXPECT_EQ(m.find("worker"), std::string::npos) << m;
+  }
 }
 
 TEST(ParamServerRpc, WorkerOutOfRangeIsRefused) {
