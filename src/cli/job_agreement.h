@@ -20,6 +20,7 @@
 // order), the launch geometry (--nnodes, workers per node) and the binary (version and a hash
 // of the executable). Left out, because they may rightly differ from node to node:
 //   name, checkpoint.dir  only rank 0 (on node 0) writes checkpoints, model.pt and the report;
+//   checkpoint.hmac_key_file  likewise: where node 0 keeps its sealing key is its own path;
 //   data.path             where a node keeps its copy of the data set is its own business;
 //   comm.iface            each machine has its own network interfaces;
 //   train.threads_per_worker  machines may have different numbers of cores.

@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"
@@ -71,7 +72,8 @@ data::DataSplits server_data(const core::Config& c) {
 // What a client is told: everything but the server's own files.
 std::string client_config_yaml(core::Config c) {
   for (const char* key : {"federated.tls_cert", "federated.tls_key", "federated.tls_client_ca",
-                          "federated.tokens", "federated.eval_data", "checkpoint.dir", "data.path"})
+                          "federated.tokens", "federated.eval_data", "checkpoint.dir",
+                          "checkpoint.hmac_key_file", "data.path"})
     c.set(key, "");
   return c.to_yaml();
 }
@@ -121,7 +123,9 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true, evaluate);
   const std::string run_dir = train::run_directory(config);
   const std::string state = state_path(run_dir);
-  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature))
+  const std::string seal_key =
+      core::read_seal_key(config.get_string("checkpoint.hmac_key_file"), run_dir);
+  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature, seal_key))
     std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
                  static_cast<long long>(runner.rounds_done()));
 
@@ -147,7 +151,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
                               fo.min_clients));
     }
     const RoundRecord rec = runner.run_round(available);
-    save_server_state(state, runner, signature);  // durable before it is reported
+    save_server_state(state, runner, signature, seal_key);  // durable before it is reported
     progress.record(rec);
   }
   progress.finish();

@@ -10,6 +10,7 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "core/printable.h"
+#include "core/seal.h"
 
 namespace krab::federated {
 namespace {
@@ -50,7 +51,8 @@ RoundRecord record_from_json(const nlohmann::json& j) {
   return r;
 }
 
-void save_server_state(const std::string& path, RoundRunner& runner, const std::string& signature) {
+void save_server_state(const std::string& path, RoundRunner& runner, const std::string& signature,
+                       const std::string& seal_key) {
   torch::serialize::OutputArchive archive;
   archive.write("global_model", runner.global());
   archive.write("rounds_done", torch::tensor(runner.rounds_done(), torch::kLong));
@@ -76,12 +78,13 @@ void save_server_state(const std::string& path, RoundRunner& runner, const std::
   const uint32_t crc = crc_of(payload);
   std::memcpy(out.data() + 8, &len, 8);
   std::memcpy(out.data() + 16, &crc, 4);
-  core::write_file_atomic(path, out + payload);
+  core::write_file_atomic(path, core::seal(out + payload, seal_key));
 }
 
-bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature) {
+bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature,
+                       const std::string& seal_key) {
   if (!core::path_exists(path)) return false;
-  const std::string bytes = core::read_file(path);
+  const std::string bytes = core::unseal(core::read_file(path), seal_key, path);
   if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, 8) != 0)
     throw CorruptData(str_cat(path, ": not a krab federated server state (bad magic)"));
   uint64_t len = 0;

@@ -22,10 +22,14 @@ namespace krab::federated {
 std::string state_path(const std::string& run_dir);
 
 // Writes the runner's state; `signature` is train::model_signature() of the job's model.
-void save_server_state(const std::string& path, RoundRunner& runner, const std::string& signature);
+// `seal_key` (core/seal.h; "" = none): the file is sealed with HMAC-SHA256 under it, and load
+// requires a valid seal (a sealed file without the key is refused too).
+void save_server_state(const std::string& path, RoundRunner& runner, const std::string& signature,
+                       const std::string& seal_key = "");
 
 // Loads `path` into `runner`. Returns false (runner untouched) when the file does not exist.
-bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature);
+bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature,
+                       const std::string& seal_key = "");
 
 // RoundRecord from its to_json() form.
 RoundRecord record_from_json(const nlohmann::json& j);

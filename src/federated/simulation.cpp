@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"
@@ -159,7 +160,9 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
 
   const std::string run_dir = train::run_directory(config);
   const std::string state = state_path(run_dir);
-  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature))
+  const std::string seal_key =
+      core::read_seal_key(config.get_string("checkpoint.hmac_key_file"), run_dir);
+  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature, seal_key))
     std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
                  static_cast<long long>(runner.rounds_done()));
 
@@ -174,7 +177,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   RoundLog progress("fl-sim", fo.rounds, options.show_progress, /*log_dropped=*/false);
   while (runner.rounds_done() < fo.rounds) {
     const RoundRecord rec = runner.run_round(available);
-    save_server_state(state, runner, signature);  // durable before it is reported
+    save_server_state(state, runner, signature, seal_key);  // durable before it is reported
     progress.record(rec);
   }
   progress.finish();

@@ -10,6 +10,7 @@
 #include "compress/hooks.h"
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/seal.h"
 #include "core/progress.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
@@ -165,13 +166,17 @@ PreflightInfo preflight(const core::Config& job, int workers) {
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.train.size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
+  // A bad key file is bad input: refuse it now, not at the first checkpoint.
+  const std::string seal_key =
+      core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_directory(c));
   if (c.get_bool("checkpoint.resume")) {
     const std::string dir = run_directory(c);
     if (auto path = latest_checkpoint(dir)) {
       auto opt = make_optimizer(c, model->parameters());
       CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
                             global * c.get_int("train.grad_accum"), c.get_int("train.seed")};
-      decode_checkpoint(core::read_file(*path), *path, expect, *model, *opt);
+      decode_checkpoint(core::unseal(core::read_file(*path), seal_key, *path), *path, expect,
+                        *model, *opt);
     }
   }
   PreflightInfo info;
@@ -225,13 +230,14 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
   const std::string run_dir = run_directory(c);
   const CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
                               batch * W * accum, seed};
+  const std::string seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
   int64_t start_step = 0;
   if (c.get_bool("checkpoint.resume")) {
     std::string path, bytes;
     if (rank == 0) {
       if (auto p = latest_checkpoint(run_dir)) {
         path = *p;
-        bytes = core::read_file(path);
+        bytes = core::unseal(core::read_file(path), seal_key, path);
       }
     }
     bytes = broadcast_bytes(*comm, bytes);
@@ -303,8 +309,10 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
     const int64_t done = step + 1;
     if (every > 0 && done % every == 0 && done < steps && rank == 0)
       last_checkpoint = save_checkpoint(
-          run_dir, encode_checkpoint({done, expect.model_name, expect.signature,
-                                      expect.global_batch, seed}, *model, *optimizer),
+          run_dir,
+          core::seal(encode_checkpoint({done, expect.model_name, expect.signature,
+                                        expect.global_batch, seed}, *model, *optimizer),
+                     seal_key),
           done, keep);
     if (eval_every > 0 && done % eval_every == 0 && done < steps && d.test) {
       const auto t_eval = Clock::now();
@@ -364,8 +372,10 @@ nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
     const std::string model_pt = (fs::path(run_dir) / "model.pt").string();
     save_model_pt(model_pt, *model);
     last_checkpoint = save_checkpoint(
-        run_dir, encode_checkpoint({steps, expect.model_name, expect.signature,
-                                    expect.global_batch, seed}, *model, *optimizer),
+        run_dir,
+        core::seal(encode_checkpoint({steps, expect.model_name, expect.signature,
+                                      expect.global_batch, seed}, *model, *optimizer),
+                   seal_key),
         steps, keep);
     report["workers"] = W;
     report["backend"] = comm->backend();

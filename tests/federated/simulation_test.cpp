@@ -104,6 +104,34 @@ TEST_F(SimDir, DivergedClientsAreRejectedAndAnAllFailedRunIsAnError) {
   EXPECT_TRUE(rep.contains("epsilon"));
 }
 
+// With checkpoint.hmac_key_file the server state is sealed: a resumed run reads it back, and a
+// state file someone wrote without the key (say, to reset the DP budget) is refused.
+TEST_F(SimDir, ASealedServerStateResumesAndAnUnsealedOneIsRefused) {
+  {
+    std::ofstream(dir_ / "key") << std::string(64, 'z');
+  }
+  core::Config c = job();
+  c.set("federated.rounds", "2");
+  c.set("checkpoint.hmac_key_file", (dir_ / "key").string());
+  run_simulation(c, SimulationOptions{"", false});
+  c.set("federated.rounds", "3");
+  c.set("checkpoint.resume", "true");
+  const nlohmann::json resumed = run_simulation(c, SimulationOptions{"", false});
+  EXPECT_EQ(resumed["rounds"].size(), 3u);
+  // The same run's state rewritten without a seal (valid CRC, anything inside) is refused.
+  core::Config unsealed = c;
+  unsealed.set("checkpoint.hmac_key_file", "");
+  unsealed.set("checkpoint.resume", "false");
+  unsealed.set("federated.rounds", "1");
+  run_simulation(unsealed, SimulationOptions{"", false});
+  try {
+    run_simulation(c, SimulationOptions{"", false});
+    FAIL() << "an unsealed state was resumed";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("carries no seal"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(SimDir, FedAvgLearnsAndCountsModelSizedTraffic) {
   const nlohmann::json rep = run_simulation(job(), SimulationOptions{"", false});
   ASSERT_EQ(rep["rounds"].size(), 6u);

@@ -1,0 +1,81 @@
+#include "core/seal.h"
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
+#include <filesystem>
+
+#include "core/errors.h"
+#include "core/fs.h"
+
+namespace krab::core {
+namespace {
+
+constexpr char kTag[] = "KRABSEAL";
+constexpr size_t kTagBytes = 8, kMacBytes = 32, kSealBytes = kTagBytes + kMacBytes;
+constexpr size_t kMinKeyBytes = 32;
+
+std::string mac(const std::string& key, const char* data, size_t n) {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  KRAB_CHECK(HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+                  reinterpret_cast<const unsigned char*>(data), n, out, &len) != nullptr &&
+                 len == kMacBytes,
+             "HMAC-SHA256 failed");
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+
+bool sealed(const std::string& bytes) {
+  return bytes.size() >= kSealBytes &&
+         bytes.compare(bytes.size() - kSealBytes, kTagBytes, kTag, kTagBytes) == 0;
+}
+
+}  // namespace
+
+std::string read_seal_key(const std::string& path, const std::string& run_dir) {
+  if (path.empty()) return "";
+  namespace fs = std::filesystem;
+  KRAB_CHECK_ARG(path_exists(path), "checkpoint.hmac_key_file: file '", path, "' does not exist");
+  std::error_code ec;
+  const fs::path key = fs::weakly_canonical(path, ec);
+  const fs::path dir = fs::weakly_canonical(run_dir, ec);
+  const std::string k = key.string(), d = dir.string();
+  KRAB_CHECK_ARG(!(k.size() > d.size() && k.compare(0, d.size(), d) == 0 && k[d.size()] == '/'),
+                 "checkpoint.hmac_key_file: '", path, "' is inside the run directory '", run_dir,
+                 "'; keep the key where whoever can write checkpoints cannot read it");
+  std::string bytes = read_file(path);
+  KRAB_CHECK_ARG(bytes.size() >= kMinKeyBytes, "checkpoint.hmac_key_file: '", path, "' holds ",
+                 bytes.size(), " bytes; a key needs at least ", kMinKeyBytes,
+                 " (e.g. openssl rand -hex 32 > FILE)");
+  return bytes;
+}
+
+std::string seal(std::string bytes, const std::string& key) {
+  if (key.empty()) return bytes;
+  const std::string m = mac(key, bytes.data(), bytes.size());
+  bytes.append(kTag, kTagBytes);
+  bytes += m;
+  return bytes;
+}
+
+std::string unseal(std::string bytes, const std::string& key, const std::string& source) {
+  if (key.empty()) {
+    if (sealed(bytes))
+      throw CorruptData(str_cat("'", source, "' is sealed with a key (HMAC); give this run its "
+                                "checkpoint.hmac_key_file to read it"));
+    return bytes;
+  }
+  if (!sealed(bytes))
+    throw CorruptData(str_cat("'", source, "' carries no seal, and checkpoint.hmac_key_file is "
+                              "set: refusing a file that may have been replaced"));
+  const size_t body = bytes.size() - kSealBytes;
+  const std::string want = mac(key, bytes.data(), body);
+  if (CRYPTO_memcmp(want.data(), bytes.data() + body + kTagBytes, kMacBytes) != 0)
+    throw CorruptData(str_cat("'", source, "' fails its seal (HMAC): it was changed, or written "
+                              "with another key"));
+  bytes.resize(body);
+  return bytes;
+}
+
+}  // namespace krab::core

@@ -1,0 +1,32 @@
+// Files that prove who wrote them: an optional HMAC-SHA256 seal for checkpoints and the
+// federated server's state.
+//
+// A CRC finds damage, not tampering: anyone who can write a run directory could replace the
+// model in a checkpoint, or rewrite fl-state.krab's round history and with it the privacy
+// accounting. With `checkpoint.hmac_key_file` set, every such file krab writes ends in a seal,
+//   "KRABSEAL" + HMAC-SHA256(key, everything before the seal)          (40 bytes)
+// and every such file it reads must carry a valid one. The key lives in a file outside the run
+// directory (read_seal_key refuses one inside it): whoever can write checkpoints but cannot read
+// the key cannot forge them.
+//
+// Errors: CorruptData naming the file for a missing or wrong seal, or for a sealed file read
+// without a key; InvalidArgument naming checkpoint.hmac_key_file for a bad key file. Pure apart
+// from read_seal_key's file read; thread-safe.
+#pragma once
+
+#include <string>
+
+namespace krab::core {
+
+// The key in `path` (its bytes, at least 32), or "" when `path` is "" (sealing off).
+// `run_dir`: the run directory, which must not contain the key file.
+std::string read_seal_key(const std::string& path, const std::string& run_dir);
+
+// `bytes` with its seal appended; `bytes` unchanged when `key` is "".
+std::string seal(std::string bytes, const std::string& key);
+
+// The bytes without their seal, after checking it. With `key` "", a sealed file is refused (it
+// was written with a key this run does not have) and an unsealed one returned as it is.
+std::string unseal(std::string bytes, const std::string& key, const std::string& source);
+
+}  // namespace krab::core
