@@ -500,8 +500,10 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
     rec.sampling_rate = dp_sampling_rate(options_.fraction, options_.min_clients, rec.available);
     rec.cohort = poisson_sample_clients(ids, rec.sampling_rate, secure_random64);
   } else {
-    rec.cohort =
-        sample_clients(ids, options_.fraction, options_.min_clients, rec.round, options_.seed);
+    // With local DP the cohort must not be predictable either (from train.seed, which every
+    // client is sent): a fresh secret seed per round.
+    const uint64_t seed = options_.dp == "local" ? secure_random64() : options_.seed;
+    rec.cohort = sample_clients(ids, options_.fraction, options_.min_clients, rec.round, seed);
   }
   std::vector<Participant*> cohort;
   for (const auto& id : rec.cohort)

@@ -309,6 +309,27 @@ TEST(Rounds, FailedDpRoundsAreChargedAndReported) {
   EXPECT_DOUBLE_EQ(report["epsilon"].get<double>(), rec.epsilon);
 }
 
+// With DP the cohorts come from a secure source: two runs with the same train.seed draw
+// different cohorts (without DP they are reproducible from the seed, as before).
+TEST(Rounds, DpCohortsCannotBePredictedFromTheSeed) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  for (int i = 0; i < 20; ++i)
+    c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({2}), 1));
+  for (const char* dp : {"none", "local", "central"}) {
+    FederatedOptions o = all_clients(2);
+    o.fraction = 0.25;
+    o.dp = dp;
+    o.seed = 7;
+    RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
+    int same = 0;
+    for (int r = 0; r < 8; ++r) same += a.run_round(ptrs(c)).cohort == b.run_round(ptrs(c)).cohort;
+    if (std::string(dp) == "none")
+      EXPECT_EQ(same, 8);
+    else
+      EXPECT_LE(same, 1) << dp;  // 15504 possible 5-of-20 cohorts (more for Poisson ones)
+  }
+}
+
 TEST(Rounds, LocalDpChargesTheMostAskedClientAtRateOne) {
   std::vector<std::unique_ptr<Scripted>> c;
   for (int i = 0; i < 4; ++i)
