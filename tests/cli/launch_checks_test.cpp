@@ -2,6 +2,9 @@
 // comparison (job_agreement.h), the worker memory estimate (resources.h) and the launch plan.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include "cli/job_agreement.h"
@@ -136,6 +139,55 @@ TEST(LaunchPlan, NprocPerNodeZeroIsTheDefaultOnlyWhenNotGiven) {
   EXPECT_EQ(plan_launch(flags, 4, {}).world_size, 6);
   flags.rdzv = "127.0.0.1:99999";
   EXPECT_THROW(plan_launch(flags, 4, {}), InvalidArgument);
+}
+
+// Issue 17: krab's workers find a one-node job's store in a file, and the job secret, in their
+// environment (the launcher puts them there; never on a command line).
+TEST(LaunchPlan, WorkersTakeTheStoreFileAndTheSecretFromTheEnvironment) {
+  const std::map<std::string, std::string> env = {
+      {"KRAB_WORKER", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
+      {"MASTER_ADDR", "127.0.0.1"}, {"KRAB_STORE_FILE", "/tmp/x/store"},
+      {"KRAB_JOB_SECRET", "0123456789abcdef0123"}};
+  const LaunchPlan p = plan_launch({}, 2, env);
+  EXPECT_EQ(p.rendezvous.file, "/tmp/x/store");
+  EXPECT_EQ(p.rendezvous.secret, "0123456789abcdef0123");
+  EXPECT_EQ(p.rendezvous.to_string().find("0123456789abcdef"), std::string::npos);
+}
+
+// Issue 17: a store client from elsewhere read and overwrote krab/ps/0. With a job secret the
+// job's keys live under a name derived from it: a client without it (or with another) does not
+// see them, and what it writes under that name is not what the job reads.
+TEST(Store, KeysLiveUnderTheSecretsName) {
+  const std::string secret = "the job secret, 32 characters.";
+  comm::StoreServer server("127.0.0.1", 0, std::chrono::seconds(10), secret);
+  server.store()->set("krab/ps/0", {'a'});
+  const auto timeout = std::chrono::seconds(5);
+  comm::Endpoint at{"127.0.0.1", server.port()};
+  auto outsider = comm::connect_store(at, timeout);
+  EXPECT_FALSE(outsider->check({"krab/ps/0"}));
+  outsider->set("krab/ps/0", {'x'});
+  at.secret = secret + "!";
+  EXPECT_FALSE(comm::connect_store(at, timeout)->check({"krab/ps/0"}));
+  at.secret = secret;
+  EXPECT_EQ(comm::connect_store(at, timeout)->get("krab/ps/0"), std::vector<uint8_t>{'a'});
+}
+
+// One node: the store is a file only this user can read, shared through its path.
+TEST(Store, OneNodeStoreIsAPrivateFile) {
+  char dir[] = "/tmp/krab-store-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const comm::Endpoint at{"127.0.0.1", 0, std::string(dir) + "/store", "secret secret secret"};
+  {
+    comm::StoreServer server(at);
+    EXPECT_EQ(server.port(), 0);
+    server.store()->set("k", {'v'});
+    struct stat st {};
+    ASSERT_EQ(::stat(at.file.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(comm::connect_store(at, std::chrono::seconds(5))->get("k"), std::vector<uint8_t>{'v'});
+  }
+  ::unlink(at.file.c_str());
+  ::rmdir(dir);
 }
 
 }  // namespace
