@@ -270,6 +270,10 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const cli::L
       std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
   if (args.launch.nnodes == 1) {
     // On no network: torch 1.13's TCPStore would listen on every interface (comm/store.h).
+    if (!args.launch.rdzv.empty())
+      std::fprintf(stderr, "krab: note: --rdzv %s is not used on one node: the rendezvous is a "
+                   "private file (README \"Running across machines safely\")\n",
+                   args.launch.rdzv.c_str());
     store_dir = std::make_unique<PrivateDir>();
     p.rendezvous = {"127.0.0.1", 0, store_dir->path + "/store", p.rendezvous.secret};
     server = std::make_unique<comm::StoreServer>(p.rendezvous);

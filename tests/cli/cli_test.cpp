@@ -295,7 +295,9 @@ TEST_F(Cli, PortInUseIsNamed) {
   write("ok.yaml", kSmallJob);
   krab::comm::StoreServer holder("127.0.0.1", 0, std::chrono::seconds(5));
   const std::string port = std::to_string(holder.port());
-  expect_refused(run(krab("train ok.yaml --rdzv 127.0.0.1:" + port)), 2, port);
+  // (One node does not use a port: its rendezvous is a file, issue 17.)
+  expect_refused(run(krab("train ok.yaml --nnodes 2 --node-rank 0 --rdzv 127.0.0.1:" + port)), 2,
+                 port);
 }
 
 TEST_F(Cli, CheckpointFromAnotherModelOrCorruptIsRefused) {
@@ -344,6 +346,26 @@ comm: {timeout_s: 10}
           std::string("\nOPENBLAS_NUM_THREADS=1\n")})
       EXPECT_NE(env.find(want), std::string::npos) << "worker " << i << " lacks " << want;
   }
+  // Issue 17: the job secret reaches the workers in their environment (readable by this user
+  // only), not on their command lines (readable by everyone in ps); the rendezvous is a file in
+  // a directory only this user can enter.
+  std::string secret, store_file;
+  {
+    const std::string env = environ_of(workers[0]);
+    const auto at = env.find("\nKRAB_JOB_SECRET=");
+    ASSERT_NE(at, std::string::npos) << env;
+    secret = env.substr(at + 17, env.find('\n', at + 1) - at - 17);
+    EXPECT_EQ(secret.size(), 64u) << secret;
+    const auto f = env.find("\nKRAB_STORE_FILE=");
+    ASSERT_NE(f, std::string::npos) << env;
+    store_file = env.substr(f + 17, env.find('\n', f + 1) - f - 17);
+    EXPECT_EQ(fs::status(store_file).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(fs::status(fs::path(store_file).parent_path()).permissions() & fs::perms::all,
+              fs::perms::owner_all);
+    for (pid_t p : {launcher, workers[0]})
+      EXPECT_EQ(krab::core::read_file("/proc/" + std::to_string(p) + "/cmdline").find(secret),
+                std::string::npos);
+  }
   // Children are listed in spawn order: index 1 is rank 1.
   ::kill(workers[1], SIGKILL);
   int status = 0;
@@ -356,6 +378,7 @@ comm: {timeout_s: 10}
   const std::string text = krab::core::read_file(log);
   EXPECT_NE(text.find("rank 1 was killed by signal 9"), std::string::npos) << text;
   for (pid_t w : workers) EXPECT_NE(::kill(w, 0), 0) << "worker " << w << " survived";
+  EXPECT_FALSE(fs::exists(fs::path(store_file).parent_path())) << "the rendezvous was left";
 }
 
 // Parameter server with max_staleness 0 is sync data parallelism through the server: the same
@@ -471,6 +494,12 @@ comm: {timeout_s: 20}
 
 TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
   write("ok.yaml", kSmallJob);
+  // Issue 17: across nodes the parameter servers listen on the network; without a job secret
+  // anyone there could pull, push and stop them.
+  expect_refused(run("cd " + dir_.string() + " && env -u KRAB_JOB_SECRET " + kKrab +
+                     " train ok.yaml --set sync.mode=async --set sync.servers=1 --nnodes 2 "
+                     "--node-rank 0 --rdzv 127.0.0.1:" + std::to_string(free_port())),
+                 2, "job secret");
   expect_refused(run(krab("train ok.yaml --set sync.mode=async")), 2, "sync.servers");
   expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
                           "--set comm.compression=fp16")),
