@@ -123,7 +123,8 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
 // A failed call, as the exception the CLI maps to an exit code, naming the server.
 [[noreturn]] void throw_status(const grpc::Status& st, int shard, const std::string& address,
                                std::chrono::milliseconds timeout) {
-  const std::string who = str_cat("parameter server ", shard, " (", address, ")");
+  const std::string who = shard >= 0 ? str_cat("parameter server ", shard, " (", address, ")")
+                                     : str_cat("parameter server ", address);
   switch (st.error_code()) {
     case grpc::StatusCode::INVALID_ARGUMENT:
     case grpc::StatusCode::UNAUTHENTICATED:
