@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "core/errors.h"
@@ -96,6 +97,22 @@ FitReply fit_reply_from_wire(const wire::TaskResult& r, bool secure, const std::
 
 }  // namespace
 
+namespace {
+
+constexpr std::string_view kDigestPrefix = "sha256:";
+
+// The digest the server keeps for a tokens-file entry: the SHA-256 of a plain token, or the
+// digest itself when the file holds "sha256:HEX" (so the server never needs the token).
+std::string token_digest(const std::string& entry) {
+  if (entry.rfind(kDigestPrefix, 0) != 0) return sha256(entry);
+  std::string out(32, '\0');
+  for (size_t i = 0; i < 32; ++i)
+    out[i] = static_cast<char>(std::stoi(entry.substr(kDigestPrefix.size() + 2 * i, 2), nullptr, 16));
+  return out;
+}
+
+}  // namespace
+
 std::map<std::string, TokenInfo> read_tokens(const std::string& path) {
   KRAB_CHECK_ARG(core::path_exists(path), "federated.tokens: file '", path, "' does not exist");
   std::istringstream in(core::read_file(path));
@@ -108,8 +125,15 @@ std::map<std::string, TokenInfo> read_tokens(const std::string& path) {
     if (!(ls >> name) || name[0] == '#') continue;
     const std::string where = str_cat(path, ":", no, ": ");
     KRAB_CHECK_ARG(static_cast<bool>(ls >> token), where, "expected 'NAME TOKEN [EXPIRES]'");
-    KRAB_CHECK_ARG(token.size() >= 16, where, "token of '", name,
-                   "' is shorter than 16 characters");
+    if (token.rfind(kDigestPrefix, 0) == 0)
+      KRAB_CHECK_ARG(token.size() == kDigestPrefix.size() + 64 &&
+                         token.find_first_not_of("0123456789abcdef", kDigestPrefix.size()) ==
+                             std::string::npos,
+                     where, "token of '", name, "': ", kDigestPrefix,
+                     " must be followed by 64 lower-case hex digits (sha256sum's output)");
+    else
+      KRAB_CHECK_ARG(token.size() >= 16, where, "token of '", name,
+                     "' is shorter than 16 characters");
     TokenInfo info{name, 0};
     if (ls >> expires) {
       try {
@@ -493,7 +517,7 @@ FederationServer::FederationServer(ServerTransportOptions options)
   impl_->state.options = std::move(options);
   // Keep digests only: the tokens themselves need not stay in memory.
   for (auto& [token, info] : impl_->state.options.tokens)
-    impl_->state.by_digest.emplace(sha256(token), info);
+    impl_->state.by_digest.emplace(token_digest(token), info);
   impl_->state.options.tokens.clear();
   impl_->service = std::make_unique<Service>(&impl_->state);
   grpc::ServerBuilder builder;

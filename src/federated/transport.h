@@ -56,8 +56,10 @@ struct TokenInfo {
 };
 
 // Reads a tokens file: one client per line, "NAME TOKEN [EXPIRES]" (EXPIRES in unix seconds);
-// blank lines and lines starting with '#' are skipped. InvalidArgument naming the file and line
-// for a malformed line, a duplicate name or token, or a token shorter than 16 characters.
+// blank lines and lines starting with '#' are skipped. TOKEN may be written as "sha256:HEX",
+// the SHA-256 of the token (`printf %s TOKEN | sha256sum`), so the server's file never holds a
+// token a thief could use. InvalidArgument naming the file and line for a malformed line, a
+// duplicate name or token, a token shorter than 16 characters or a malformed digest.
 std::map<std::string, TokenInfo> read_tokens(const std::string& path);
 
 struct ServerTransportOptions {

@@ -429,6 +429,39 @@ TEST_F(Tls, OutOfRangePortsAreRefused) {
   }
 }
 
+// The tokens file may hold digests only: the server needs no token, and a digest is no token.
+TEST_F(Tls, ATokensFileOfDigestsAuthenticatesTheTokens) {
+  const std::string d = dir_->string();
+  {
+    // printf %s token-of-alice-0123456 | sha256sum
+    std::ofstream(d + "/digests.txt")
+        << "alice sha256:"
+        << "d5d5d65bea1c126a52318b353751f66961663b78270c2cd807a0168a21bae5eb\n";
+  }
+  std::ofstream(d + "/bad-digest.txt") << "alice sha256:1234\n";
+  EXPECT_THROW(read_tokens(d + "/bad-digest.txt"), InvalidArgument);
+  const auto tokens = read_tokens(d + "/digests.txt");
+  ASSERT_EQ(tokens.size(), 1u);
+  // The digest of the test's token, computed here by the same tool users would use.
+  std::string want;
+  {
+    FILE* p = ::popen("printf %s token-of-alice-0123456 | sha256sum", "r");
+    ASSERT_NE(p, nullptr);
+    char buf[65] = {};
+    ASSERT_EQ(std::fread(buf, 1, 64, p), 64u);
+    ::pclose(p);
+    want = buf;
+  }
+  ASSERT_EQ(tokens.begin()->first, "sha256:" + want);
+  ServerTransportOptions so = server_options();
+  so.tokens = tokens;
+  FederationServer server(so);
+  FederationClient alice(client_options(server.port(), "token-of-alice-0123456"));
+  EXPECT_EQ(alice.hello().client_name, "alice");
+  FederationClient digest_holder(client_options(server.port(), "sha256:" + want));
+  EXPECT_THROW(digest_holder.hello(), InvalidArgument);
+}
+
 // A copied token neither joins a second time nor takes the holder's tasks; the holder goes on.
 TEST_F(Tls, ASecondHolderOfATokenIsRefusedAndCannotTakeTasks) {
   FederationServer server(server_options());
