@@ -35,26 +35,28 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
 
   if (options_.broadcast_initial_state) broadcast_state();
 
+  // The hooks hold this engine weakly. LibTorch 1.13 cannot remove a post hook from a Node,
+  // and the accumulator (with its hooks) lives on as long as the parameter's autograd graph
+  // does: after this engine is destroyed its hooks must find nothing, not freed memory, so
+  // that a new engine can be built on the same module (an elastic rebuild, a resharding).
+  self_ = std::make_shared<DataParallel*>(this);
+  const std::weak_ptr<DataParallel*> weak = self_;
   for (size_t i = 0; i < params_.size(); ++i) {
     auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
     const auto index = static_cast<int64_t>(i);
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, index](const torch::autograd::variable_list& outputs,
+        [weak, index](const torch::autograd::variable_list& outputs,
                       const torch::autograd::variable_list&) {
-          on_grad_ready(index);
+          if (const auto self = weak.lock()) (*self)->on_grad_ready(index);
           return outputs;
         }));
     accumulators_.push_back(std::move(acc));
   }
 }
 
-DataParallel::~DataParallel() {
-  // Hooks capture `this`; a backward after destruction must not call into freed memory.
-  // Post hooks cannot be removed from a Node in LibTorch 1.13, so the accumulators are kept
-  // but the step is marked inactive-and-unsynced: hooks become no-ops via sync_ = false.
-  // (DataParallel is destroyed with the training run, after the last backward.)
-  sync_ = false;
-}
+// Dropping the only strong reference expires every hook's weak one: from here on they are
+// no-ops (see the constructor).
+DataParallel::~DataParallel() { self_.reset(); }
 
 void DataParallel::broadcast_state() {
   torch::NoGradGuard no_grad;

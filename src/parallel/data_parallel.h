@@ -19,7 +19,9 @@
 //   loss.backward();  dp.finish();  optimizer.step();
 //
 // Thread safety: one training thread. The module must outlive the DataParallel, which must be
-// destroyed before the module's parameters are replaced.
+// destroyed before the module's parameters are replaced. Destroying a DataParallel and
+// building another on the same module (mid-training) is safe: the old engine's gradient hooks
+// stay registered in LibTorch but do nothing.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -88,6 +90,9 @@ class DataParallel {
   int64_t step_ = 0;
   // Keep the accumulators alive: hooks on a dead accumulator silently never fire.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  // The one strong reference to this engine's address; the gradient hooks hold it weakly, so
+  // they do nothing once the engine is gone (they cannot be removed from LibTorch's nodes).
+  std::shared_ptr<DataParallel*> self_;
 };
 
 }  // namespace krab::parallel

@@ -165,6 +165,47 @@ TEST(DataParallel, AccumulationCommunicatesOnlyOnTheLastMicroStep) {
   });
 }
 
+// An engine destroyed and another built on the same module mid-training (what an elastic
+// rebuild does): the old engine's hooks, which LibTorch keeps, must neither touch freed memory
+// (ASan would see it) nor reduce anything; the new engine alone averages the gradients.
+TEST(DataParallel, AnEngineCanBeRebuiltOnTheSameModuleMidTraining) {
+  const int W = 2;
+  const int64_t in = 6, hidden = 8, classes = 3, n = 4;
+  run_ranks(W, [&](int r, comm::Communicator& c) {
+    auto model = make_mlp(in, hidden, classes);
+    auto first = std::make_unique<DataParallel>(*model, c, DataParallelOptions{0.0});
+    auto [x1, y1] = batch_of(r, n, in, classes);
+    model->loss(model->forward(x1), y1).backward();
+    first->finish();
+    // A graph built while the engine lived holds its gradient accumulators, hooks included;
+    // the engine goes (the group changed mid-step), then that backward runs: the dead hooks
+    // fire and must do nothing.
+    model->zero_grad();
+    at::Tensor pending = model->loss(model->forward(x1), y1);
+    first.reset();
+    pending.backward();
+    std::atomic<bool> done{false};
+    auto hook = std::make_unique<CountingHook>(&done);
+    CountingHook* h = hook.get();
+    DataParallel second(*model, c, {0.0}, std::move(hook));
+    model->zero_grad();
+    auto [x2, y2] = batch_of(20 + r, n, in, classes);
+    model->loss(model->forward(x2), y2).backward();
+    done = true;
+    second.finish();
+    EXPECT_EQ(h->calls, static_cast<int>(second.plan().buckets.size()));
+    // Expectation: the average over ranks of the second batch's gradient, on the same weights.
+    auto ref = make_mlp(in, hidden, classes);
+    for (int q = 0; q < W; ++q) {
+      auto [x, y] = batch_of(20 + q, n, in, classes);
+      (ref->loss(ref->forward(x), y) / W).backward();
+    }
+    auto a = model->parameters(), b = ref->parameters();
+    for (size_t i = 0; i < a.size(); ++i)
+      EXPECT_TRUE(torch::allclose(a[i].grad(), b[i].grad(), 1e-5, 1e-6)) << i;
+  });
+}
+
 // A parameter outside the graph gets no gradient on any rank; the engine must still complete
 // the step (zeros), not wait for a hook that never fires.
 TEST(DataParallel, UnusedParameterContributesZeros) {
