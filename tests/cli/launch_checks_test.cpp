@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <string>
 #include <thread>
 
 #include "cli/job_agreement.h"
@@ -174,8 +176,9 @@ TEST(Store, KeysLiveUnderTheSecretsName) {
 
 // One node: the store is a file only this user can read, shared through its path.
 TEST(Store, OneNodeStoreIsAPrivateFile) {
-  char dir[] = "/tmp/krab-store-test-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string tmpl = (std::filesystem::temp_directory_path() / "krab-store-test-XXXXXX").string();
+  char* dir = ::mkdtemp(tmpl.data());
+  ASSERT_NE(dir, nullptr);
   const comm::Endpoint at{"127.0.0.1", 0, std::string(dir) + "/store", "secret secret secret"};
   {
     comm::StoreServer server(at);
