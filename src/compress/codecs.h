@@ -21,24 +21,12 @@
 #include <memory>
 #include <string>
 
+#include "core/rng.h"
+
 namespace krab::compress {
 
-// Small, fast, seedable generator (splitmix64) for stochastic rounding and random-k.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, 1), 24 random bits.
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
-
- private:
-  uint64_t state_;
-};
+// Small, fast, seedable generator for stochastic rounding and random-k (core/rng.h).
+using Rng = core::SplitMix64;
 
 // Mixes several values into one seed (same inputs, same seed, on every rank).
 uint64_t mix_seed(uint64_t a, uint64_t b, uint64_t c = 0, uint64_t d = 0);

@@ -16,15 +16,12 @@
 #include <utility>
 #include <vector>
 
+#include "core/rng.h"
+
 namespace krab::data {
 
-// splitmix64 finaliser: a bijective mix, used to turn (seed, stream) into well-spread seeds.
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+// splitmix64 turns (seed, stream) into well-spread seeds (core/rng.h).
+using core::splitmix64;
 
 // Seed for the independent stream `stream` of `seed` (e.g. one per epoch).
 inline uint64_t derive_seed(uint64_t seed, uint64_t stream) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "core/errors.h"
+#include "core/flat.h"
 #include "data/sampler.h"
 #include "federated/privacy.h"
 #include "federated/strategy.h"
@@ -16,10 +17,7 @@
 namespace krab::federated {
 
 at::Tensor flatten_parameters(const torch::nn::Module& module) {
-  std::vector<at::Tensor> parts;
-  for (const auto& p : module.parameters()) parts.push_back(p.detach().reshape(-1).to(at::kFloat));
-  if (parts.empty()) return torch::zeros({0});
-  return torch::cat(parts).contiguous();
+  return core::flatten(module.parameters());
 }
 
 void load_flat_parameters(torch::nn::Module& module, const at::Tensor& flat) {
@@ -28,12 +26,7 @@ void load_flat_parameters(torch::nn::Module& module, const at::Tensor& flat) {
                  "global parameters must be a 1-D float32 tensor");
   KRAB_CHECK_ARG(flat.numel() == expected, "global parameters have ", flat.numel(),
                  " elements, the model has ", expected);
-  torch::NoGradGuard no_grad;
-  int64_t offset = 0;
-  for (auto& p : module.parameters()) {
-    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
-  }
+  core::unflatten_into(flat, module.parameters());
 }
 
 LocalTrainer::LocalTrainer(const core::Config& job, const models::ModelSpec& spec)

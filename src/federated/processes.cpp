@@ -22,7 +22,6 @@
 #include "federated/transport.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
-#include "train/trainer.h"
 
 namespace krab::federated {
 namespace {

@@ -20,7 +20,6 @@
 #include "federated/server_state.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
-#include "train/trainer.h"
 
 namespace krab::federated {
 namespace {

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/rng.h"
 
 namespace krab::federated {
 namespace {
@@ -18,30 +19,9 @@ void check_global(const at::Tensor& global) {
                  global.defined() ? str_cat(" of shape ", global.sizes()) : "");
 }
 
-// splitmix64: a small, well-mixed generator whose output is the same on every platform (the
-// <random> distributions are not specified bit-for-bit, so two builds could pick different
-// cohorts from the same seed).
-class SplitMix64 {
- public:
-  explicit SplitMix64(uint64_t seed) : state_(seed) {}
-  uint64_t next() {
-    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound) without modulo bias: reject the top partial block.
-  uint64_t below(uint64_t bound) {
-    const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
-    uint64_t x;
-    do x = next();
-    while (x >= limit);
-    return x % bound;
-  }
-
- private:
-  uint64_t state_;
-};
+// splitmix64 (core/rng.h): its output is the same on every platform (the <random>
+// distributions are not specified bit-for-bit, so two builds could pick different cohorts).
+using core::SplitMix64;
 
 }  // namespace
 

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "core/flat.h"
 
 namespace krab::parallel {
 
@@ -68,15 +69,9 @@ void DataParallel::broadcast_state() {
   std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
   for (auto& t : state) by_type[t.scalar_type()].push_back(t);
   for (auto& [type, ts] : by_type) {
-    std::vector<at::Tensor> flat_parts;
-    for (auto& t : ts) flat_parts.push_back(t.detach().reshape({-1}));
-    at::Tensor flat = torch::cat(flat_parts);
+    at::Tensor flat = core::flatten(ts, type);
     comm_.broadcast(flat, 0)->wait();
-    int64_t off = 0;
-    for (auto& t : ts) {
-      t.detach().copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-      off += t.numel();
-    }
+    core::unflatten_into(flat, ts);
   }
 }
 

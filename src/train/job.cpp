@@ -95,4 +95,12 @@ std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Tens
   return {correct, total};
 }
 
+std::string run_directory(const core::Config& c) {
+  std::string dir = c.get_string("checkpoint.dir");
+  std::string name = c.get_string("name").empty() ? "job" : c.get_string("name");
+  for (auto at = dir.find("{name}"); at != std::string::npos; at = dir.find("{name}"))
+    dir.replace(at, 6, name);
+  return dir;
+}
+
 }  // namespace krab::train

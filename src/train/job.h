@@ -1,10 +1,12 @@
 // What every training mode builds from a job's Config the same way: the data, the model's
-// spec, the optimizer and the number of steps. Shared by the sync trainer (trainer.cpp) and
-// the parameter-server mode (async.cpp).
+// spec, the optimizer, the number of steps and the run directory. With checkpoint.h and
+// schedule.h this is the small job library (krab_job) that the trainer, the parameter-server
+// mode and federated learning share; it knows nothing of how gradients travel.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/config.h"
@@ -31,6 +33,9 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
 // train.steps, or train.epochs in optimizer steps of `accum` micro-batches.
 int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
                     int64_t accum);
+
+// checkpoint.dir with {name} replaced.
+std::string run_directory(const core::Config& config);
 
 // The artificial straggler of benchmarks and tests (train.slow_rank): after each
 // forward+backward, rank train.slow_rank sleeps train.slow_delay_ms, or (slow_factor - 1)

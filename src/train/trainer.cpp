@@ -53,17 +53,6 @@ std::string human(double v) {
   return buf;
 }
 
-}  // namespace
-
-std::string run_directory(const core::Config& c) {
-  std::string dir = c.get_string("checkpoint.dir");
-  std::string name = c.get_string("name").empty() ? "job" : c.get_string("name");
-  for (auto at = dir.find("{name}"); at != std::string::npos; at = dir.find("{name}"))
-    dir.replace(at, 6, name);
-  return dir;
-}
-
-namespace {
 
 compress::CompressionOptions compression_options(const core::Config& c) {
   compress::CompressionOptions o;

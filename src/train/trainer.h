@@ -16,6 +16,7 @@
 
 #include "comm/factory.h"
 #include "core/config.h"
+#include "train/job.h"
 
 namespace krab::train {
 
@@ -65,8 +66,5 @@ void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t
 
 // "1234 samples/s", or "samples/s not measured" for a report whose samples_per_sec is null.
 std::string describe_samples_per_sec(const nlohmann::json& report);
-
-// checkpoint.dir with {name} replaced.
-std::string run_directory(const core::Config& config);
 
 }  // namespace krab::train
