@@ -39,11 +39,18 @@ std::vector<int64_t> GlobalBatchSampler::indices(int64_t step, int rank, int wor
   KRAB_CHECK_ARG(rank >= 0 && rank < world, "rank ", rank, " outside [0, ", world, ")");
   KRAB_CHECK_ARG(global_batch_ % world == 0, "global batch ", global_batch_,
                  " is not divisible by the number of workers ", world);
-  const int64_t epoch = epoch_of(step);
-  const std::vector<int64_t>& perm = permutation(epoch);
   const int64_t local = global_batch_ / world;
-  const int64_t begin = (step % steps_per_epoch()) * global_batch_ + rank * local;
-  return std::vector<int64_t>(perm.begin() + begin, perm.begin() + begin + local);
+  return slice(step, {rank * local, (rank + 1) * local});
+}
+
+std::vector<int64_t> GlobalBatchSampler::slice(int64_t step, BatchSlice part) const {
+  KRAB_CHECK_ARG(step >= 0, "step must be >= 0, got ", step);
+  KRAB_CHECK_ARG(part.begin >= 0 && part.begin <= part.end && part.end <= global_batch_,
+                 "slice [", part.begin, ", ", part.end, ") outside the global batch of ",
+                 global_batch_);
+  const std::vector<int64_t>& perm = permutation(epoch_of(step));
+  const int64_t base = (step % steps_per_epoch()) * global_batch_;
+  return std::vector<int64_t>(perm.begin() + base + part.begin, perm.begin() + base + part.end);
 }
 
 std::pair<at::Tensor, at::Tensor> gather(const TensorDataset& dataset,

@@ -31,6 +31,20 @@
 
 namespace krab::data {
 
+// Examples [begin, end) of a global batch: one rank's share of a step. Equal slices today
+// (equal_slice); a load balancer may hand out unequal ones, an elastic world a different count.
+struct BatchSlice {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// Slice `index` of `count` slices of a global batch of `global_batch` examples whose sizes
+// differ by at most one (all equal when count divides global_batch).
+inline BatchSlice equal_slice(int64_t global_batch, int64_t index, int64_t count) {
+  return {global_batch * index / count, global_batch * (index + 1) / count};
+}
+
 class GlobalBatchSampler {
  public:
   // InvalidArgument when global_batch < 1, dataset_size < 1, or global_batch > dataset_size
@@ -53,6 +67,11 @@ class GlobalBatchSampler {
   // InvalidArgument when step < 0, world < 1, rank outside [0, world), or global_batch is not
   // divisible by world (the message names both).
   std::vector<int64_t> indices(int64_t step, int rank, int world) const;
+
+  // Indices of examples [part.begin, part.end) of global step `step`'s batch: what a rank
+  // whose share is `part` uses. indices(step, r, W) == slice(step, {r·B/W, (r+1)·B/W}).
+  // InvalidArgument when step < 0 or the slice is not inside [0, global_batch).
+  std::vector<int64_t> slice(int64_t step, BatchSlice part) const;
 
   // The permutation of 0..dataset_size-1 epoch `epoch` visits the data in.
   const std::vector<int64_t>& permutation(int64_t epoch) const;

@@ -5,19 +5,19 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <thread>
 
-#include "compress/hooks.h"
+#include "comm/communicator.h"
 #include "core/errors.h"
+#include "core/flat.h"
 #include "core/fs.h"
 #include "core/seal.h"
-#include "core/progress.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "engine/engine.h"
 #include "models/model.h"
-#include "parallel/data_parallel.h"
 #include "train/checkpoint.h"
-#include "train/job.h"
+#include "train/engines.h"
+#include "train/options.h"
 #include "train/schedule.h"
 
 namespace krab::train {
@@ -25,6 +25,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Rank 0's bytes reach every rank (checkpoint resume without a shared file system).
 std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
@@ -36,7 +40,7 @@ std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
   return std::string(static_cast<const char*>(buf.data_ptr()), buf.numel());
 }
 
-// Accuracy on rank `rank`'s shard of the test split, summed over ranks.
+// Accuracy on this rank's share of the test split, summed over the group.
 double evaluate(models::Model& model, const data::TensorDataset& test, comm::Communicator& comm) {
   const int64_t n = test.size();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
@@ -47,107 +51,348 @@ double evaluate(models::Model& model, const data::TensorDataset& test, comm::Com
   return counts[1].item<double>() > 0 ? counts[0].item<double>() / counts[1].item<double>() : 0;
 }
 
-std::string human(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f" : "%.1f", v);
-  return buf;
+// Accuracy of `model` on the whole test split, on this rank alone.
+double evaluate_alone(models::Model& model, const data::TensorDataset& test) {
+  const auto [correct, total] = count_correct(model, test, 0, test.size());
+  return total > 0 ? static_cast<double>(correct) / total : 0;
 }
 
-
-compress::CompressionOptions compression_options(const core::Config& c) {
-  compress::CompressionOptions o;
-  o.name = c.get_string("comm.compression");
-  o.ratio = c.get_float("comm.ratio");
-  o.rank = c.get_int("comm.rank");
-  o.chunk = c.get_int("comm.chunk");
-  // The key's default (hadamard) is onebit's; other compressors take it only when it is named.
-  o.rotation = o.name == "onebit" || c.is_set("comm.rotation") ? c.get_string("comm.rotation")
-                                                               : "none";
-  o.error_feedback = c.get_bool("comm.error_feedback");
-  o.warmup_steps = c.get_int("comm.compress_warmup_steps");
-  o.min_numel = c.get_int("comm.compress_min_numel");
-  o.momentum = c.get_float("comm.momentum_correction");
-  o.clip_norm = c.get_float("comm.clip_norm");
-  o.seed = static_cast<uint64_t>(c.get_int("train.seed"));
-  compress::validate(o);
-  KRAB_CHECK_ARG(o.name == "none" || c.get_string("sync.mode") == "sync", "comm.compression '",
-                 o.name, "' compresses the gradients of sync.mode 'sync'; sync.mode '",
-                 c.get_string("sync.mode"), "' does not average gradients");
-  KRAB_CHECK_ARG(!c.is_set("comm.fold_momentum") || !c.get_bool("comm.fold_momentum") ||
-                     o.name == "randomk",
-                 "comm.fold_momentum: true is for comm.compression 'randomk' (whose error feedback "
-                 "acts as momentum), not '", o.name, "'");
-  if (o.momentum > 0 && c.get_string("train.optimizer.name") == "sgd")
-    KRAB_CHECK_ARG(c.get_float("train.optimizer.momentum") == 0,
-                   "comm.momentum_correction ", o.momentum, " with train.optimizer.momentum ",
-                   c.get_float("train.optimizer.momentum"),
-                   " would apply momentum twice; set train.optimizer.momentum: 0");
-  return o;
-}
-
-// randomk with error feedback sends each value after 1 / ratio steps on average: in
-// expectation the accumulator a = e + g follows a <- (1 - ratio) a + g and the step sends
-// ratio * a, which is heavy-ball momentum with factor 1 - ratio and learning rate ratio * lr.
-// On top of sgd's own momentum m that is momentum twice (on the 2-epoch CNN, ratio 0.1 and
-// m = 0.9 ended 9 points below sync). Folding runs sgd without momentum at lr / (1 - m): the
-// same step per unit of gradient in the steady state (lr / (1 - m)), with error feedback as the
-// only momentum. The job's config is returned unchanged when there is nothing to fold.
-core::Config with_folded_momentum(const core::Config& c) {
-  const double m = c.get_float("train.optimizer.momentum");
-  if (c.get_string("comm.compression") != "randomk" || !c.get_bool("comm.fold_momentum") ||
-      c.get_string("train.optimizer.name") != "sgd" || m == 0 || !c.get_bool("comm.error_feedback"))
-    return c;
-  core::Config folded = c;
-  char lr[64];
-  std::snprintf(lr, sizeof(lr), "%.17g", c.get_float("train.optimizer.lr") / (1 - m));
-  folded.set("train.optimizer.lr", lr);
-  folded.set("train.optimizer.momentum", "0");
-  return folded;
-}
-
-// Local SGD's model average: every floating parameter and buffer, one all-reduce.
-void average_model(torch::nn::Module& model, comm::Communicator& comm) {
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> ts;
-  for (auto& p : model.parameters()) ts.push_back(p);
-  for (auto& b : model.buffers())
-    if (b.scalar_type() == at::kFloat) ts.push_back(b);
-  std::vector<at::Tensor> flat_parts;
-  for (auto& t : ts) flat_parts.push_back(t.detach().reshape({-1}));
-  at::Tensor flat = torch::cat(flat_parts);
-  comm.allreduce(flat, comm::ReduceOp::kAvg)->wait();
-  int64_t off = 0;
-  for (auto& t : ts) {
-    t.detach().copy_(flat.narrow(0, off, t.numel()).view(t.sizes()));
-    off += t.numel();
-  }
-}
+// A copy of the parameters to evaluate after training (EvaluationMode::kDeferred).
+struct Snapshot {
+  int64_t step;
+  double trained_seconds;
+  at::Tensor values;
+};
 
 }  // namespace
 
-void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t measured_steps) {
-  // A run no longer than its warm-up has no measured step: 0 would read as "infinitely slow"
-  // in a table, so the report says null and why.
-  if (measured_steps > 0 && samples_per_sec > 0) {
-    report["samples_per_sec"] = samples_per_sec;
-  } else {
-    report["samples_per_sec"] = nullptr;
-    report["samples_per_sec_note"] =
-        "not measured: the run ended within its warm-up steps, which samples_per_sec leaves "
-        "out; run more steps to measure it";
+// One rank's run: built by the constructor, driven by run(). Functions are in the order a run
+// calls them.
+struct Trainer::Loop {
+  Loop(const core::Config& job, const comm::WorldInfo& world, const WorkerOptions& options);
+  void resume();
+  void attach_sinks();
+  nlohmann::json run();
+  double compute(const engine::StepPlan& plan);
+  void end_of_step(int64_t step, double loss);
+  void maybe_checkpoint(int64_t done);
+  void maybe_evaluate(int64_t done);
+  void maybe_snapshot(const engine::StepPlan& plan);
+  void report_progress(int64_t step, int64_t done);
+  nlohmann::json finish_group();
+  nlohmann::json finish_alone();
+  nlohmann::json write_final_state(RunOutcome& outcome);
+  CheckpointMeta meta(int64_t step) const;
+  bool rank0() const { return world.rank == 0; }
+
+  const core::Config job;  // as written: the report keeps it
+  const core::Config c;    // as it runs (randomk's momentum folded, see options.h)
+  const TrainOptions o;
+  const comm::WorldInfo world;
+  const WorkerOptions options;
+  const Clock::time_point t_start = Clock::now();
+
+  data::DataSplits d;
+  std::unique_ptr<data::GlobalBatchSampler> sampler;
+  int64_t steps = 0;
+  std::unique_ptr<engine::Engine> engine;
+  comm::Communicator* group = nullptr;  // null for engines without one
+
+  std::string run_dir, seal_key, model_name, signature, last_checkpoint;
+  int64_t start_step = 0;
+
+  core::Events events;
+  std::shared_ptr<ProgressSink> progress;  // rank 0 of a group, when shown
+  std::shared_ptr<ReportSink> record = std::make_shared<ReportSink>();
+
+  // Timing: samples/s counts the steps after `warmup` and leaves evaluations out;
+  // time-to-accuracy seconds count training only, from the first step.
+  int64_t warmup = 0;
+  Clock::time_point t_loop, t_warm;
+  double eval_secs = 0, eval_before_warm = 0;
+  uint64_t setup_bytes = 0;
+  double last_loss = 0;
+  std::optional<Straggler> straggler;  // train.slow_rank's artificial delay
+  int64_t computed = 0;  // steps this rank computed
+  int64_t next_eval = 0;
+  std::vector<Snapshot> snapshots;
+};
+
+Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
+                    const WorkerOptions& options_in)
+    : job(job_in),
+      c(with_folded_momentum(job_in)),
+      o(TrainOptions::from_config(c)),
+      world(world_in),
+      options(options_in) {
+  torch::set_num_threads(o.threads);
+  straggler.emplace(c, world.rank);
+  d = load_data(c);
+  sampler = std::make_unique<data::GlobalBatchSampler>(d.train.size(), o.batch * world.size,
+                                                       static_cast<uint64_t>(o.seed));
+  steps = total_steps(c, *sampler, o.micro_batches);
+  torch::manual_seed(static_cast<uint64_t>(o.seed));
+  auto model = models::make_model(model_spec(c, d));
+  model_name = c.get_string("model.name");
+  signature = model_signature(*model);
+  engine = make_engine(c, o, world, std::move(model), steps);
+  group = engine->group();
+  run_dir = run_directory(c);
+  seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
+  attach_sinks();
+  if (o.resume && group != nullptr) resume();
+  engine->start_at(start_step);
+}
+
+CheckpointMeta Trainer::Loop::meta(int64_t step) const {
+  return {step, model_name, signature, o.batch * world.size * o.micro_batches, o.seed};
+}
+
+void Trainer::Loop::resume() {
+  std::string path, bytes;
+  if (rank0())
+    if (auto p = latest_checkpoint(run_dir)) {
+      path = *p;
+      bytes = core::unseal(core::read_file(path), seal_key, path);
+    }
+  bytes = broadcast_bytes(*group, bytes);
+  if (bytes.empty()) return;
+  const engine::TrainState state = engine->state();
+  start_step = decode_checkpoint(bytes, path.empty() ? "rank 0's checkpoint" : path, meta(0),
+                                 *state.model, *state.optimizer)
+                   .step;
+  events.note(str_cat("resumed from ", path, " at step ", start_step));
+}
+
+void Trainer::Loop::attach_sinks() {
+  events.add(record);
+  // Workers without a group have no view of the job's progress: their server draws it.
+  if (rank0() && group != nullptr && options.show_progress) {
+    progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
+    events.add(progress);
+  } else if (rank0()) {
+    events.add(std::make_shared<core::NoteSink>());
   }
 }
 
-std::string describe_samples_per_sec(const nlohmann::json& report) {
-  const auto it = report.find("samples_per_sec");
-  if (it == report.end() || !it->is_number()) return "samples/s not measured";
-  return str_cat(static_cast<int64_t>(std::llround(it->get<double>())), " samples/s");
+nlohmann::json Trainer::Loop::run() {
+  warmup = measurement_warmup(steps - start_step);
+  t_loop = t_warm = Clock::now();
+  if (group != nullptr) setup_bytes = group->traffic().total_bytes_sent();
+  next_eval = o.eval_every > 0 ? (start_step / o.eval_every + 1) * o.eval_every : 0;
+  engine->model().train();
+  while (const auto plan = engine->next_step()) {
+    maybe_snapshot(*plan);
+    if (plan->step == start_step + warmup) {
+      t_warm = Clock::now();
+      eval_before_warm = eval_secs;
+    }
+    const double loss = compute(*plan);
+    engine->reduce_gradients();
+    engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
+    engine->after_step(*plan);
+    ++computed;
+    end_of_step(plan->step, loss);
+  }
+  return group != nullptr ? finish_group() : finish_alone();
+}
+
+// Forward and backward of the step's micro-batches on this rank's slice; the mean loss.
+double Trainer::Loop::compute(const engine::StepPlan& plan) {
+  models::Model& model = engine->model();
+  const int64_t accum = o.micro_batches;
+  double step_loss = 0;
+  for (int64_t m = 0; m < accum; ++m) {
+    engine->before_backward(m, m == accum - 1);
+    const auto t_compute = Clock::now();
+    auto [x, y] = data::gather(d.train, sampler->slice(plan.step * accum + m, plan.slice));
+    auto loss = model.loss(model.forward(x), y);
+    (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
+    step_loss += loss.item<double>() / accum;
+    straggler->after_compute(Clock::now() - t_compute);
+  }
+  return step_loss;
+}
+
+void Trainer::Loop::end_of_step(int64_t step, double loss) {
+  last_loss = loss;
+  const int64_t done = step + 1;
+  events.gauge("loss", loss, done);
+  maybe_checkpoint(done);
+  maybe_evaluate(done);
+  if (progress) report_progress(step, done);
+}
+
+void Trainer::Loop::maybe_checkpoint(int64_t done) {
+  if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps || !rank0())
+    return;
+  const engine::TrainState state = engine->state();
+  last_checkpoint = save_checkpoint(
+      run_dir, core::seal(encode_checkpoint(meta(done), *state.model, *state.optimizer), seal_key),
+      done, o.checkpoint_keep);
+}
+
+// EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
+void Trainer::Loop::maybe_evaluate(int64_t done) {
+  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
+      !d.test)
+    return;
+  const auto t_eval = Clock::now();
+  const double trained = seconds_between(t_loop, t_eval) - eval_secs;
+  models::Model& model = engine->model();
+  model.eval();
+  const double acc = evaluate(model, *d.test, *group);
+  model.train();
+  eval_secs += seconds_between(t_eval, Clock::now());
+  events.gauge("train_seconds", trained, done);
+  events.gauge("test_accuracy", acc, done);
+  char line[96];
+  std::snprintf(line, sizeof(line), "step %lld test accuracy %.4f", static_cast<long long>(done),
+                acc);
+  events.note(line);
+}
+
+// EvaluationMode::kDeferred: when the job's progress (the step about to be computed) passes a
+// multiple of train.eval_every, rank 0 keeps a copy of the parameters it is about to use and
+// evaluates the copies after training. Memory: one parameter copy per evaluation.
+void Trainer::Loop::maybe_snapshot(const engine::StepPlan& plan) {
+  if (engine->evaluation_mode() != engine::EvaluationMode::kDeferred || !rank0() ||
+      o.eval_every <= 0 || !d.test || plan.step < next_eval || computed == 0)
+    return;
+  next_eval = (plan.step / o.eval_every + 1) * o.eval_every;
+  snapshots.push_back({plan.step, seconds_between(t_loop, Clock::now()),
+                       core::flatten(engine->model().parameters())});
+}
+
+void Trainer::Loop::report_progress(int64_t step, int64_t done) {
+  const double secs = seconds_between(t_warm, Clock::now()) - (eval_secs - eval_before_warm);
+  const int64_t measured = step - (start_step + warmup) + 1;
+  const double rate =
+      measured > 0 && secs > 0 ? measured * o.batch * world.size * o.micro_batches / secs : 0;
+  events.gauge("samples_per_sec", rate, done);
+  events.step(done, steps);
+}
+
+nlohmann::json Trainer::Loop::finish_group() {
+  const auto t_end = Clock::now();
+  const double train_secs = seconds_between(t_warm, t_end) - (eval_secs - eval_before_warm);
+  RunOutcome out;
+  out.measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
+  out.samples_per_sec = train_secs > 0 && out.measured_steps > 0
+                            ? out.measured_steps * o.batch * world.size * o.micro_batches /
+                                  train_secs
+                            : 0;
+  // Everything below talks to all ranks: take the traffic snapshot first, so the report
+  // counts the training run only.
+  const comm::TrafficStats traffic = group->traffic();
+  out.train_seconds = seconds_between(t_loop, t_end) - eval_secs;
+  models::Model& model = engine->model();
+  if (d.test) {
+    model.eval();
+    out.test_accuracy = evaluate(model, *d.test, *group);
+  }
+  constexpr int kOps = static_cast<int>(comm::OpKind::kCount);
+  auto totals = torch::zeros({3 + kOps}, torch::kFloat64);
+  totals[0] = last_loss;
+  totals[1] = static_cast<double>(traffic.total_bytes_sent());
+  totals[2] = static_cast<double>(traffic.total_bytes_sent() - setup_bytes);
+  for (int k = 0; k < kOps; ++k) totals[3 + k] = static_cast<double>(traffic.bytes_sent[k]);
+  group->allreduce(totals)->wait();
+  events.counter("bytes_sent", totals[1].item<double>());
+  events.counter("bytes_sent_steps", totals[2].item<double>());
+  for (int k = 0; k < kOps; ++k)
+    events.counter(str_cat("bytes_sent.", comm::op_name(static_cast<comm::OpKind>(k))),
+                   totals[3 + k].item<double>());
+  if (!rank0()) return nlohmann::json();
+  out.final_loss = totals[0].item<double>() / world.size;
+  if (progress) {
+    events.gauge("samples_per_sec", out.samples_per_sec, steps);
+    progress->finish();
+  }
+  return write_final_state(out);
+}
+
+// Rank 0 of a group: model.pt, the final checkpoint, the report.
+nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
+  const engine::TrainState state = engine->state();
+  out.checkpoint = (fs::path(run_dir) / "model.pt").string();
+  save_model_pt(out.checkpoint, *state.model);
+  out.state = save_checkpoint(
+      run_dir,
+      core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer), seal_key), steps,
+      o.checkpoint_keep);
+  out.workers = world.size;
+  out.global_batch = o.batch * world.size * o.micro_batches;
+  out.steps = steps;
+  out.start_step = start_step;
+  out.epochs = static_cast<double>(steps * o.micro_batches) / sampler->steps_per_epoch();
+  out.wall_seconds = seconds_between(t_start, Clock::now());
+  out.evals = record->evals();
+  out.bytes_sent = static_cast<uint64_t>(record->total("bytes_sent"));
+  out.bytes_sent_steps = static_cast<uint64_t>(record->total("bytes_sent_steps"));
+  for (int k = 0; k < static_cast<int>(comm::OpKind::kCount); ++k) {
+    const char* op = comm::op_name(static_cast<comm::OpKind>(k));
+    out.bytes_sent_by_op[op] = static_cast<uint64_t>(record->total(str_cat("bytes_sent.", op)));
+  }
+  out.gradient_bytes = static_cast<uint64_t>(models::parameter_count(*state.model) * 4);
+  out.sync_mode = sync_mode_name(o.sync_mode);
+  nlohmann::json report = make_report(out, engine->describe(), job.to_json());
+  if (c != job)
+    report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
+                                 {"lr", c.get_float("train.optimizer.lr")}};
+  if (!options.report_path.empty())
+    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
+  return report;
+}
+
+// A worker without a group (parameter-server worker): evaluates its snapshots, hands its
+// summary to the engine (which reports it to the servers) and returns the engine's view.
+nlohmann::json Trainer::Loop::finish_alone() {
+  engine::RunSummary summary;
+  summary.steps = computed;
+  summary.seconds = seconds_between(t_loop, Clock::now());
+  summary.final_loss = last_loss;
+  if (!snapshots.empty()) {
+    models::Model& model = engine->model();
+    model.eval();
+    const std::vector<at::Tensor> params = model.parameters();
+    for (const Snapshot& snap : snapshots) {
+      engine->keep_alive();  // one evaluation must take less than sync.worker_timeout_s
+      core::unflatten_into(snap.values, params);
+      const double acc = evaluate_alone(model, *d.test);
+      summary.evals.push_back({snap.step, snap.trained_seconds, acc});
+      char line[128];
+      std::snprintf(line, sizeof(line), "step %lld (%.1f s of training): test accuracy %.4f",
+                    static_cast<long long>(snap.step), snap.trained_seconds, acc);
+      events.note(line);
+    }
+  }
+  engine->finish(summary);
+  return engine->describe();
+}
+
+Trainer::Trainer(const core::Config& job, const comm::WorldInfo& world,
+                 const WorkerOptions& options)
+    : loop_(std::make_unique<Loop>(job, world, options)) {}
+
+Trainer::~Trainer() = default;
+
+nlohmann::json Trainer::run() { return loop_->run(); }
+
+nlohmann::json run_worker(const core::Config& config, const comm::WorldInfo& world,
+                          const WorkerOptions& options) {
+  return Trainer(config, world, options).run();
+}
+
+nlohmann::json run_async_worker(const core::Config& config, const comm::WorldInfo& world,
+                                const WorkerOptions& options) {
+  return Trainer(config, world, options).run();
 }
 
 PreflightInfo preflight(const core::Config& job, int workers) {
   const core::Config c = with_folded_momentum(job);
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
-  compression_options(job);  // the job as written: its keys are what errors name
+  check_compression_options(job);  // the job as written: its keys are what errors name
   check_async_options(c);
   auto d = load_data(c);
   const int64_t global = workers * c.get_int("data.batch_size");
@@ -174,234 +419,6 @@ PreflightInfo preflight(const core::Config& job, int workers) {
     if (t != nullptr)
       info.data_bytes += static_cast<int64_t>(t->inputs.nbytes() + t->targets.nbytes());
   return info;
-}
-
-nlohmann::json run_worker(const core::Config& job, const comm::WorldInfo& world,
-                          const WorkerOptions& options) {
-  // What runs: the job with randomk's momentum folded (see with_folded_momentum); the report
-  // keeps the job as written and says what was folded.
-  const core::Config c = with_folded_momentum(job);
-  const auto t_start = Clock::now();
-  torch::set_num_threads(static_cast<int>(c.get_int("train.threads_per_worker")));
-  const int W = world.size;
-  const int rank = world.rank;
-  const int64_t batch = c.get_int("data.batch_size");
-  const int64_t accum = c.get_int("train.grad_accum");
-  const int64_t seed = c.get_int("train.seed");
-
-  data::DataSplits d = load_data(c);
-  data::GlobalBatchSampler sampler(d.train.size(), batch * W, static_cast<uint64_t>(seed));
-  const int64_t steps = total_steps(c, sampler, accum);
-
-  torch::manual_seed(static_cast<uint64_t>(seed));
-  auto model = models::make_model(model_spec(c, d));
-
-  comm::Options copts;
-  copts.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.get_float("comm.timeout_s") * 1000));
-  copts.debug_checks = c.get_bool("comm.debug_checks");
-  std::unique_ptr<comm::Communicator> comm;
-  try {
-    comm = comm::make_communicator(c.get_string("comm.backend"), world, copts);
-  } catch (const Timeout& e) {
-    // The comm layer names the ranks; the user also needs the address and the knob.
-    throw Timeout(str_cat(e.what(), " (rendezvous ", world.rendezvous.to_string(),
-                          ", comm.timeout_s = ", c.get_float("comm.timeout_s"), " s)"));
-  }
-  KRAB_CHECK(comm->size() == W, "communicator size ", comm->size(), " != world ", W);
-
-  parallel::DataParallelOptions dpo;
-  dpo.bucket_mb = c.get_float("parallel.bucket_mb");
-  parallel::DataParallel dp(*model, *comm, dpo,
-                            compress::make_compression_hook(compression_options(c)));
-  auto optimizer = make_optimizer(c, model->parameters());
-
-  const std::string run_dir = run_directory(c);
-  const CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
-                              batch * W * accum, seed};
-  const std::string seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
-  int64_t start_step = 0;
-  if (c.get_bool("checkpoint.resume")) {
-    std::string path, bytes;
-    if (rank == 0) {
-      if (auto p = latest_checkpoint(run_dir)) {
-        path = *p;
-        bytes = core::unseal(core::read_file(path), seal_key, path);
-      }
-    }
-    bytes = broadcast_bytes(*comm, bytes);
-    if (!bytes.empty()) {
-      start_step = decode_checkpoint(bytes, path.empty() ? "rank 0's checkpoint" : path, expect,
-                                     *model, *optimizer).step;
-      if (rank == 0) std::fprintf(stderr, "krab: resumed from %s at step %lld\n", path.c_str(),
-                                  static_cast<long long>(start_step));
-    }
-  }
-
-  const Schedule schedule = parse_schedule(c.get_string("train.lr_schedule"));
-  const double base_lr = c.get_float("train.optimizer.lr");
-  const int64_t warmup_lr = c.get_int("train.warmup_steps");
-  const int64_t every = c.get_int("checkpoint.every_steps");
-  const int keep = static_cast<int>(c.get_int("checkpoint.keep"));
-  const int64_t eval_every = c.get_int("train.eval_every");
-  const int64_t log_every = c.get_int("train.log_every");
-  const int64_t warmup = std::min<int64_t>(10, std::max<int64_t>(1, (steps - start_step) / 10));
-  const bool show = rank == 0 && options.show_progress;
-  core::ProgressBar bar("train", steps);
-  double last_loss = 0, smooth = -1;
-  Clock::time_point t_warm = Clock::now();
-  std::string last_checkpoint;
-
-  // Periodic evaluations, for time-to-accuracy: seconds count training only (from the first
-  // step, evaluation time excluded).
-  nlohmann::json evals = nlohmann::json::array();
-  const Clock::time_point t_loop = Clock::now();
-  double eval_secs = 0;
-  double eval_before_warm = 0;  // samples/s leaves out evaluations after warm-up
-  const uint64_t setup_bytes = comm->traffic().total_bytes_sent();  // initial broadcast etc.
-
-  // Synchronisation mode: local SGD skips the gradient all-reduce after its warm-up and
-  // averages the models every `period` steps (and once at the end, so every rank finishes
-  // with the same model).
-  const bool local_sgd = c.get_string("sync.mode") == "local_sgd";
-  const int64_t period = c.get_int("sync.period");
-  const int64_t sync_warmup = c.get_int("sync.warmup_steps");
-  const Straggler straggler(c, rank);
-
-  model->train();
-  for (int64_t step = start_step; step < steps; ++step) {
-    if (step == start_step + warmup) {
-      t_warm = Clock::now();
-      eval_before_warm = eval_secs;
-    }
-    const bool local = local_sgd && step >= sync_warmup;
-    double step_loss = 0;
-    for (int64_t m = 0; m < accum; ++m) {
-      dp.set_sync(!local && m == accum - 1);
-      const auto t_compute = Clock::now();
-      auto [x, y] = data::gather(d.train, sampler.indices(step * accum + m, rank, W));
-      auto loss = model->loss(model->forward(x), y);
-      (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
-      step_loss += loss.item<double>() / accum;
-      straggler.after_compute(Clock::now() - t_compute);
-    }
-    dp.finish();
-    const double lr = learning_rate(schedule, base_lr, step, steps, warmup_lr);
-    for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
-    optimizer->step();
-    optimizer->zero_grad();
-    if (local && ((step + 1 - sync_warmup) % period == 0 || step + 1 == steps))
-      average_model(*model, *comm);
-    last_loss = step_loss;
-    smooth = smooth < 0 ? step_loss : 0.95 * smooth + 0.05 * step_loss;
-
-    const int64_t done = step + 1;
-    if (every > 0 && done % every == 0 && done < steps && rank == 0)
-      last_checkpoint = save_checkpoint(
-          run_dir,
-          core::seal(encode_checkpoint({done, expect.model_name, expect.signature,
-                                        expect.global_batch, seed}, *model, *optimizer),
-                     seal_key),
-          done, keep);
-    if (eval_every > 0 && done % eval_every == 0 && done < steps && d.test) {
-      const auto t_eval = Clock::now();
-      const double trained = std::chrono::duration<double>(t_eval - t_loop).count() - eval_secs;
-      model->eval();
-      const double acc = evaluate(*model, *d.test, *comm);
-      model->train();
-      eval_secs += std::chrono::duration<double>(Clock::now() - t_eval).count();
-      evals.push_back({{"step", done}, {"seconds", trained}, {"test_accuracy", acc}});
-      if (rank == 0) std::fprintf(stderr, "\nkrab: step %lld test accuracy %.4f\n",
-                                  static_cast<long long>(done), acc);
-    }
-    if (show) {
-      const double secs = std::chrono::duration<double>(Clock::now() - t_warm).count() -
-                          (eval_secs - eval_before_warm);
-      const int64_t measured = step - (start_step + warmup) + 1;
-      const double rate = measured > 0 && secs > 0 ? measured * batch * W * accum / secs : 0;
-      const std::string fields = str_cat("loss ", human(smooth), " | ", human(rate),
-                                         " samples/s");
-      bar.update(done, fields);
-      if (log_every > 0 && done % log_every == 0)
-        std::fprintf(stderr, "\nkrab: step %lld loss %.5f\n", static_cast<long long>(done),
-                     step_loss);
-    }
-  }
-  const auto t_end = Clock::now();
-  const double train_secs =
-      std::chrono::duration<double>(t_end - t_warm).count() - (eval_secs - eval_before_warm);
-  const int64_t measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
-  const double samples_per_sec =
-      train_secs > 0 && measured_steps > 0 ? measured_steps * batch * W * accum / train_secs : 0;
-
-  // Everything below talks to all ranks: take the traffic snapshot first, so the report
-  // counts the training run only.
-  const comm::TrafficStats traffic = comm->traffic();
-  const double trained_secs = std::chrono::duration<double>(t_end - t_loop).count() - eval_secs;
-  double accuracy = -1;
-  if (d.test) {
-    model->eval();
-    accuracy = evaluate(*model, *d.test, *comm);
-  }
-  constexpr int kOps = static_cast<int>(comm::OpKind::kCount);
-  auto totals = torch::zeros({3 + kOps}, torch::kFloat64);
-  totals[0] = last_loss;
-  totals[1] = static_cast<double>(traffic.total_bytes_sent());
-  totals[2] = static_cast<double>(traffic.total_bytes_sent() - setup_bytes);
-  for (int k = 0; k < kOps; ++k) totals[3 + k] = static_cast<double>(traffic.bytes_sent[k]);
-  comm->allreduce(totals)->wait();
-
-  nlohmann::json report;
-  if (rank == 0) {
-    if (show)
-      bar.finish(str_cat("loss ", human(smooth), " | ",
-                         measured_steps > 0 && samples_per_sec > 0
-                             ? human(samples_per_sec) + " samples/s"
-                             : std::string("samples/s not measured")));
-    const std::string model_pt = (fs::path(run_dir) / "model.pt").string();
-    save_model_pt(model_pt, *model);
-    last_checkpoint = save_checkpoint(
-        run_dir,
-        core::seal(encode_checkpoint({steps, expect.model_name, expect.signature,
-                                      expect.global_batch, seed}, *model, *optimizer),
-                   seal_key),
-        steps, keep);
-    report["workers"] = W;
-    report["backend"] = comm->backend();
-    report["global_batch"] = batch * W * accum;
-    report["steps"] = steps;
-    report["start_step"] = start_step;
-    report["epochs"] = static_cast<double>(steps * accum) / sampler.steps_per_epoch();
-    set_samples_per_sec(report, samples_per_sec, measured_steps);
-    report["wall_seconds"] = std::chrono::duration<double>(Clock::now() - t_start).count();
-    report["final_loss"] = totals[0].item<double>() / W;
-    if (accuracy >= 0) {
-      report["test_accuracy"] = accuracy;
-      evals.push_back({{"step", steps}, {"seconds", trained_secs}, {"test_accuracy", accuracy}});
-    }
-    report["train_seconds"] = trained_secs;
-    report["evals"] = evals;
-    report["bytes_sent"] = static_cast<uint64_t>(totals[1].item<double>());
-    report["bytes_sent_steps"] = static_cast<uint64_t>(totals[2].item<double>());
-    nlohmann::json per_op;
-    for (int k = 0; k < kOps; ++k)
-      per_op[comm::op_name(static_cast<comm::OpKind>(k))] =
-          static_cast<uint64_t>(totals[3 + k].item<double>());
-    report["bytes_sent_by_op"] = per_op;
-    report["gradient_bytes"] = static_cast<uint64_t>(models::parameter_count(*model) * 4);
-    report["buckets"] = dp.plan().buckets.size();
-    report["compression"] = dp.hook().name();
-    report["sync_mode"] = c.get_string("sync.mode");
-    report["checkpoint"] = model_pt;
-    report["state"] = last_checkpoint;
-    report["config"] = job.to_json();
-    if (c != job)
-      report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
-                                   {"lr", c.get_float("train.optimizer.lr")}};
-    if (!options.report_path.empty())
-      core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
-  }
-  return report;
 }
 
 }  // namespace krab::train

@@ -1,22 +1,25 @@
-// The worker side of `krab train`: one rank's whole training run.
+// The worker side of `krab train`: one training loop for every mode.
 //
-// run_worker() builds data, model, communicator, DataParallel and optimizer from the job's
-// Config, trains for train.steps (or train.epochs), evaluates on the test split, and on rank 0
-// writes the final checkpoint, model.pt and (when asked) the JSON report. Rank 0 draws the
-// progress bar; other ranks are quiet.
+// Trainer owns what does not depend on how gradients travel: the data and the global-batch
+// sampler, the learning-rate schedule, micro-batches (gradient accumulation), evaluation,
+// checkpoints, progress and the report. It drives an Engine (engine/engine.h) chosen from
+// sync.mode (train/engines.h): data parallel, local SGD or a parameter-server worker. Events
+// (core/events.h) carry what it measures to the progress bar and the report.
 //
-// Determinism contract: worker r of W takes slice r of each global batch of W x
-// data.batch_size examples, so W workers reproduce one worker with the W-times larger batch
-// up to float reduction order.
+// Determinism contract: the global batch sequence depends only on the seed (data/sampler.h);
+// the engine decides which slice of each global batch this rank computes, so W workers
+// reproduce one worker with the W-times larger batch up to float reduction order.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
+#include <memory>
 #include <string>
 
 #include "comm/factory.h"
 #include "core/config.h"
 #include "train/job.h"
+#include "train/report.h"
 
 namespace krab::train {
 
@@ -25,21 +28,36 @@ struct WorkerOptions {
   bool show_progress = true;
 };
 
-// Runs the job on this rank. Returns the report (on every rank; bytes/accuracy are global).
+class Trainer {
+ public:
+  // Builds data, model and engine for this rank of `world` (a collective engine connects its
+  // group here) and resumes from the last checkpoint when checkpoint.resume is set.
+  Trainer(const core::Config& job, const comm::WorldInfo& world, const WorkerOptions& options);
+  ~Trainer();
+  // Trains to the end. Returns the report (on every rank of a collective engine: bytes and
+  // accuracy are global; rank 0 writes it and model.pt), or a parameter-server worker's summary.
+  nlohmann::json run();
+
+ private:
+  struct Loop;
+  std::unique_ptr<Loop> loop_;
+};
+
+// Runs the job on this rank (sync.mode sync or local_sgd): Trainer(...).run().
 // Throws krab::Error subclasses (InvalidArgument for bad input, PeerLost/Timeout when the
 // group breaks).
 nlohmann::json run_worker(const core::Config& config, const comm::WorldInfo& world,
                           const WorkerOptions& options);
 
 // sync.mode async, one worker: pulls parameters from the sync.servers parameter servers,
-// pushes its gradients; no collective group (a dead worker breaks nothing). See async.cpp.
+// pushes its gradients; no collective group (a dead worker breaks nothing). Trainer(...).run().
 nlohmann::json run_async_worker(const core::Config& config, const comm::WorldInfo& world,
                                 const WorkerOptions& options);
 
 // sync.mode async, parameter server `shard` of sync.servers for `workers` workers, reached
 // through the store at `rendezvous`. Server 0 (the chief) waits for every worker to finish or
 // be counted out, collects the other shards, evaluates, writes model.pt and the report, and
-// returns the report; the others return once the chief has their shard.
+// returns the report; the others return once the chief has their shard. See async.cpp.
 nlohmann::json run_param_server(const core::Config& config, int shard,
                                 const comm::Endpoint& rendezvous, int workers,
                                 const WorkerOptions& options);
@@ -58,13 +76,5 @@ struct PreflightInfo {
 // not larger than the data, model buildable, checkpoint resumable. Throws InvalidArgument /
 // CorruptData naming the key or file. `workers` is the total world size.
 PreflightInfo preflight(const core::Config& config, int workers);
-
-// The report's samples_per_sec: a number, or null with samples_per_sec_note saying why when
-// nothing was measured (a run of fewer steps than its warm-up). `measured_steps` counts the
-// steps after warm-up.
-void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t measured_steps);
-
-// "1234 samples/s", or "samples/s not measured" for a report whose samples_per_sec is null.
-std::string describe_samples_per_sec(const nlohmann::json& report);
 
 }  // namespace krab::train

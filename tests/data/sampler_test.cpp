@@ -50,6 +50,43 @@ TEST(GlobalBatchSampler, WorkerSlicesConcatenateToTheSingleWorkerBatch) {
   }
 }
 
+// Unequal slices (what a load balancer hands out) still partition the global batch: any cut
+// points give back the single-worker batch in order.
+TEST(GlobalBatchSampler, UnequalSlicesConcatenateToTheSingleWorkerBatch) {
+  const int64_t n = 500, batch = 48;
+  GlobalBatchSampler single(n, batch, 7), sliced(n, batch, 7);
+  const std::vector<std::vector<int64_t>> cuts = {{0, 48}, {0, 5, 48}, {0, 10, 11, 30, 48}};
+  for (const auto& cut : cuts)
+    for (int64_t step = 0; step < 2 * single.steps_per_epoch() + 1; ++step) {
+      std::vector<int64_t> joined;
+      for (size_t i = 0; i + 1 < cut.size(); ++i) {
+        const auto part = sliced.slice(step, {cut[i], cut[i + 1]});
+        ASSERT_EQ(int64_t(part.size()), cut[i + 1] - cut[i]);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+      ASSERT_EQ(joined, single.indices(step, 0, 1)) << "step " << step;
+    }
+  EXPECT_THROW(sliced.slice(0, {0, 49}), InvalidArgument);
+  EXPECT_THROW(sliced.slice(0, {5, 4}), InvalidArgument);
+  EXPECT_THROW(sliced.slice(-1, {0, 1}), InvalidArgument);
+}
+
+TEST(EqualSlice, SizesDifferByAtMostOneAndCoverTheBatch) {
+  for (int64_t batch : {1, 7, 64, 100})
+    for (int64_t count = 1; count <= std::min<int64_t>(batch, 9); ++count) {
+      int64_t at = 0, lo = batch, hi = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const BatchSlice s = equal_slice(batch, i, count);
+        ASSERT_EQ(s.begin, at);
+        at = s.end;
+        lo = std::min(lo, s.size());
+        hi = std::max(hi, s.size());
+      }
+      EXPECT_EQ(at, batch);
+      EXPECT_LE(hi - lo, 1);
+    }
+}
+
 TEST(GlobalBatchSampler, EachEpochIsAPermutationWithoutRepeats) {
   const int64_t n = 103, batch = 10;  // 10 steps per epoch, 3 examples dropped each epoch
   GlobalBatchSampler s(n, batch, 5);

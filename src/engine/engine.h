@@ -1,0 +1,123 @@
+// Engine: how one rank turns gradients into updates. The training loop (train/trainer.h)
+// owns everything that does not depend on that — data, schedule, evaluation, checkpoints,
+// progress, the report — and drives an Engine through one step at a time:
+//
+//   while (plan = engine.next_step())                     which step, which slice of its batch
+//     for each micro-batch m of plan:
+//       engine.before_backward(m, last)                   e.g. communicate only on the last
+//       loss = model.loss(model.forward(x), y); backward
+//     engine.reduce_gradients()                           all-reduce, compress, push to a server
+//     engine.apply(lr)                                    optimizer step (or nothing: a server)
+//     engine.after_step(plan)                             e.g. local SGD's periodic average
+//   engine.finish(summary)
+//
+// Engines today: data parallel (parallel/dp_engine.h: full replica, gradients averaged by
+// DataParallel and its comm hook), local SGD (sync/local_sgd.h: a data-parallel engine that
+// averages models every period) and the parameter-server worker (sync/ps_worker.h: no
+// collective group; a server hands out steps and applies the updates). A sharded (ZeRO)
+// engine returns its own part from state(); an elastic one changes the slices next_step()
+// hands out; a pipeline engine runs its micro-batch schedule behind the same calls.
+//
+// This header sits below train/, parallel/ and sync/: the engines implement it, train/ drives it.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "data/sampler.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+namespace krab::comm {
+class Communicator;
+}
+namespace krab::models {
+class Model;
+}
+
+namespace krab::engine {
+
+// The work of one step on this rank: global step `step` (each has `micro_batches` global
+// micro-batches, numbered step · micro_batches + m for the sampler) and this rank's `slice`
+// of each. The global batch sequence depends only on the seed (data/sampler.h); the engine
+// only decides which part of it this rank computes.
+struct StepPlan {
+  int64_t step = 0;
+  data::BatchSlice slice;
+};
+
+// What a checkpoint holds of this rank. Every engine today keeps a full replica (shard 0 of 1):
+// the model's parameters and buffers and the optimizer's state. A sharded engine will hand
+// out its own part (shard i of n) and restore from it.
+struct TrainState {
+  models::Model* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;  // null: the engine has none (a server has it)
+  int shard = 0;
+  int shards = 1;
+};
+
+// What the loop measured, for engines that report it elsewhere (the parameter-server worker
+// hands it to its server, which writes the job's report).
+struct Evaluation {
+  int64_t step = 0;
+  double seconds = 0;
+  double test_accuracy = 0;
+};
+struct RunSummary {
+  int64_t steps = 0;
+  double seconds = 0;
+  double final_loss = 0;
+  std::vector<Evaluation> evals;
+};
+
+// How the loop evaluates during training.
+enum class EvaluationMode {
+  kCollective,  // every rank evaluates its share of the test split; a sum over the group
+  kDeferred,    // rank 0 keeps a copy of the parameters and evaluates after training (an
+                // evaluation inside the loop would make it a straggler for everyone)
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // "sync", "local_sgd", "async": the report's sync_mode.
+  virtual std::string name() const = 0;
+  virtual models::Model& model() = 0;
+
+  // Training resumes after `step` completed steps (a checkpoint); before the first next_step().
+  virtual void start_at(int64_t step) {}
+  // The next step this rank computes, or nullopt when training is over.
+  virtual std::optional<StepPlan> next_step() = 0;
+  // Before micro-batch `micro`'s backward; `last` for the step's final micro-batch.
+  virtual void before_backward(int64_t micro, bool last) {}
+  // After the step's last backward: the gradients every replica applies are in place.
+  virtual void reduce_gradients() = 0;
+  // The update at learning rate `lr`; gradients cleared.
+  virtual void apply(double lr) = 0;
+  // After the update of `plan`'s step.
+  virtual void after_step(const StepPlan& plan) {}
+  // Called between long pieces of work outside the loop (deferred evaluations), so that a
+  // server does not count this worker out.
+  virtual void keep_alive() {}
+  // The end of training on this rank.
+  virtual void finish(const RunSummary& summary) {}
+
+  // The collective group the loop uses for global quantities (evaluation, final loss,
+  // checkpoint resume), or null when there is none (parameter-server workers).
+  virtual comm::Communicator* group() = 0;
+  virtual EvaluationMode evaluation_mode() const { return EvaluationMode::kCollective; }
+
+  // Checkpoints: what to save and where to restore into (see TrainState).
+  virtual TrainState state() = 0;
+
+  // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
+  virtual nlohmann::json describe() const = 0;
+};
+
+}  // namespace krab::engine

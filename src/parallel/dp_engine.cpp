@@ -1,0 +1,36 @@
+#include "parallel/dp_engine.h"
+
+#include <torch/torch.h>
+
+namespace krab::parallel {
+
+DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
+                                       std::unique_ptr<comm::Communicator> comm,
+                                       DataParallelEngineOptions options,
+                                       std::unique_ptr<CommHook> hook,
+                                       const OptimizerFactory& make_optimizer)
+    : model_(std::move(model)),
+      comm_(std::move(comm)),
+      options_(options),
+      dp_(*model_, *comm_, options.data_parallel, std::move(hook)),
+      optimizer_(make_optimizer(model_->parameters())) {}
+
+std::optional<engine::StepPlan> DataParallelEngine::next_step() {
+  if (next_ >= options_.total_steps) return std::nullopt;
+  return engine::StepPlan{next_++, data::equal_slice(options_.global_micro_batch, comm_->rank(),
+                                                     comm_->size())};
+}
+
+void DataParallelEngine::apply(double lr) {
+  for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  optimizer_->step();
+  optimizer_->zero_grad();
+}
+
+nlohmann::json DataParallelEngine::describe() const {
+  return {{"backend", comm_->backend()},
+          {"buckets", dp_.plan().buckets.size()},
+          {"compression", dp_.hook().name()}};
+}
+
+}  // namespace krab::parallel

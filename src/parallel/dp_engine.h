@@ -1,0 +1,59 @@
+// The data-parallel engine: every rank holds a full replica; DataParallel averages the
+// gradients through its comm hook (plain all-reduce or a compressor) during backward, and each
+// rank applies the same update with its own optimizer. Steps are handed out in order from the
+// resume point; rank r computes slice r of W equal slices of every global micro-batch.
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <functional>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "engine/engine.h"
+#include "models/model.h"
+#include "parallel/data_parallel.h"
+
+namespace krab::parallel {
+
+using OptimizerFactory =
+    std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
+
+struct DataParallelEngineOptions {
+  int64_t total_steps = 0;
+  int64_t global_micro_batch = 0;  // examples of one global micro-batch (the sampler's batch)
+  DataParallelOptions data_parallel;
+};
+
+class DataParallelEngine : public engine::Engine {
+ public:
+  // Broadcasts rank 0's parameters and buffers (DataParallel), then builds the optimizer.
+  DataParallelEngine(std::shared_ptr<models::Model> model,
+                     std::unique_ptr<comm::Communicator> comm, DataParallelEngineOptions options,
+                     std::unique_ptr<CommHook> hook, const OptimizerFactory& make_optimizer);
+
+  std::string name() const override { return "sync"; }
+  models::Model& model() override { return *model_; }
+  void start_at(int64_t step) override { next_ = step; }
+  std::optional<engine::StepPlan> next_step() override;
+  void before_backward(int64_t micro, bool last) override { dp_.set_sync(last); }
+  void reduce_gradients() override { dp_.finish(); }
+  void apply(double lr) override;
+  comm::Communicator* group() override { return comm_.get(); }
+  engine::TrainState state() override { return {model_.get(), optimizer_.get()}; }
+  nlohmann::json describe() const override;
+
+ protected:
+  DataParallel& data_parallel() { return dp_; }
+  int64_t total_steps() const { return options_.total_steps; }
+
+ private:
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<comm::Communicator> comm_;
+  DataParallelEngineOptions options_;
+  DataParallel dp_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  int64_t next_ = 0;
+};
+
+}  // namespace krab::parallel

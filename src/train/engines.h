@@ -1,0 +1,28 @@
+// The one place a job's sync.mode becomes an Engine (engine/engine.h): data parallel (with the
+// job's compressor), local SGD, or a parameter-server worker. A new strategy is one more case
+// here and one more Engine class in its layer.
+#pragma once
+
+#include <memory>
+
+#include "comm/factory.h"
+#include "core/config.h"
+#include "engine/engine.h"
+#include "models/model.h"
+#include "train/options.h"
+
+namespace krab::train {
+
+// Builds the engine for `c` (the job as it runs, momentum folded) around `model`, on this rank
+// of `world`. Collective engines connect their group here (a Timeout names the rendezvous and
+// comm.timeout_s); the parameter-server worker waits for its servers' addresses.
+std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& options,
+                                            const comm::WorldInfo& world,
+                                            std::shared_ptr<models::Model> model,
+                                            int64_t total_steps);
+
+// Refuses bad comm.* compression keys and combinations, naming the keys of `job` (the job as
+// written, before momentum is folded).
+void check_compression_options(const core::Config& job);
+
+}  // namespace krab::train

@@ -1,0 +1,43 @@
+// The training loop's options, typed once at the edge: everything the loop reads from a job's
+// Config, with enums instead of strings past this point. Cross-key checks of the modes live
+// here too (what the compressor's and the parameter server's own options cannot see).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/config.h"
+#include "train/schedule.h"
+
+namespace krab::train {
+
+enum class SyncMode { kSync, kLocalSgd, kAsync };
+
+struct TrainOptions {
+  SyncMode sync_mode = SyncMode::kSync;
+  int64_t batch = 0;        // data.batch_size: examples per worker and micro-batch
+  int64_t micro_batches = 1;  // train.grad_accum
+  int64_t seed = 0;
+  int threads = 1;          // train.threads_per_worker
+  Schedule schedule = Schedule::kConstant;
+  double base_lr = 0;
+  int64_t lr_warmup_steps = 0;  // train.warmup_steps
+  int64_t checkpoint_every = 0;
+  int checkpoint_keep = 0;
+  bool resume = false;
+  int64_t eval_every = 0;
+  int64_t log_every = 0;
+  int64_t local_sgd_period = 1;      // sync.period
+  int64_t local_sgd_warmup = 0;      // sync.warmup_steps
+
+  static TrainOptions from_config(const core::Config& c);
+};
+
+// sync.mode's name in the report and in messages.
+const char* sync_mode_name(SyncMode mode);
+
+// randomk with error feedback is heavy-ball momentum of its own (see options.cpp): the job with
+// sgd's momentum folded into the learning rate, or the job unchanged when nothing is folded.
+core::Config with_folded_momentum(const core::Config& c);
+
+}  // namespace krab::train

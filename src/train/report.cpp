@@ -1,0 +1,118 @@
+#include "train/report.h"
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/errors.h"
+
+namespace krab::train {
+
+nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fields,
+                           const nlohmann::json& config) {
+  nlohmann::json report;
+  report["workers"] = o.workers;
+  report["global_batch"] = o.global_batch;
+  report["steps"] = o.steps;
+  report["start_step"] = o.start_step;
+  report["epochs"] = o.epochs;
+  set_samples_per_sec(report, o.samples_per_sec, o.measured_steps);
+  report["wall_seconds"] = o.wall_seconds;
+  report["final_loss"] = o.final_loss;
+  nlohmann::json evals = o.evals;
+  if (o.test_accuracy >= 0) {
+    report["test_accuracy"] = o.test_accuracy;
+    evals.push_back(
+        {{"step", o.steps}, {"seconds", o.train_seconds}, {"test_accuracy", o.test_accuracy}});
+  }
+  report["train_seconds"] = o.train_seconds;
+  report["evals"] = evals;
+  report["bytes_sent"] = o.bytes_sent;
+  report["bytes_sent_steps"] = o.bytes_sent_steps;
+  report["bytes_sent_by_op"] = o.bytes_sent_by_op;
+  report["gradient_bytes"] = o.gradient_bytes;
+  report["sync_mode"] = o.sync_mode;
+  report["checkpoint"] = o.checkpoint;
+  report["state"] = o.state;
+  report["config"] = config;
+  for (const auto& [key, value] : engine_fields.items()) report[key] = value;
+  return report;
+}
+
+void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t measured_steps) {
+  // A run no longer than its warm-up has no measured step: 0 would read as "infinitely slow"
+  // in a table, so the report says null and why.
+  if (measured_steps > 0 && samples_per_sec > 0) {
+    report["samples_per_sec"] = samples_per_sec;
+  } else {
+    report["samples_per_sec"] = nullptr;
+    report["samples_per_sec_note"] =
+        "not measured: the run ended within its warm-up steps, which samples_per_sec leaves "
+        "out; run more steps to measure it";
+  }
+}
+
+std::string describe_samples_per_sec(const nlohmann::json& report) {
+  const auto it = report.find("samples_per_sec");
+  if (it == report.end() || !it->is_number()) return "samples/s not measured";
+  return str_cat(static_cast<int64_t>(std::llround(it->get<double>())), " samples/s");
+}
+
+int64_t measurement_warmup(int64_t steps) {
+  return std::min<int64_t>(10, std::max<int64_t>(1, steps / 10));
+}
+
+std::string human(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), v >= 100 ? "%.0f" : "%.1f", v);
+  return buf;
+}
+
+ProgressSink::ProgressSink(std::string label, int64_t total, Format format, int64_t log_every)
+    : bar_(std::move(label), total), format_(std::move(format)), log_every_(log_every) {}
+
+void ProgressSink::on_gauge(const std::string& name, double value, int64_t step) {
+  if (name == "loss") {
+    const auto it = gauges_.find("loss.smooth");
+    gauges_["loss.smooth"] = it == gauges_.end() ? value : 0.95 * it->second + 0.05 * value;
+  }
+  gauges_[name] = value;
+}
+
+void ProgressSink::on_step(int64_t done, int64_t total) {
+  bar_.update(done, format_(gauges_, false));
+  if (log_every_ > 0 && done % log_every_ == 0)
+    std::fprintf(stderr, "\nkrab: step %lld loss %.5f\n", static_cast<long long>(done),
+                 gauges_["loss"]);
+}
+
+void ProgressSink::on_note(const std::string& text) {
+  std::fprintf(stderr, "\nkrab: %s\n", text.c_str());
+}
+
+void ProgressSink::finish() { bar_.finish(format_(gauges_, true)); }
+
+ProgressSink::Format loss_and_rate_fields() {
+  return [](const ProgressSink::Gauges& g, bool final) {
+    const auto get = [&g](const char* name) {
+      const auto it = g.find(name);
+      return it == g.end() ? 0.0 : it->second;
+    };
+    const double rate = get("samples_per_sec");
+    return str_cat("loss ", human(get("loss.smooth")), " | ",
+                   final && rate <= 0 ? std::string("samples/s not measured")
+                                      : human(rate) + " samples/s");
+  };
+}
+
+void ReportSink::on_gauge(const std::string& name, double value, int64_t step) {
+  if (name == "train_seconds") train_seconds_ = value;
+  if (name == "test_accuracy")
+    evals_.push_back({{"step", step}, {"seconds", train_seconds_}, {"test_accuracy", value}});
+}
+
+double ReportSink::total(const std::string& name) const {
+  const auto it = totals_.find(name);
+  return it == totals_.end() ? 0 : it->second;
+}
+
+}  // namespace krab::train
