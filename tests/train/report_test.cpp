@@ -1,0 +1,64 @@
+// train/report.h: the report every mode writes, and the sinks the loop reports through.
+#include <gtest/gtest.h>
+
+#include "train/report.h"
+
+namespace krab::train {
+namespace {
+
+TEST(ReportSink, KeepsEvaluationsAtTheSecondsOfTheirStepAndCounterTotals) {
+  core::Events events;
+  auto record = std::make_shared<ReportSink>();
+  events.add(record);
+  events.gauge("loss", 2.0, 10);  // not an evaluation
+  events.gauge("train_seconds", 1.5, 10);
+  events.gauge("test_accuracy", 0.75, 10);
+  events.gauge("train_seconds", 3.0, 20);
+  events.gauge("test_accuracy", 0.8, 20);
+  events.counter("bytes_sent", 100);
+  events.counter("bytes_sent", 23);
+  const nlohmann::json expected = nlohmann::json::array(
+      {{{"step", 10}, {"seconds", 1.5}, {"test_accuracy", 0.75}},
+       {{"step", 20}, {"seconds", 3.0}, {"test_accuracy", 0.8}}});
+  EXPECT_EQ(record->evals(), expected);
+  EXPECT_EQ(record->total("bytes_sent"), 123);
+  EXPECT_EQ(record->total("never"), 0);
+}
+
+TEST(LossAndRateFields, SmoothLossAndRateAndNotMeasuredAtTheEnd) {
+  const auto format = loss_and_rate_fields();
+  ProgressSink::Gauges g{{"loss.smooth", 0.123456}, {"samples_per_sec", 1234.4}};
+  EXPECT_EQ(format(g, false), "loss 0.1 | 1234 samples/s");
+  g["samples_per_sec"] = 0;
+  EXPECT_EQ(format(g, false), "loss 0.1 | 0.0 samples/s");
+  EXPECT_EQ(format(g, true), "loss 0.1 | samples/s not measured");
+}
+
+TEST(MakeReport, AppendsTheFinalEvaluationAndMergesTheEngineFields) {
+  RunOutcome o;
+  o.workers = 2;
+  o.steps = 30;
+  o.test_accuracy = 0.9;
+  o.train_seconds = 4;
+  o.samples_per_sec = 0;  // nothing measured: null and a note
+  o.evals = nlohmann::json::array({{{"step", 10}, {"seconds", 1.0}, {"test_accuracy", 0.5}}});
+  const auto r = make_report(o, {{"compression", "fp16"}, {"buckets", 3}}, {{"name", "x"}});
+  ASSERT_EQ(r["evals"].size(), 2u);
+  EXPECT_EQ(r["evals"][1]["step"], 30);
+  EXPECT_EQ(r["evals"][1]["seconds"], 4.0);
+  EXPECT_EQ(r["test_accuracy"], 0.9);
+  EXPECT_EQ(r["compression"], "fp16");
+  EXPECT_EQ(r["buckets"], 3);
+  EXPECT_TRUE(r["samples_per_sec"].is_null());
+  EXPECT_EQ(describe_samples_per_sec(r), "samples/s not measured");
+  EXPECT_EQ(r["config"]["name"], "x");
+}
+
+TEST(MeasurementWarmup, ATenthOfTheRunBetweenOneAndTen) {
+  EXPECT_EQ(measurement_warmup(1), 1);
+  EXPECT_EQ(measurement_warmup(35), 3);
+  EXPECT_EQ(measurement_warmup(1000), 10);
+}
+
+}  // namespace
+}  // namespace krab::train
