@@ -22,13 +22,16 @@
 // Traffic: every payload byte an op puts on the wire is counted in traffic(), per op kind, with
 // the model of comm/traffic.h (wire_bytes()), the same for every backend. Control traffic
 // (rendezvous, heartbeats) is not payload and is not counted.
+// Collectives on empty tensors and in groups of one complete at once and send nothing, but still
+// take a sequence number (so every rank's numbering stays the same).
 //
 // For backend authors: the public calls below are not virtual. This class runs the frame every
 // op shares, once for all backends, in this order: the argument checks (InvalidArgument before
 // anything is counted or sent), the backend's own checks (do_check), the sequence number, the
 // backend's notice that the op starts (do_enter), the debug check (do_exchange), the traffic
 // count, the trivial cases (empty tensors, groups of one), and only then the backend's do_*
-// hook, which just starts the op on its library.
+// hook, which just starts the op on its library. send/recv skip the sequence number, the
+// debug check and the trivial cases.
 //
 // Thread safety: a Communicator is used from one thread at a time (the training thread), and
 // the Work handles it returns may be waited on from any thread. Backends run their own
