@@ -5,11 +5,12 @@
 // MPI_COMM_WORLD, duplicated so krab's traffic never matches the application's own messages.
 //
 // Every op is asynchronous: it starts one MPI-3 nonblocking call (MPI_Iallreduce,
-// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast, MPI_Isend/MPI_Irecv, MPI_Ibarrier)
-// and returns a Work whose wait() polls MPI_Test until the op completes or Options::timeout
-// has passed since wait() was first called. MPI makes progress only inside MPI calls, so an op
-// advances while somebody waits on it, tests it (is_completed()), or starts another op; there
-// is no progress thread, and compute/communication overlap is what the MPI library gives.
+// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast, MPI_Isend/MPI_Irecv,
+// MPI_Ibarrier) and returns a Work whose wait() polls MPI_Test until the op completes or
+// Options::timeout has passed since wait() was first called. MPI makes progress only inside MPI
+// calls, so an op advances while somebody waits on it, tests it (is_completed()), or starts
+// another op; there is no progress thread, and compute/communication overlap is what the MPI
+// library gives.
 //
 // The frame around every op (argument checks, sequence numbers, traffic, debug checks) is
 // Communicator's; this class adds the checks only MPI needs (dtypes, int counts, tags, overlap,
@@ -26,17 +27,17 @@
 // its own MPI communicator (MPI_Comm_idup / MPI_Comm_split), so no message of an older group
 // can match a newer one's.
 //
-// Data types. Data movement (allgather, broadcast, send/recv) accepts every dtype. Reductions
-// accept float32, float64, int8, uint8, int16, int32, int64 (native MPI types), and bfloat16
-// and float16 through krab's own MPI_Ops (each partial result is rounded to the 16-bit type,
-// as MPI reduces pairwise); any other dtype -> krab::NotSupported naming it. ReduceOp::kAvg
+// Data types. Data movement (allgather, alltoall, broadcast, send/recv) accepts every dtype.
+// Reductions accept float32, float64, int8, uint8, int16, int32, int64 (native MPI types), and
+// bfloat16 and float16 through krab's own MPI_Ops (each partial result is rounded to the 16-bit
+// type, as MPI reduces pairwise); any other dtype -> krab::NotSupported naming it. ReduceOp::kAvg
 // sums, then divides by size() when the op completes; it needs a floating dtype. One op moves
 // at most 2^31-1 elements (MPI counts are int); larger -> krab::NotSupported.
 //
 // Failures.
 //  * Timeout: wait() throws krab::Timeout "<op> #<seq> on rank <r> timed out after <t> s
 //    (backend mpi) ...". Sequence numbers count collectives per communicator; send/recv name
-//    the peer, the tag and the last collective's number instead. Unlike Gloo, the message cannot
+//    the peer, the tag and the next collective's number instead. Unlike Gloo, the message cannot
 //    name the ranks that never joined: MPI offers no side channel to ask them.
 //  * MPI cannot cancel a collective that is in flight, so after a timeout the communicator is
 //    poisoned: every later op on it throws krab::Error saying why (groups split from it earlier
