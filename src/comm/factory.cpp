@@ -24,7 +24,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
   }
   if (backend == "mpi") {
 #ifdef KRAB_HAVE_MPI
-    return make_mpi_communicator(options);
+    return make_mpi_communicator(options, world.generation);
 #else
     throw NotSupported("comm.backend 'mpi' is not compiled into this build (MPI was not found)");
 #endif

@@ -322,6 +322,53 @@ void check_traffic(Communicator& c) {
   EXPECT_EQ(ops(after, OpKind::kRecv) - ops(before, OpKind::kRecv), 1u);
 }
 
+// Every op's counted traffic is what comm::wire_bytes() says, the formula a planner uses:
+// odd sizes (rounding), empty tensors, every broadcast root, point-to-point and barrier.
+void check_wire_bytes(Communicator& c) {
+  using krab::comm::wire_bytes;
+  const int W = c.size(), r = c.rank();
+  // Runs `op` and expects it to add exactly `bytes` and one op of kind `kind`.
+  auto expect = [&](OpKind kind, uint64_t bytes, const std::string& what, auto op) {
+    const auto before = c.traffic();
+    op();
+    const auto after = c.traffic();
+    EXPECT_EQ(sent(after, kind) - sent(before, kind), bytes)
+        << "rank " << r << ": " << what << " counted other than wire_bytes()";
+    EXPECT_EQ(after.total_bytes_sent() - before.total_bytes_sent(), bytes) << what;
+    EXPECT_EQ(ops(after, kind) - ops(before, kind), 1u) << "rank " << r << ": " << what;
+  };
+  for (int64_t n : {0, 1, 7, 1001}) {
+    const std::string at_n = str_cat("[", n, "]");
+    auto t = torch::ones({n}, torch::kDouble);
+    expect(OpKind::kAllreduce, wire_bytes(OpKind::kAllreduce, t.nbytes(), W), "allreduce" + at_n,
+           [&] { c.allreduce(t)->wait(); });
+    auto in = torch::ones({n}, torch::kByte);  // 1-byte items: odd byte counts
+    auto gathered = torch::empty({W * n}, torch::kByte);
+    expect(OpKind::kAllgather, wire_bytes(OpKind::kAllgather, in.nbytes(), W),
+           "allgather" + at_n, [&] { c.allgather(in, gathered)->wait(); });
+    auto chunk = torch::empty({n}, torch::kByte);
+    expect(OpKind::kReduceScatter, wire_bytes(OpKind::kReduceScatter, gathered.nbytes(), W),
+           "reduce_scatter" + at_n, [&] { c.reduce_scatter(gathered, chunk)->wait(); });
+    auto scattered = torch::empty({W * n}, torch::kByte);
+    expect(OpKind::kAlltoall, wire_bytes(OpKind::kAlltoall, gathered.nbytes(), W),
+           "alltoall" + at_n, [&] { c.alltoall(gathered, scattered)->wait(); });
+    for (int root = 0; root < W; ++root)
+      expect(OpKind::kBroadcast,
+             r == root ? wire_bytes(OpKind::kBroadcast, t.nbytes(), W) : 0,
+             str_cat("broadcast from ", root, at_n), [&] { c.broadcast(t, root)->wait(); });
+    if (W < 2) continue;
+    auto out = torch::ones({n}), back = torch::empty({n});
+    WorkPtr rw;
+    expect(OpKind::kRecv, wire_bytes(OpKind::kRecv, back.nbytes(), W), "recv" + at_n,
+           [&] { rw = c.recv(back, (r + W - 1) % W, 11); });
+    expect(OpKind::kSend, wire_bytes(OpKind::kSend, out.nbytes(), W), "send" + at_n,
+           [&] { c.send(out, (r + 1) % W, 11)->wait(); });
+    rw->wait();
+  }
+  expect(OpKind::kBarrier, wire_bytes(OpKind::kBarrier, 0, W), "barrier",
+         [&] { c.barrier()->wait(); });
+}
+
 void check_invalid_arguments(Communicator& c) {
   using krab::InvalidArgument;
   const int W = c.size(), r = c.rank();
@@ -390,6 +437,7 @@ void run_collective_suite(Communicator& comm) {
   check_barrier(comm);
   check_split(comm);
   check_traffic(comm);
+  check_wire_bytes(comm);
   check_invalid_arguments(comm);
 }
 

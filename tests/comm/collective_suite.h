@@ -22,6 +22,8 @@
 //                   allreduce 2(W-1)/W·N (rounded down), allgather (W-1)·n, reduce_scatter
 //                   (W-1)·output bytes, alltoall (W-1)/W·N, broadcast (W-1)·N at the root and 0 elsewhere, send N,
 //                   recv 0
+//   wire_bytes      for every op, odd and empty sizes and every broadcast root, the bytes
+//                   counted equal comm::wire_bytes() (the formula a planner calls)
 //   arguments       non-contiguous tensors, wrong output sizes, mismatched dtypes, ranks out of
 //                   range and kAvg on integers throw krab::InvalidArgument before any traffic,
 //                   and the group is still in step afterwards

@@ -56,6 +56,25 @@ TEST_P(GlooSuite, CollectiveSuite) {
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooSuite, ::testing::Values(1, 2, 3, 4));
 #endif
 
+// The formulas themselves, without a network: closed forms, rounding and groups of one.
+TEST(WireBytes, ClosedForms) {
+  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 4000, 4), 6000u);   // 2 (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 10, 3), 13u);       // 40/3, rounded down
+  EXPECT_EQ(wire_bytes(OpKind::kAllgather, 100, 4), 300u);     // (W-1) n
+  EXPECT_EQ(wire_bytes(OpKind::kReduceScatter, 400, 4), 300u); // (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kAlltoall, 300, 3), 200u);      // (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kBroadcast, 100, 5), 400u);     // (W-1) N at the root
+  EXPECT_EQ(wire_bytes(OpKind::kSend, 123, 2), 123u);
+  EXPECT_EQ(wire_bytes(OpKind::kRecv, 123, 2), 0u);
+  EXPECT_EQ(wire_bytes(OpKind::kBarrier, 0, 8), 0u);
+  for (int k = 0; k < static_cast<int>(OpKind::kCount); ++k) {
+    const auto op = static_cast<OpKind>(k);
+    EXPECT_EQ(wire_bytes(op, 1000, 1), op == OpKind::kSend ? 1000u : 0u) << op_name(op);
+    EXPECT_EQ(wire_bytes(op, 0, 4), 0u) << op_name(op);
+  }
+  EXPECT_THROW(wire_bytes(OpKind::kAllreduce, 8, 0), InvalidArgument);
+}
+
 TEST(Gloo, AllreduceMatchesClosedForm) {
   run_ranks(3, [](int r, Communicator& c) {
     auto t = torch::full({1000}, static_cast<float>(r + 1));

@@ -151,6 +151,16 @@ TEST(Mpi, DebugChecksReportShapeMismatch) {
   EXPECT_TRUE(torch::equal(u, torch::full({8}, static_cast<float>(c->size()))));
 }
 
+TEST(Mpi, GenerationIsTheOneTheGroupWasBuiltAt) {
+  Options o;
+  o.timeout = 10s;
+  auto c = make_mpi_communicator(o, 3);  // every rank builds it: collective
+  EXPECT_EQ(c->generation(), 3);
+  auto sub = c->split(c->rank() % 2, c->rank());
+  ASSERT_NE(sub, nullptr);
+  EXPECT_EQ(sub->generation(), 3);
+}
+
 TEST(Mpi, RecvOfTheWrongLengthIsAnError) {
   Communicator& c = *g_comm;
   if (c.size() < 2 || c.rank() > 1) return;

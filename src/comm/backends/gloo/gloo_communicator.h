@@ -1,27 +1,26 @@
 // Gloo backend: collectives through c10d's ProcessGroupGloo over TCP.
 //
-// What goes on the wire (payload per rank, counted by the traffic meter; N = tensor bytes,
-// W = group size). Gloo runs these algorithms for CPU tensors:
-//   allreduce       ring (reduce-scatter then all-gather of W segments): 2 (W-1)/W · N
-//   allgather       ring: (W-1) · n, n = one rank's input bytes
-//   reduce_scatter  Gloo has no reduce-scatter; krab runs an all-to-all of the W chunks and
-//                   sums locally, which is the optimal (W-1)/W · N
-//   alltoall        (W-1)/W · N: every chunk but one's own
-//   broadcast       counted at the root as (W-1) · N: what any spanning tree moves in total,
-//                   so the sum over ranks is exact whatever tree Gloo picks
-//   send            N; recv 0 (counted at the sender); barrier 0
-// Empty tensors complete at once and send nothing, but still take a sequence number.
+// The frame around every op (checks, sequence numbers, traffic, debug checks) is
+// Communicator's; this class only starts the ops on c10d and turns Gloo's errors into ones that
+// name ranks (PeerMonitor). Gloo runs a ring allreduce and allgather for CPU tensors, and has no
+// reduce-scatter: krab runs an all-to-all of the W chunks and reduces locally, which moves the
+// optimal (W-1)/W of the input. Traffic is counted with comm/traffic.h's model.
+//
+// Debug checks go through the rendezvous store: each rank writes its description of op #seq
+// under "dbg/<seq>/<rank>" and reads everybody else's.
 #pragma once
 
 #include <functional>
 #include <memory>
-#include <mutex>
+#include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/store.h"
 
 namespace c10d {
 class ProcessGroupGloo;
+class Work;
 }
 
 namespace krab::comm {
@@ -38,41 +37,37 @@ class GlooCommunicator : public Communicator {
                    const Options& options);
   ~GlooCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int64_t generation() const override { return generation_; }
   std::string backend() const override { return "gloo"; }
 
-  WorkPtr allreduce(at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr allgather(const at::Tensor& input, at::Tensor& output) override;
-  WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
-  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output) override;
-  WorkPtr broadcast(at::Tensor& tensor, int root) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, int tag) override;
-  WorkPtr recv(at::Tensor& tensor, int src, int tag) override;
-  WorkPtr barrier() override;
-  std::unique_ptr<Communicator> split(int color, int key) override;
-  TrafficStats traffic() const override;
+ protected:
+  std::vector<std::string> do_exchange(OpKind op, int64_t seq,
+                                       const std::string& mine) override;
+  void do_enter(OpKind op, int64_t seq) override;
+  WorkPtr do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t seq) override;
+  WorkPtr do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                            int64_t seq) override;
+  WorkPtr do_alltoall(const at::Tensor& input, at::Tensor& output, int64_t seq) override;
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, int64_t seq) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, int tag, int64_t seq) override;
+  WorkPtr do_recv(at::Tensor& tensor, int src, int tag, int64_t seq) override;
+  WorkPtr do_barrier(int64_t seq) override;
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
-  // Starts collective number seq_: heartbeat record, debug shape check.
-  int64_t begin(OpKind op, const at::Tensor* tensor);
-  void count(OpKind op, uint64_t bytes);
+  // Wraps a c10d work with the group's timeout and diagnosis; `finish` runs once it completed.
+  WorkPtr wrap(c10::intrusive_ptr<c10d::Work> work, OpKind op, int64_t seq,
+               std::function<void()> finish = nullptr);
+  // Builds the c10d group, or throws Timeout naming the ranks that did not arrive.
+  void connect_group();
 
   std::function<StorePtr()> connect_;
   std::string prefix_;
-  int rank_;
-  int size_;
-  int64_t generation_;
   std::string address_;
-  Options options_;
   StorePtr store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::shared_ptr<PeerMonitor> monitor_;
-  int64_t seq_ = 0;
   int64_t splits_ = 0;
-  mutable std::mutex traffic_mu_;
-  TrafficStats traffic_;
 };
 
 }  // namespace krab::comm

@@ -26,16 +26,15 @@ using mpi_detail::mpi_error_string;
 using mpi_detail::mpi_mutex;
 using mpi_detail::Runtime;
 
-std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.scalar_type() << t.sizes();
-  return os.str();
+// The name the frame's messages give an op's tensor ("allreduce tensor", "alltoall input").
+std::string arg_name(OpKind op, bool output) {
+  if (output) return str_cat(op_name(op), " output");
+  const bool in_place = op == OpKind::kAllreduce || op == OpKind::kBroadcast ||
+                        op == OpKind::kSend || op == OpKind::kRecv;
+  return str_cat(op_name(op), in_place ? " tensor" : " input");
 }
 
-void check_tensor(const at::Tensor& t, const char* name) {
-  KRAB_CHECK_ARG(t.defined(), name, " is undefined");
-  KRAB_CHECK_ARG(t.is_contiguous(), name, " must be contiguous");
-  KRAB_CHECK_ARG(t.device().is_cpu(), name, " must be a CPU tensor for the mpi backend");
+void check_count(const at::Tensor& t, const std::string& name) {
   if (t.numel() > INT_MAX)
     throw NotSupported(str_cat(name, " has ", t.numel(),
                                " elements; the mpi backend moves at "
@@ -47,12 +46,6 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
   const char* pb = static_cast<const char*>(b.data_ptr());
   return a.nbytes() > 0 && b.nbytes() > 0 && pa < pb + b.nbytes() && pb < pa + a.nbytes();
 }
-
-class DoneWork : public Work {
- public:
-  void wait() override {}
-  bool is_completed() override { return true; }
-};
 
 }  // namespace
 
@@ -230,7 +223,7 @@ WorkPtr start(const GroupPtr& group, const std::string& what, const char* hint,
                                    std::move(finish), recv_type, recv_count);
 }
 
-MPI_Datatype element_type(const at::Tensor& t, const char* what) {
+MPI_Datatype element_type(const at::Tensor& t, const std::string& what) {
   const MPI_Datatype type = Runtime::get().element_type(t.element_size());
   if (type == MPI_DATATYPE_NULL)
     throw NotSupported(str_cat(what, ": dtype ", t.scalar_type(), " has an item size of ",
@@ -241,182 +234,6 @@ MPI_Datatype element_type(const at::Tensor& t, const char* what) {
 }  // namespace
 
 // ---- MpiCommunicator ----
-
-MpiCommunicator::MpiCommunicator(std::shared_ptr<Group> group, const Options& options)
-    : group_(std::move(group)), options_(options), rank_(group_->rank), size_(group_->size) {}
-
-MpiCommunicator::~MpiCommunicator() = default;
-
-void MpiCommunicator::check_usable() const {
-  const std::string why = group_->poisoned();
-  if (!why.empty())
-    throw Error(str_cat("the mpi communicator on rank ", rank_, " is unusable since ", why,
-                        " (MPI cannot cancel an op in flight; end the job)"));
-}
-
-int64_t MpiCommunicator::begin(OpKind op, const at::Tensor* tensor) {
-  check_usable();
-  const int64_t seq = seq_++;
-  if (!options_.debug_checks || size_ == 1) return seq;
-  // Everyone all-gathers a fixed-size description of the op it is about to start; all ranks
-  // see the same table, so either all of them throw or none does, and the group stays in step.
-  constexpr int kLen = 96;
-  std::string mine = str_cat(op_name(op), " ", tensor ? describe(*tensor) : "-");
-  mine.resize(std::min<size_t>(mine.size(), kLen - 1));
-  at::Tensor table = at::zeros({size_ * kLen}, at::kByte);
-  char* all = static_cast<char*>(table.data_ptr());
-  std::memcpy(all + rank_ * kLen, mine.data(), mine.size());
-  const MPI_Comm comm = group_->comm;
-  start(group_, str_cat("debug check of ", op_name(op), " #", seq, " on rank ", rank_),
-        kCollectiveHint, options_.timeout, {table},
-        [&](MPI_Request* r) {
-          return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_BYTE, all, kLen, MPI_BYTE, comm, r);
-        })
-      ->wait();
-  for (int r = 0; r < size_; ++r) {
-    const std::string theirs(all + r * kLen);
-    if (theirs != mine)
-      throw Error(str_cat("collective mismatch at #", seq, ": rank ", rank_, " called ", mine,
-                          " but rank ", r, " called ", theirs, " (backend mpi)"));
-  }
-  return seq;
-}
-
-void MpiCommunicator::count(OpKind op, uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(traffic_mu_);
-  traffic_.add(op, bytes);
-}
-
-TrafficStats MpiCommunicator::traffic() const {
-  std::lock_guard<std::mutex> lock(traffic_mu_);
-  return traffic_;
-}
-
-WorkPtr MpiCommunicator::allreduce(at::Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "allreduce tensor");
-  KRAB_CHECK_ARG(op != ReduceOp::kAvg || at::isFloatingType(tensor.scalar_type()),
-                 "allreduce average needs a floating-point tensor, got ", tensor.scalar_type());
-  const MPI_Datatype type = Runtime::get().reduce_type(tensor.scalar_type(), "allreduce tensor");
-  const int64_t seq = begin(OpKind::kAllreduce, &tensor);
-  const uint64_t n = tensor.nbytes();
-  count(OpKind::kAllreduce, size_ > 1 ? 2 * (size_ - 1) * n / size_ : 0);
-  if (tensor.numel() == 0 || size_ == 1) return std::make_shared<DoneWork>();
-  const MPI_Op mpi_op = Runtime::get().reduce_op(op, tensor.scalar_type());
-  std::function<void()> finish;
-  if (op == ReduceOp::kAvg) {
-    at::Tensor t = tensor;
-    const int w = size_;
-    finish = [t, w]() mutable { t.div_(w); };
-  }
-  void* data = tensor.data_ptr();
-  const int count = static_cast<int>(tensor.numel());
-  const MPI_Comm comm = group_->comm;
-  return start(
-      group_, str_cat("allreduce #", seq, " on rank ", rank_), kCollectiveHint, options_.timeout,
-      {tensor},
-      [&](MPI_Request* r) {
-        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op, comm, r);
-      },
-      std::move(finish));
-}
-
-WorkPtr MpiCommunicator::allgather(const at::Tensor& input, at::Tensor& output) {
-  check_tensor(input, "allgather input");
-  check_tensor(output, "allgather output");
-  KRAB_CHECK_ARG(output.numel() == input.numel() * size_, "allgather output must have ",
-                 input.numel() * size_, " elements (size x input), got ", output.numel());
-  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
-                 "allgather output dtype must match the input's");
-  KRAB_CHECK_ARG(!overlaps(input, output), "allgather input and output must not overlap");
-  const MPI_Datatype type = element_type(input, "allgather input");
-  const int64_t seq = begin(OpKind::kAllgather, &input);
-  count(OpKind::kAllgather, static_cast<uint64_t>(size_ - 1) * input.nbytes());
-  if (input.numel() == 0) return std::make_shared<DoneWork>();
-  if (size_ == 1) {
-    output.view({-1}).copy_(input.view({-1}));
-    return std::make_shared<DoneWork>();
-  }
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
-  const int n = static_cast<int>(input.numel());
-  const MPI_Comm comm = group_->comm;
-  return start(group_, str_cat("allgather #", seq, " on rank ", rank_), kCollectiveHint,
-               options_.timeout, {input, output},
-               [&](MPI_Request* r) { return MPI_Iallgather(in, n, type, out, n, type, comm, r); });
-}
-
-WorkPtr MpiCommunicator::reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) {
-  check_tensor(input, "reduce_scatter input");
-  check_tensor(output, "reduce_scatter output");
-  KRAB_CHECK_ARG(input.numel() == output.numel() * size_, "reduce_scatter input must have ",
-                 output.numel() * size_, " elements (size x output), got ", input.numel());
-  KRAB_CHECK_ARG(output.scalar_type() == input.scalar_type(),
-                 "reduce_scatter output dtype must match the input's");
-  KRAB_CHECK_ARG(op != ReduceOp::kAvg || at::isFloatingType(input.scalar_type()),
-                 "reduce_scatter average needs a floating-point tensor, got ", input.scalar_type());
-  KRAB_CHECK_ARG(!overlaps(input, output), "reduce_scatter input and output must not overlap");
-  const MPI_Datatype type = Runtime::get().reduce_type(input.scalar_type(), "reduce_scatter input");
-  const int64_t seq = begin(OpKind::kReduceScatter, &input);
-  count(OpKind::kReduceScatter, static_cast<uint64_t>(size_ - 1) * output.nbytes());
-  if (output.numel() == 0) return std::make_shared<DoneWork>();
-  if (size_ == 1) {
-    output.view({-1}).copy_(input.view({-1}));
-    return std::make_shared<DoneWork>();
-  }
-  const MPI_Op mpi_op = Runtime::get().reduce_op(op, input.scalar_type());
-  std::function<void()> finish;
-  if (op == ReduceOp::kAvg) {
-    at::Tensor t = output;
-    const int w = size_;
-    finish = [t, w]() mutable { t.div_(w); };
-  }
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
-  const int n = static_cast<int>(output.numel());
-  const MPI_Comm comm = group_->comm;
-  return start(
-      group_, str_cat("reduce_scatter #", seq, " on rank ", rank_), kCollectiveHint,
-      options_.timeout, {input, output},
-      [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, n, type, mpi_op, comm, r); },
-      std::move(finish));
-}
-
-WorkPtr MpiCommunicator::alltoall(const at::Tensor& input, at::Tensor& output) {
-  check_tensor(input, "alltoall input");
-  check_tensor(output, "alltoall output");
-  check_alltoall_sizes(input, output, size_);
-  KRAB_CHECK_ARG(!overlaps(input, output), "alltoall input and output must not overlap");
-  const MPI_Datatype type = element_type(input, "alltoall input");
-  const int64_t seq = begin(OpKind::kAlltoall, &input);
-  count(OpKind::kAlltoall, static_cast<uint64_t>(size_ - 1) * input.nbytes() / size_);
-  if (input.numel() == 0) return std::make_shared<DoneWork>();
-  if (size_ == 1) {
-    output.view({-1}).copy_(input.view({-1}));
-    return std::make_shared<DoneWork>();
-  }
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
-  const int n = static_cast<int>(input.numel() / size_);
-  const MPI_Comm comm = group_->comm;
-  return start(group_, str_cat("alltoall #", seq, " on rank ", rank_), kCollectiveHint,
-               options_.timeout, {input, output},
-               [&](MPI_Request* r) { return MPI_Ialltoall(in, n, type, out, n, type, comm, r); });
-}
-
-WorkPtr MpiCommunicator::broadcast(at::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast tensor");
-  KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..", size_ - 1);
-  const MPI_Datatype type = element_type(tensor, "broadcast tensor");
-  const int64_t seq = begin(OpKind::kBroadcast, &tensor);
-  count(OpKind::kBroadcast, rank_ == root ? static_cast<uint64_t>(size_ - 1) * tensor.nbytes() : 0);
-  if (tensor.numel() == 0 || size_ == 1) return std::make_shared<DoneWork>();
-  void* data = tensor.data_ptr();
-  const int n = static_cast<int>(tensor.numel());
-  const MPI_Comm comm = group_->comm;
-  return start(group_, str_cat("broadcast #", seq, " from root ", root, " on rank ", rank_),
-               kCollectiveHint, options_.timeout, {tensor},
-               [&](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); });
-}
 
 namespace {
 void check_tag(int tag, const char* what) {
@@ -429,79 +246,194 @@ void check_tag(int tag, const char* what) {
   const int max_tag = found && ub ? *ub : 32767;  // the standard guarantees at least 32767
   KRAB_CHECK_ARG(tag >= 0 && tag <= max_tag, what, " tag ", tag, " is outside 0..", max_tag);
 }
+
+// kAvg sums; the op's finishing step divides once MPI is done.
+std::function<void()> average_step(ReduceOp op, const at::Tensor& result, int size) {
+  if (op != ReduceOp::kAvg) return nullptr;
+  at::Tensor t = result;
+  return [t, size]() mutable { t.div_(size); };
+}
 }  // namespace
 
-WorkPtr MpiCommunicator::send(const at::Tensor& tensor, int dst, int tag) {
-  check_tensor(tensor, "send tensor");
-  KRAB_CHECK_ARG(dst >= 0 && dst < size_ && dst != rank_, "send destination ", dst,
-                 " must be another rank in 0..", size_ - 1);
-  check_tag(tag, "send");
+MpiCommunicator::MpiCommunicator(std::shared_ptr<Group> group, int64_t generation,
+                                 const Options& options)
+    : Communicator(group->rank, group->size, generation, options), group_(std::move(group)) {}
+
+MpiCommunicator::~MpiCommunicator() = default;
+
+void MpiCommunicator::check_usable() const {
+  const std::string why = group_->poisoned();
+  if (!why.empty())
+    throw Error(str_cat("the mpi communicator on rank ", rank(), " is unusable since ", why,
+                        " (MPI cannot cancel an op in flight; end the job)"));
+}
+
+void MpiCommunicator::do_check(const Call& call) const {
+  const char* op = op_name(call.op);
+  if (call.input) check_count(*call.input, arg_name(call.op, false));
+  if (call.output) {
+    check_count(*call.output, arg_name(call.op, true));
+    KRAB_CHECK_ARG(!overlaps(*call.input, *call.output), op,
+                   " input and output must not overlap");
+  }
+  if (call.op == OpKind::kSend || call.op == OpKind::kRecv) check_tag(call.tag, op);
+  if (call.input) {
+    const std::string name = arg_name(call.op, false);
+    if (call.op == OpKind::kAllreduce || call.op == OpKind::kReduceScatter)
+      Runtime::get().reduce_type(call.input->scalar_type(), name.c_str());
+    else
+      element_type(*call.input, name);
+  }
   check_usable();
+}
+
+std::vector<std::string> MpiCommunicator::do_exchange(OpKind op, int64_t seq,
+                                                      const std::string& mine) {
+  // A fixed-size slot per rank, all-gathered like any collective; longer descriptions are cut,
+  // the same way on every rank.
+  constexpr int kLen = 96;
+  const size_t len = std::min<size_t>(mine.size(), kLen - 1);
+  at::Tensor table = at::zeros({size() * kLen}, at::kByte);
+  char* all = static_cast<char*>(table.data_ptr());
+  std::memcpy(all + rank() * kLen, mine.data(), len);
+  const MPI_Comm comm = group_->comm;
+  start(group_, str_cat("debug check of ", op_name(op), " #", seq, " on rank ", rank()),
+        kCollectiveHint, options().timeout, {table},
+        [&](MPI_Request* r) {
+          return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_BYTE, all, kLen, MPI_BYTE, comm, r);
+        })
+      ->wait();
+  std::vector<std::string> descriptions;
+  for (int r = 0; r < size(); ++r) descriptions.emplace_back(all + r * kLen);
+  return descriptions;
+}
+
+WorkPtr MpiCommunicator::do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t seq) {
+  const MPI_Datatype type = Runtime::get().reduce_type(tensor.scalar_type(), "allreduce tensor");
+  const MPI_Op mpi_op = Runtime::get().reduce_op(op, tensor.scalar_type());
+  void* data = tensor.data_ptr();
+  const int count = static_cast<int>(tensor.numel());
+  const MPI_Comm comm = group_->comm;
+  return start(
+      group_, str_cat("allreduce #", seq, " on rank ", rank()), kCollectiveHint,
+      options().timeout, {tensor},
+      [&](MPI_Request* r) {
+        return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op, comm, r);
+      },
+      average_step(op, tensor, size()));
+}
+
+WorkPtr MpiCommunicator::do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) {
+  const MPI_Datatype type = element_type(input, "allgather input");
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  const int n = static_cast<int>(input.numel());
+  const MPI_Comm comm = group_->comm;
+  return start(group_, str_cat("allgather #", seq, " on rank ", rank()), kCollectiveHint,
+               options().timeout, {input, output},
+               [&](MPI_Request* r) { return MPI_Iallgather(in, n, type, out, n, type, comm, r); });
+}
+
+WorkPtr MpiCommunicator::do_reduce_scatter(const at::Tensor& input, at::Tensor& output,
+                                           ReduceOp op, int64_t seq) {
+  const MPI_Datatype type = Runtime::get().reduce_type(input.scalar_type(), "reduce_scatter input");
+  const MPI_Op mpi_op = Runtime::get().reduce_op(op, input.scalar_type());
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  const int n = static_cast<int>(output.numel());
+  const MPI_Comm comm = group_->comm;
+  return start(
+      group_, str_cat("reduce_scatter #", seq, " on rank ", rank()), kCollectiveHint,
+      options().timeout, {input, output},
+      [&](MPI_Request* r) { return MPI_Ireduce_scatter_block(in, out, n, type, mpi_op, comm, r); },
+      average_step(op, output, size()));
+}
+
+WorkPtr MpiCommunicator::do_alltoall(const at::Tensor& input, at::Tensor& output, int64_t seq) {
+  const MPI_Datatype type = element_type(input, "alltoall input");
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  const int n = static_cast<int>(input.numel() / size());
+  const MPI_Comm comm = group_->comm;
+  return start(group_, str_cat("alltoall #", seq, " on rank ", rank()), kCollectiveHint,
+               options().timeout, {input, output},
+               [&](MPI_Request* r) { return MPI_Ialltoall(in, n, type, out, n, type, comm, r); });
+}
+
+WorkPtr MpiCommunicator::do_broadcast(at::Tensor& tensor, int root, int64_t seq) {
+  const MPI_Datatype type = element_type(tensor, "broadcast tensor");
+  void* data = tensor.data_ptr();
+  const int n = static_cast<int>(tensor.numel());
+  const MPI_Comm comm = group_->comm;
+  return start(group_, str_cat("broadcast #", seq, " from root ", root, " on rank ", rank()),
+               kCollectiveHint, options().timeout, {tensor},
+               [&](MPI_Request* r) { return MPI_Ibcast(data, n, type, root, comm, r); });
+}
+
+WorkPtr MpiCommunicator::do_send(const at::Tensor& tensor, int dst, int tag, int64_t seq) {
   const MPI_Datatype type = element_type(tensor, "send tensor");
-  count(OpKind::kSend, tensor.nbytes());
   const void* data = tensor.data_ptr();
   const int n = static_cast<int>(tensor.numel());
   const MPI_Comm comm = group_->comm;
   // Zero-element messages are still sent: they cost nothing and keep the receiver's matching
   // (and its element-count check) honest.
   return start(group_,
-               str_cat("send to rank ", dst, " (tag ", tag, ") on rank ", rank_,
-                       ", next collective #", seq_),
-               "the receiver has not posted the matching recv", options_.timeout, {tensor},
+               str_cat("send to rank ", dst, " (tag ", tag, ") on rank ", rank(),
+                       ", next collective #", seq),
+               "the receiver has not posted the matching recv", options().timeout, {tensor},
                [&](MPI_Request* r) { return MPI_Isend(data, n, type, dst, tag, comm, r); });
 }
 
-WorkPtr MpiCommunicator::recv(at::Tensor& tensor, int src, int tag) {
-  check_tensor(tensor, "recv tensor");
-  KRAB_CHECK_ARG(src >= 0 && src < size_ && src != rank_, "recv source ", src,
-                 " must be another rank in 0..", size_ - 1);
-  check_tag(tag, "recv");
-  check_usable();
+WorkPtr MpiCommunicator::do_recv(at::Tensor& tensor, int src, int tag, int64_t seq) {
   const MPI_Datatype type = element_type(tensor, "recv tensor");
-  count(OpKind::kRecv, 0);
   void* data = tensor.data_ptr();
   const int n = static_cast<int>(tensor.numel());
   const MPI_Comm comm = group_->comm;
   return start(
       group_,
-      str_cat("recv from rank ", src, " (tag ", tag, ") on rank ", rank_, ", next collective #",
-              seq_),
-      "the sender has not sent it", options_.timeout, {tensor},
+      str_cat("recv from rank ", src, " (tag ", tag, ") on rank ", rank(), ", next collective #",
+              seq),
+      "the sender has not sent it", options().timeout, {tensor},
       [&](MPI_Request* r) { return MPI_Irecv(data, n, type, src, tag, comm, r); }, nullptr, type,
       n);
 }
 
-WorkPtr MpiCommunicator::barrier() {
-  const int64_t seq = begin(OpKind::kBarrier, nullptr);
-  count(OpKind::kBarrier, 0);
-  if (size_ == 1) return std::make_shared<DoneWork>();
+WorkPtr MpiCommunicator::do_barrier(int64_t seq) {
   const MPI_Comm comm = group_->comm;
-  return start(group_, str_cat("barrier #", seq, " on rank ", rank_), kCollectiveHint,
-               options_.timeout, {}, [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
+  return start(group_, str_cat("barrier #", seq, " on rank ", rank()), kCollectiveHint,
+               options().timeout, {}, [&](MPI_Request* r) { return MPI_Ibarrier(comm, r); });
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+namespace {
+// This rank's place in the group of its color, as MPI_Comm_split orders it: (key, old rank).
+// `table` holds every rank's (color, key). Returns (new rank, members).
+std::pair<int, int> place_in_split(const int32_t* table, int size, int rank, int color, int key) {
+  int members = 0, new_rank = 0;
+  for (int r = 0; r < size; ++r) {
+    if (color < 0 || table[2 * r] != color) continue;
+    if (table[2 * r + 1] < key || (table[2 * r + 1] == key && r < rank)) ++new_rank;
+    ++members;
+  }
+  return {new_rank, members};
+}
+}  // namespace
+
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key) {
   check_usable();
   // MPI_Comm_split blocks without a timeout, so first make sure every rank has arrived: an
   // all-gather of (color, key) that is polled under the timeout like any other op.
-  at::Tensor table = at::zeros({size_ * 2}, at::kInt);
+  at::Tensor table = at::zeros({size() * 2}, at::kInt);
   int32_t* all = table.data_ptr<int32_t>();
-  all[2 * rank_] = color;
-  all[2 * rank_ + 1] = key;
+  all[2 * rank()] = color;
+  all[2 * rank() + 1] = key;
   const MPI_Comm comm = group_->comm;
-  start(group_, str_cat("split (color ", color, ", key ", key, ") on rank ", rank_),
-        kCollectiveHint, options_.timeout, {table},
+  start(group_, str_cat("split (color ", color, ", key ", key, ") on rank ", rank()),
+        kCollectiveHint, options().timeout, {table},
         [&](MPI_Request* r) {
           return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_INT32_T, all, 2, MPI_INT32_T, comm, r);
         })
       ->wait();
-  int members = 0, new_rank = 0;
-  for (int r = 0; r < size_; ++r) {
-    if (color < 0 || all[2 * r] != color) continue;
-    // MPI orders by (key, old rank): count who sorts before me.
-    if (all[2 * r + 1] < key || (all[2 * r + 1] == key && r < rank_)) ++new_rank;
-    ++members;
-  }
+  const auto [new_rank, members] = place_in_split(all, size(), rank(), color, key);
   MPI_Comm sub = MPI_COMM_NULL;
   int rc;
   {
@@ -510,7 +442,7 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
     if (rc == MPI_SUCCESS && sub != MPI_COMM_NULL) MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
   }
   if (rc != MPI_SUCCESS)
-    throw Error(str_cat("split on rank ", rank_, " failed (backend mpi): ", mpi_error_string(rc)));
+    throw Error(str_cat("split on rank ", rank(), " failed (backend mpi): ", mpi_error_string(rc)));
   if (sub == MPI_COMM_NULL) return nullptr;
   int r = 0, s = 0;
   {
@@ -520,12 +452,14 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
   }
   KRAB_CHECK(r == new_rank && s == members, "MPI_Comm_split gave rank ", r, " of ", s,
              ", expected ", new_rank, " of ", members);
-  return std::make_unique<MpiCommunicator>(std::make_shared<Group>(sub, r, s), options_);
+  return std::make_unique<MpiCommunicator>(std::make_shared<Group>(sub, r, s), generation(),
+                                           options());
 }
 
 // ---- Factory and process-level helpers ----
 
-std::unique_ptr<Communicator> make_mpi_communicator(const Options& options) {
+std::unique_ptr<Communicator> make_mpi_communicator(const Options& options, int64_t generation) {
+  KRAB_CHECK_ARG(generation >= 0, "generation must be >= 0, got ", generation);
   Runtime::get();
   MPI_Comm comm = MPI_COMM_NULL;
   MPI_Request request = MPI_REQUEST_NULL;
@@ -549,7 +483,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(const Options& options) {
       MPI_Test(&request, &done, MPI_STATUS_IGNORE);
       if (!done && Clock::now() >= deadline) {
         Runtime::if_started()->adopt(request, {}, true);
-        throw Timeout(str_cat("building the mpi group (", size, " ranks) on rank ", rank,
+        throw Timeout(str_cat("building the mpi group (generation ", generation, ", ", size,
+                              " ranks) on rank ", rank,
                               " timed out after ", options.timeout.count() / 1000.0,
                               " s: not every rank called make_mpi_communicator"));
       }
@@ -561,7 +496,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(const Options& options) {
     backoff.pause();
   }
   return std::make_unique<MpiCommunicator>(
-      std::make_shared<MpiCommunicator::Group>(comm, rank, size), options);
+      std::make_shared<MpiCommunicator::Group>(comm, rank, size), generation, options);
 }
 
 bool mpi_launched() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }

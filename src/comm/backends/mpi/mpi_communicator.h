@@ -5,37 +5,39 @@
 // MPI_COMM_WORLD, duplicated so krab's traffic never matches the application's own messages.
 //
 // Every op is asynchronous: it starts one MPI-3 nonblocking call (MPI_Iallreduce,
-// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast, MPI_Isend/MPI_Irecv, MPI_Ibarrier)
-// and returns a Work whose wait() polls MPI_Test until the op completes or Options::timeout
-// has passed since wait() was first called. MPI makes progress only inside MPI calls, so an op
-// advances while somebody waits on it, tests it (is_completed()), or starts another op; there
-// is no progress thread, and compute/communication overlap is what the MPI library gives.
+// MPI_Iallgather, MPI_Ireduce_scatter_block, MPI_Ialltoall, MPI_Ibcast, MPI_Isend/MPI_Irecv,
+// MPI_Ibarrier) and returns a Work whose wait() polls MPI_Test until the op completes or
+// Options::timeout has passed since wait() was first called. MPI makes progress only inside MPI
+// calls, so an op advances while somebody waits on it, tests it (is_completed()), or starts
+// another op; there is no progress thread, and compute/communication overlap is what the MPI
+// library gives.
 //
-// What goes on the wire (payload per rank, counted by the traffic meter; N = tensor bytes,
-// W = group size). The meter counts the bandwidth-optimal model, the same one the Gloo backend
-// documents, not whatever algorithm Open MPI picks for a given message size (it may choose
-// recursive doubling for small messages):
-//   allreduce       ring (reduce-scatter then all-gather): 2 (W-1)/W · N, rounded down
-//   allgather       ring: (W-1) · n, n = one rank's input bytes
-//   reduce_scatter  ring: (W-1)/W · N = (W-1) · output bytes
-//   alltoall        (W-1)/W · N: every chunk but one's own
-//   broadcast       counted at the root as (W-1) · N, 0 elsewhere: what any spanning tree moves
-//                   in total, so the sum over ranks is exact whatever tree MPI picks
-//   send            N; recv 0 (counted at the sender, op count still 1); barrier 0
-// Empty tensors and groups of one complete at once and send nothing, but still take a
-// sequence number.
+// The frame around every op (argument checks, sequence numbers, traffic, debug checks) is
+// Communicator's; this class adds the checks only MPI needs (dtypes, int counts, tags, overlap,
+// the poisoned flag) and starts the ops. Traffic is counted with comm/traffic.h's model, not
+// whatever algorithm Open MPI picks for a given message size (it may choose recursive doubling
+// for small messages). Groups of one and collectives on empty tensors complete at once and
+// send nothing, but still take a sequence number; zero-element send/recv do go through MPI,
+// so the receiver's element-count check stays honest.
 //
-// Data types. Data movement (allgather, broadcast, send/recv) accepts every dtype. Reductions
-// accept float32, float64, int8, uint8, int16, int32, int64 (native MPI types), and bfloat16
-// and float16 through krab's own MPI_Ops (each partial result is rounded to the 16-bit type,
-// as MPI reduces pairwise); any other dtype -> krab::NotSupported naming it. ReduceOp::kAvg
+// Generation: an MPI job's membership is fixed by its launcher (MPI_COMM_WORLD never changes),
+// so there is no rebuild under mpirun; the generation is the one the caller built the group at
+// (WorldInfo::generation, 0 for a fresh job), reported by generation(), shared by split()
+// groups and named in the build error. It needs no key prefix as Gloo's does: every group is
+// its own MPI communicator (MPI_Comm_idup / MPI_Comm_split), so no message of an older group
+// can match a newer one's.
+//
+// Data types. Data movement (allgather, alltoall, broadcast, send/recv) accepts every dtype.
+// Reductions accept float32, float64, int8, uint8, int16, int32, int64 (native MPI types), and
+// bfloat16 and float16 through krab's own MPI_Ops (each partial result is rounded to the 16-bit
+// type, as MPI reduces pairwise); any other dtype -> krab::NotSupported naming it. ReduceOp::kAvg
 // sums, then divides by size() when the op completes; it needs a floating dtype. One op moves
 // at most 2^31-1 elements (MPI counts are int); larger -> krab::NotSupported.
 //
 // Failures.
 //  * Timeout: wait() throws krab::Timeout "<op> #<seq> on rank <r> timed out after <t> s
 //    (backend mpi) ...". Sequence numbers count collectives per communicator; send/recv name
-//    the peer, the tag and the last collective's number instead. Unlike Gloo, the message cannot
+//    the peer, the tag and the next collective's number instead. Unlike Gloo, the message cannot
 //    name the ranks that never joined: MPI offers no side channel to ask them.
 //  * MPI cannot cancel a collective that is in flight, so after a timeout the communicator is
 //    poisoned: every later op on it throws krab::Error saying why (groups split from it earlier
@@ -71,8 +73,8 @@
 #pragma once
 
 #include <memory>
-#include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -85,50 +87,42 @@ class MpiCommunicator : public Communicator {
   struct Group;
 
   // Use make_mpi_communicator(); `group` owns an MPI communicator already set up.
-  MpiCommunicator(std::shared_ptr<Group> group, const Options& options);
+  MpiCommunicator(std::shared_ptr<Group> group, int64_t generation, const Options& options);
   // Frees the MPI communicator (unless MPI is already finalised). Ops still in flight keep
   // their buffers alive and finish, or are abandoned at exit.
   ~MpiCommunicator() override;
 
-  int rank() const override { return rank_; }
-  int size() const override { return size_; }
-  int64_t generation() const override { return 0; }
   std::string backend() const override { return "mpi"; }
 
-  WorkPtr allreduce(at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr allgather(const at::Tensor& input, at::Tensor& output) override;
-  WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
-  WorkPtr alltoall(const at::Tensor& input, at::Tensor& output) override;
-  WorkPtr broadcast(at::Tensor& tensor, int root) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, int tag) override;
-  WorkPtr recv(at::Tensor& tensor, int src, int tag) override;
-  WorkPtr barrier() override;
-  std::unique_ptr<Communicator> split(int color, int key) override;
-  TrafficStats traffic() const override;
+ protected:
+  void do_check(const Call& call) const override;
+  std::vector<std::string> do_exchange(OpKind op, int64_t seq,
+                                       const std::string& mine) override;
+  WorkPtr do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t seq) override;
+  WorkPtr do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                            int64_t seq) override;
+  WorkPtr do_alltoall(const at::Tensor& input, at::Tensor& output, int64_t seq) override;
+  WorkPtr do_broadcast(at::Tensor& tensor, int root, int64_t seq) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, int tag, int64_t seq) override;
+  WorkPtr do_recv(at::Tensor& tensor, int src, int tag, int64_t seq) override;
+  WorkPtr do_barrier(int64_t seq) override;
+  std::unique_ptr<Communicator> do_split(int color, int key) override;
 
  private:
-  // Takes collective number seq_ (after the communicator was checked usable) and runs the
-  // debug check if enabled. Returns the sequence number.
-  int64_t begin(OpKind op, const at::Tensor* tensor);
-  void count(OpKind op, uint64_t bytes);
   // Throws krab::Error if an earlier op timed out.
   void check_usable() const;
 
   std::shared_ptr<Group> group_;
-  Options options_;
-  int rank_;
-  int size_;
-  int64_t seq_ = 0;
-  mutable std::mutex traffic_mu_;
-  TrafficStats traffic_;
 };
 
 // Initialises MPI on first use (MPI_Init_thread, MPI_THREAD_SERIALIZED) and returns a group over
 // all ranks of the job: MPI_COMM_WORLD duplicated. Each call builds a new, independent group
 // (collective over all ranks). Throws krab::Timeout if not every rank arrives within
 // options.timeout, krab::NotSupported if MPI was initialised elsewhere with too low a thread
-// level, krab::Error if MPI was already finalised.
-std::unique_ptr<Communicator> make_mpi_communicator(const Options& options);
+// level, krab::Error if MPI was already finalised. `generation`: see "Generation" above.
+std::unique_ptr<Communicator> make_mpi_communicator(const Options& options,
+                                                    int64_t generation = 0);
 
 // True when this process was started by Open MPI's launcher (OMPI_COMM_WORLD_SIZE is set).
 bool mpi_launched();
