@@ -15,6 +15,8 @@ DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
       dp_(*model_, *comm_, options.data_parallel, std::move(hook)),
       optimizer_(make_optimizer(model_->parameters())) {}
 
+DataParallelEngine::~DataParallelEngine() = default;
+
 std::optional<engine::StepPlan> DataParallelEngine::next_step() {
   if (next_ >= options_.total_steps) return std::nullopt;
   return engine::StepPlan{next_++, data::equal_slice(options_.global_micro_batch, comm_->rank(),

@@ -4,8 +4,6 @@
 // resume point; rank r computes slice r of W equal slices of every global micro-batch.
 #pragma once
 
-#include <torch/optim/optimizer.h>
-
 #include <functional>
 #include <memory>
 
@@ -13,6 +11,10 @@
 #include "engine/engine.h"
 #include "models/model.h"
 #include "parallel/data_parallel.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace krab::parallel {
 
@@ -31,6 +33,7 @@ class DataParallelEngine : public engine::Engine {
   DataParallelEngine(std::shared_ptr<models::Model> model,
                      std::unique_ptr<comm::Communicator> comm, DataParallelEngineOptions options,
                      std::unique_ptr<CommHook> hook, const OptimizerFactory& make_optimizer);
+  ~DataParallelEngine() override;
 
   std::string name() const override { return "sync"; }
   models::Model& model() override { return *model_; }
