@@ -34,7 +34,7 @@
 // independent.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
