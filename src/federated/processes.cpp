@@ -5,13 +5,11 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
-#include <random>
 #include <thread>
 #include <utility>
 
 #include "core/errors.h"
 #include "core/fs.h"
-#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"

@@ -8,7 +8,6 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
-#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"
