@@ -237,7 +237,8 @@ class RoundRunner {
   };
   class SecureRound;  // secure_delta's protocol run (secure_round.cpp)
 
-  // Step 1: fills rec.cohort (and with central DP rec.sampling_rate) and returns the members.
+  // Step 1: fills rec.available, rec.cohort (and with central DP rec.sampling_rate) and returns
+  // the cohort's members.
   std::vector<Participant*> draw_cohort(const std::vector<Participant*>& available,
                                         RoundRecord& rec);
   std::vector<Fitted> fit_cohort(const std::vector<Participant*>& cohort, RoundRecord& rec);

@@ -66,8 +66,8 @@ class RoundRunner::SecureRound {
   const FederatedOptions& options_;
   RoundRecord& rec_;
   secagg::Server server_;
-  std::map<uint64_t, Fitted*> live_;         // who is still in, by protocol id (position + 1)
-  std::map<uint64_t, double> examples_;      // reported example counts, by protocol id
+  std::map<uint64_t, Fitted*> live_;     // who is still in, by protocol id (position + 1)
+  std::map<uint64_t, double> examples_;  // reported example counts, by protocol id
 };
 
 namespace {
