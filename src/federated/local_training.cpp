@@ -98,4 +98,13 @@ double accuracy(models::Model& model, const data::TensorDataset& data) {
   return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
 }
 
+std::function<double(const at::Tensor&)> held_out_evaluator(models::Model& model,
+                                                            const data::DataSplits& splits) {
+  if (!splits.test || splits.test->size() == 0) return {};
+  return [&model, &splits](const at::Tensor& global) {
+    load_flat_parameters(model, global);
+    return accuracy(model, *splits.test);
+  };
+}
+
 }  // namespace krab::federated

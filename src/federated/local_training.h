@@ -30,6 +30,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/config.h"
@@ -80,5 +81,11 @@ class LocalTrainer {
 
 // Test accuracy of `model` on `data` (correct / total; 0 for an empty set).
 double accuracy(models::Model& model, const data::TensorDataset& data);
+
+// A server's evaluator (RoundRunner::Evaluator): loads a flat parameter vector into `model` and
+// returns its accuracy on `splits.test`; empty (nothing to evaluate) when there is no test
+// data. `model` and `splits` must outlive it.
+std::function<double(const at::Tensor&)> held_out_evaluator(models::Model& model,
+                                                            const data::DataSplits& splits);
 
 }  // namespace krab::federated

@@ -2,6 +2,7 @@
 // accountant.cpp, which has no torch dependency.
 #include "federated/privacy.h"
 
+#include <ATen/ATen.h>
 #include <sodium.h>
 
 #include <algorithm>

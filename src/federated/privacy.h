@@ -22,7 +22,7 @@
 // functions apart from the noise source, which belongs to one thread.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 

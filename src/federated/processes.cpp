@@ -4,12 +4,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <random>
+#include <functional>
 #include <thread>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/fs.h"
-#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"
@@ -77,20 +77,10 @@ std::string client_config_yaml(core::Config c) {
   return c.to_yaml();
 }
 
-}  // namespace
-
-nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  FederatedOptions fo = read_options(config);
-  torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
-  const data::DataSplits d = server_data(config);
-  const models::ModelSpec spec = train::model_spec(config, d);
-  torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
-  auto model = models::make_model(spec);
-  const std::string signature = train::model_signature(*model);
-  KRAB_CHECK_ARG(!config.get_string("federated.tokens").empty(),
-                 "federated.tokens: fl-server needs a tokens file (NAME TOKEN [EXPIRES] lines)");
-
+// How fl-server listens and what it tells clients, from the job's config; checks that the
+// model fits in a message.
+ServerTransportOptions server_transport(const core::Config& config, const std::string& signature,
+                                        int64_t parameters) {
   ServerTransportOptions so;
   so.address = config.get_string("federated.address");
   so.cert_file = config.get_string("federated.tls_cert");
@@ -102,10 +92,61 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   so.config_yaml = client_config_yaml(config);
   so.model_signature = signature;
   so.deadline = seconds_key(config, "federated.round_deadline_s");
-  const int64_t model_bytes = models::parameter_count(*model) * 4;
+  const int64_t model_bytes = parameters * 4;
   KRAB_CHECK_ARG(model_bytes + (64 << 10) <= so.max_message_bytes, "federated.max_message_mb (",
                  config.get_float("federated.max_message_mb"), ") is too small for the model (",
                  model_bytes / double(1 << 20), " MiB of parameters plus framing)");
+  return so;
+}
+
+// Waits federated.wait_clients_s for federated.clients to join. Returns how many did; Timeout
+// when that is fewer than federated.min_clients.
+size_t wait_for_federation(FederationServer& server, const core::Config& config,
+                           const FederatedOptions& fo) {
+  const auto want = static_cast<size_t>(config.get_int("federated.clients"));
+  const size_t joined =
+      server.wait_for_clients(want, seconds_key(config, "federated.wait_clients_s"));
+  if (static_cast<int64_t>(joined) < fo.min_clients)
+    throw Timeout(str_cat("fl-server: only ", joined, " client(s) joined within ",
+                          config.get_float("federated.wait_clients_s"),
+                          " s; federated.min_clients is ", fo.min_clients));
+  std::fprintf(stderr, "krab: %zu client(s) ready; %lld rounds of %s\n", joined,
+               static_cast<long long>(fo.rounds), fo.strategy.c_str());
+  return joined;
+}
+
+// The clients a round can sample from: waits (federated.wait_clients_s) while fewer than
+// federated.min_clients are alive, then gives up with Timeout.
+std::vector<Participant*> available_for_round(FederationServer& server, const core::Config& config,
+                                              const RoundRunner& runner) {
+  const int64_t min_clients = runner.options().min_clients;
+  std::vector<Participant*> available = server.available();
+  if (static_cast<int64_t>(available.size()) >= min_clients) return available;
+  server.wait_for_clients(static_cast<size_t>(min_clients),
+                          seconds_key(config, "federated.wait_clients_s"));
+  available = server.available();
+  if (static_cast<int64_t>(available.size()) < min_clients)
+    throw Timeout(str_cat("fl-server: ", available.size(), " client(s) alive before round ",
+                          runner.rounds_done() + 1, "; federated.min_clients is ", min_clients));
+  return available;
+}
+
+}  // namespace
+
+nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  FederatedOptions fo = FederatedOptions::from_config(config);
+  torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
+  const data::DataSplits d = server_data(config);
+  const models::ModelSpec spec = train::model_spec(config, d);
+  torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
+  auto model = models::make_model(spec);
+  const std::string signature = train::model_signature(*model);
+  KRAB_CHECK_ARG(!config.get_string("federated.tokens").empty(),
+                 "federated.tokens: fl-server needs a tokens file (NAME TOKEN [EXPIRES] lines)");
+
+  const ServerTransportOptions so =
+      server_transport(config, signature, models::parameter_count(*model));
   FederationServer server(so);
   std::fprintf(stderr, "krab: fl-server listening on %s (port %d, TLS%s), %zu client tokens\n",
                so.address.c_str(), server.port(),
@@ -113,44 +154,17 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   if (!options.port_file.empty())
     core::write_file_atomic(options.port_file, std::to_string(server.port()) + "\n");
 
-  RoundRunner::Evaluator evaluate;
-  if (d.test && d.test->size() > 0)
-    evaluate = [&](const at::Tensor& global) {
-      load_flat_parameters(*model, global);
-      return accuracy(*model, *d.test);
-    };
-  RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true, evaluate);
+  RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true,
+                     held_out_evaluator(*model, d));
   const std::string run_dir = train::run_directory(config);
-  const std::string state = state_path(run_dir);
-  const std::string seal_key =
-      core::read_seal_key(config.get_string("checkpoint.hmac_key_file"), run_dir);
-  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature, seal_key))
-    std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
-                 static_cast<long long>(runner.rounds_done()));
+  const ServerCheckpoint checkpoint(config, run_dir, signature);
+  checkpoint.resume(runner);
 
-  const auto wait = seconds_key(config, "federated.wait_clients_s");
-  const auto want = static_cast<size_t>(config.get_int("federated.clients"));
-  const size_t joined = server.wait_for_clients(want, wait);
-  if (static_cast<int64_t>(joined) < fo.min_clients)
-    throw Timeout(str_cat("fl-server: only ", joined, " client(s) joined within ",
-                          config.get_float("federated.wait_clients_s"),
-                          " s; federated.min_clients is ", fo.min_clients));
-  std::fprintf(stderr, "krab: %zu client(s) ready; %lld rounds of %s\n", joined,
-               static_cast<long long>(fo.rounds), fo.strategy.c_str());
-
+  const size_t joined = wait_for_federation(server, config, fo);
   RoundLog progress("fl-server", fo.rounds, options.show_progress, /*log_dropped=*/true);
   while (runner.rounds_done() < fo.rounds) {
-    std::vector<Participant*> available = server.available();
-    if (static_cast<int64_t>(available.size()) < fo.min_clients) {
-      server.wait_for_clients(static_cast<size_t>(fo.min_clients), wait);
-      available = server.available();
-      if (static_cast<int64_t>(available.size()) < fo.min_clients)
-        throw Timeout(str_cat("fl-server: ", available.size(), " client(s) alive before round ",
-                              runner.rounds_done() + 1, "; federated.min_clients is ",
-                              fo.min_clients));
-    }
-    const RoundRecord rec = runner.run_round(available);
-    save_server_state(state, runner, signature, seal_key);  // durable before it is reported
+    const RoundRecord rec = runner.run_round(available_for_round(server, config, runner));
+    checkpoint.save(runner);  // durable before it is reported
     progress.record(rec);
   }
   progress.finish();
@@ -166,7 +180,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["strategy"] = fo.strategy;
   report["aggregator"] = fo.aggregator;
   report["secure_aggregation"] = fo.secure;
-  report["dp"] = fo.dp;
+  report["dp"] = dp_mode_name(fo.dp);
   report["clients_joined"] = joined;
   add_history(report, runner);
   report["wire_bytes_in"] = st.bytes_in;
@@ -197,10 +211,7 @@ std::pair<int64_t, int64_t> parse_partition(const std::string& s) {
   }
 }
 
-}  // namespace
-
-int64_t run_fl_client(const ClientRunOptions& options) {
-  torch::set_num_threads(options.threads);
+ClientTransportOptions client_transport(const ClientRunOptions& options) {
   ClientTransportOptions to;
   to.server = options.server;
   to.ca_file = options.ca_file;
@@ -208,37 +219,191 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   to.key_file = options.key_file;
   to.server_name = options.server_name;
   to.token = options.token;
-  FederationClient client(to);
-  // The server may still be starting: retry an unreachable one for retry_s.
-  const auto retry = milliseconds(static_cast<int64_t>(options.retry_s * 1000));
+  return to;
+}
+
+// How long the client keeps retrying a server it cannot reach or a token still in use.
+milliseconds retry_period(const ClientRunOptions& options) {
+  return milliseconds(static_cast<int64_t>(options.retry_s * 1000));
+}
+
+// The server may still be starting: retries an unreachable one for the retry period.
+FederationClient::Hello say_hello(FederationClient& client, const ClientRunOptions& options) {
   const auto first = std::chrono::steady_clock::now();
-  FederationClient::Hello hello;
   for (;;) {
     try {
-      hello = client.hello();
-      break;
+      return client.hello();
     } catch (const PeerLost&) {
-      if (std::chrono::steady_clock::now() - first > retry) throw;
+      if (std::chrono::steady_clock::now() - first > retry_period(options)) throw;
       std::this_thread::sleep_for(milliseconds(500));
     }
   }
+}
+
+// The examples this client trains on: its whole training split, or with --partition K/N the
+// K-th of N shards cut as fl-sim would (federated.partition, train.seed).
+data::TensorDataset client_data(const core::Config& config, const data::DataSplits& d,
+                                const std::string& partition) {
+  if (partition.empty()) return d.train;
+  const auto [k, n] = parse_partition(partition);
+  data::PartitionSpec ps;
+  ps.kind = config.get_string("federated.partition");
+  ps.clients = n;
+  ps.alpha = config.get_float("federated.alpha");
+  ps.classes_per_client = config.get_int("federated.classes_per_client");
+  ps.seed = static_cast<uint64_t>(config.get_int("train.seed"));
+  const auto parts = data::partition(d.train.targets, d.num_classes, ps);
+  auto [x, y] = data::gather(d.train, parts[k]);
+  return data::TensorDataset{x, y};
+}
+
+// Ready. A token in use may be this client's own, from before a restart: the server frees it
+// once the old session has been silent for its liveness period, so retry for the retry period.
+void join(FederationClient& client, const std::string& signature, int64_t examples,
+          const std::string& who, const ClientRunOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  for (bool said = false;; said = true) {
+    try {
+      client.ready(signature, examples);
+      return;
+    } catch (const TokenInUse& e) {
+      if (std::chrono::steady_clock::now() - start > retry_period(options)) throw;
+      if (!said)
+        std::fprintf(stderr, "%s: %s; retrying for up to %g s\n", who.c_str(), e.what(),
+                     options.retry_s);
+      std::this_thread::sleep_for(milliseconds(1000));
+    }
+  }
+}
+
+// A joined client's life: polls for tasks until the server says it is done, and answers them.
+// A failed task is reported to the server and the client carries on; a breach of the client's
+// policy ends it.
+class ClientSession {
+ public:
+  ClientSession(FederationClient& client, LocalTrainer& trainer, const data::TensorDataset& data,
+                const core::Config& config, const ClientRunOptions& options, std::string who,
+                std::function<void()> rejoin)
+      : client_(client),
+        trainer_(trainer),
+        data_(data),
+        options_(options),
+        who_(std::move(who)),
+        seed_(static_cast<uint64_t>(config.get_int("train.seed"))),
+        rejoin_(std::move(rejoin)) {}
+
+  // Returns the rounds this client trained in.
+  int64_t run() {
+    auto last_contact = std::chrono::steady_clock::now();
+    for (;;) {
+      RemoteTask task;
+      try {
+        task = client_.next_task();
+        last_contact = std::chrono::steady_clock::now();
+      } catch (const PeerLost& e) {
+        if (std::chrono::steady_clock::now() - last_contact > retry_period(options_)) throw;
+        std::this_thread::sleep_for(milliseconds(500));
+        continue;
+      }
+      if (task.kind == RemoteTask::kDone) break;
+      if (task.kind == RemoteTask::kWait) continue;
+      if (task.kind == RemoteTask::kRejoin) {
+        std::fprintf(stderr, "%s: the server restarted; joining again\n", who_.c_str());
+        rejoin_();
+        secure_.reset();
+        continue;
+      }
+      enforce_policy(task);
+      answer(task);
+    }
+    return rounds_;
+  }
+
+ private:
+  // The server's settings against this client's own minimums: a breach ends the client
+  // (exit 2, naming the flag), before it trains or sends anything.
+  void enforce_policy(const RemoteTask& task) {
+    try {
+      if (task.kind == RemoteTask::kFit) check_fit(options_.policy, task.fit);
+      if (task.kind == RemoteTask::kSecAgg && task.secagg.stage == SecAggRequest::kShareKeys)
+        check_weight(options_.policy, task.secagg.weight);
+    } catch (const InvalidArgument& e) {
+      try {
+        client_.submit_error(task.task_id, str_cat("refused by the client's policy: ", e.what()));
+      } catch (const std::exception&) {
+        // Leaving anyway.
+      }
+      throw;
+    }
+  }
+
+  void answer(const RemoteTask& task) {
+    try {
+      if (task.kind == RemoteTask::kFit) {
+        fit(task);
+      } else {
+        KRAB_CHECK_ARG(secure_ != nullptr, "secure aggregation request without a secure round");
+        client_.submit_secagg(task.task_id, secure_->handle(task.secagg));
+      }
+    } catch (const PeerLost& e) {
+      // The server went away with this task; the next poll retries for retry_s.
+      std::fprintf(stderr, "%s: lost the server (%s); retrying\n", who_.c_str(), e.what());
+    } catch (const std::exception& e) {
+      // Tell the server now rather than let it wait for the deadline.
+      std::fprintf(stderr, "%s: task failed: %s\n", who_.c_str(), e.what());
+      try {
+        client_.submit_error(task.task_id, e.what());
+      } catch (const std::exception&) {
+        // The task is void anyway (late, or the server is gone).
+      }
+    }
+  }
+
+  void fit(const RemoteTask& task) {
+    RoundOptions ro;
+    ro.proximal_mu = task.fit.proximal_mu;
+    ro.clip_norm = task.fit.clip_norm;
+    ro.local_noise_std = task.fit.local_noise_std;
+    ro.seed = data::derive_seed(seed_, static_cast<uint64_t>(task.fit.round));
+    LocalResult r = trainer_.train(task.fit.global, data_, ro);
+    FitReply reply;
+    reply.num_examples = r.num_examples;
+    reply.mean_loss = r.mean_loss;
+    if (task.fit.secure) {
+      secure_ = std::make_unique<SecureClient>(task.fit, r.update);
+      reply.secagg = secure_->advertise();
+    } else {
+      reply.update = r.update;
+    }
+    client_.submit_fit(task.task_id, reply);
+    ++rounds_;
+    std::fprintf(stderr, "%s: round %lld: %lld steps, loss %.4f\n", who_.c_str(),
+                 static_cast<long long>(task.fit.round), static_cast<long long>(r.steps),
+                 r.mean_loss);
+  }
+
+  FederationClient& client_;
+  LocalTrainer& trainer_;
+  const data::TensorDataset& data_;
+  const ClientRunOptions& options_;
+  const std::string who_;
+  const uint64_t seed_;  // train.seed: each round's batch order derives from it
+  std::function<void()> rejoin_;
+  std::unique_ptr<SecureClient> secure_;  // this round's, when it is a secure one
+  int64_t rounds_ = 0;
+};
+
+}  // namespace
+
+int64_t run_fl_client(const ClientRunOptions& options) {
+  torch::set_num_threads(options.threads);
+  FederationClient client(client_transport(options));
+  const FederationClient::Hello hello = say_hello(client, options);
   core::Config config = core::Config::parse(hello.config_yaml, "the server's configuration");
   if (!options.data.empty()) config.set("data.path", options.data);
   const std::string who = "krab[" + hello.client_name + "]";
   data::DataSplits d = train::load_data(config);
-  data::TensorDataset mine = d.train;
-  if (!options.partition.empty()) {
-    const auto [k, n] = parse_partition(options.partition);
-    data::PartitionSpec ps;
-    ps.kind = config.get_string("federated.partition");
-    ps.clients = n;
-    ps.alpha = config.get_float("federated.alpha");
-    ps.classes_per_client = config.get_int("federated.classes_per_client");
-    ps.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-    const auto parts = data::partition(d.train.targets, d.num_classes, ps);
-    auto [x, y] = data::gather(d.train, parts[k]);
-    mine = data::TensorDataset{x, y};
-  }
+  const data::TensorDataset mine = client_data(config, d, options.partition);
   d.test.reset();
   const models::ModelSpec spec = train::model_spec(config, d);
   torch::manual_seed(0);
@@ -246,102 +411,12 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   const std::string signature = train::model_signature(trainer.model());
   KRAB_CHECK_ARG(signature == hello.model_signature, who, ": this data gives a model of shape ",
                  signature, " but the server's model is ", hello.model_signature);
-  // A token in use may be this client's own, from before a restart: the server frees it once
-  // the old session has been silent for its liveness period, so retry for retry_s.
-  auto join = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    for (bool said = false;; said = true) {
-      try {
-        client.ready(signature, mine.size());
-        return;
-      } catch (const TokenInUse& e) {
-        if (std::chrono::steady_clock::now() - start > retry) throw;
-        if (!said)
-          std::fprintf(stderr, "%s: %s; retrying for up to %g s\n", who.c_str(), e.what(),
-                       options.retry_s);
-        std::this_thread::sleep_for(milliseconds(1000));
-      }
-    }
-  };
-  join();
+  auto rejoin = [&] { join(client, signature, mine.size(), who, options); };
+  rejoin();
   std::fprintf(stderr, "%s: joined %s with %lld examples\n", who.c_str(), options.server.c_str(),
                static_cast<long long>(mine.size()));
 
-  int64_t rounds = 0;
-  std::unique_ptr<SecureClient> secure;
-  auto last_contact = std::chrono::steady_clock::now();
-  for (;;) {
-    RemoteTask task;
-    try {
-      task = client.next_task();
-      last_contact = std::chrono::steady_clock::now();
-    } catch (const PeerLost& e) {
-      if (std::chrono::steady_clock::now() - last_contact > retry) throw;
-      std::this_thread::sleep_for(milliseconds(500));
-      continue;
-    }
-    if (task.kind == RemoteTask::kDone) break;
-    if (task.kind == RemoteTask::kWait) continue;
-    if (task.kind == RemoteTask::kRejoin) {
-      std::fprintf(stderr, "%s: the server restarted; joining again\n", who.c_str());
-      join();
-      secure.reset();
-      continue;
-    }
-    // The server's settings against this client's own minimums: a breach ends the client
-    // (exit 2, naming the flag), before it trains or sends anything.
-    try {
-      if (task.kind == RemoteTask::kFit) check_fit(options.policy, task.fit);
-      if (task.kind == RemoteTask::kSecAgg && task.secagg.stage == SecAggRequest::kShareKeys)
-        check_weight(options.policy, task.secagg.weight);
-    } catch (const InvalidArgument& e) {
-      try {
-        client.submit_error(task.task_id, str_cat("refused by the client's policy: ", e.what()));
-      } catch (const std::exception&) {
-        // Leaving anyway.
-      }
-      throw;
-    }
-    try {
-      if (task.kind == RemoteTask::kFit) {
-        RoundOptions ro;
-        ro.proximal_mu = task.fit.proximal_mu;
-        ro.clip_norm = task.fit.clip_norm;
-        ro.local_noise_std = task.fit.local_noise_std;
-        ro.seed = data::derive_seed(static_cast<uint64_t>(config.get_int("train.seed")),
-                                    static_cast<uint64_t>(task.fit.round));
-        LocalResult r = trainer.train(task.fit.global, mine, ro);
-        FitReply reply;
-        reply.num_examples = r.num_examples;
-        reply.mean_loss = r.mean_loss;
-        if (task.fit.secure) {
-          secure = std::make_unique<SecureClient>(task.fit, r.update);
-          reply.secagg = secure->advertise();
-        } else {
-          reply.update = r.update;
-        }
-        client.submit_fit(task.task_id, reply);
-        ++rounds;
-        std::fprintf(stderr, "%s: round %lld: %lld steps, loss %.4f\n", who.c_str(),
-                     static_cast<long long>(task.fit.round), static_cast<long long>(r.steps),
-                     r.mean_loss);
-      } else {
-        KRAB_CHECK_ARG(secure != nullptr, "secure aggregation request without a secure round");
-        client.submit_secagg(task.task_id, secure->handle(task.secagg));
-      }
-    } catch (const PeerLost& e) {
-      // The server went away with this task; the next poll retries for retry_s.
-      std::fprintf(stderr, "%s: lost the server (%s); retrying\n", who.c_str(), e.what());
-    } catch (const std::exception& e) {
-      // Tell the server now rather than let it wait for the deadline.
-      std::fprintf(stderr, "%s: task failed: %s\n", who.c_str(), e.what());
-      try {
-        client.submit_error(task.task_id, e.what());
-      } catch (const std::exception&) {
-        // The task is void anyway (late, or the server is gone).
-      }
-    }
-  }
+  const int64_t rounds = ClientSession(client, trainer, mine, config, options, who, rejoin).run();
   std::fprintf(stderr, "%s: done after %lld round(s)\n", who.c_str(),
                static_cast<long long>(rounds));
   return rounds;

@@ -2,6 +2,8 @@
 // updates; the coordinate-wise ones sort along dim 0, Krum needs the n x n distance matrix.
 #include "federated/robust.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -29,7 +29,7 @@
 // mismatched sizes, beta or f out of range) throw krab::InvalidArgument naming the argument.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <memory>

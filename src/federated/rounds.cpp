@@ -6,41 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <random>
-#include <thread>
 
 #include "core/errors.h"
 #include "federated/accountant.h"
 #include "federated/privacy.h"
-#include "federated/secagg.h"
-#include "federated/secure_client.h"
+#include "federated/round_calls.h"
 
 namespace krab::federated {
 namespace {
-
-// Calls fn(i) for i in [0, n): in this thread, or one thread each.
-template <typename Fn>
-void for_each_index(size_t n, bool parallel, Fn fn) {
-  if (!parallel || n < 2) {
-    for (size_t i = 0; i < n; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (size_t i = 0; i < n; ++i) threads.emplace_back([&fn, i] { fn(i); });
-  for (auto& t : threads) t.join();
-}
-
-// The reason a call failed, for the record; any exception counts as a dropout.
-template <typename Fn>
-std::string try_call(Fn fn) {
-  try {
-    fn();
-    return "";
-  } catch (const std::exception& e) {
-    return e.what()[0] != '\0' ? e.what() : "failed";
-  }
-}
 
 std::string format_epsilon(double eps) {
   char buf[32];
@@ -53,8 +26,9 @@ std::string format_epsilon(double eps) {
 // naming the key, rather than train and print infinity (or fail in the accountant's series).
 void check_dp_options(const FederatedOptions& o) {
   const double sigma = o.dp_noise_multiplier;
-  KRAB_CHECK_ARG(std::isfinite(sigma) && sigma > 0, "federated.dp_noise_multiplier must be > 0 "
-                 "with federated.dp '", o.dp, "' (no noise, no privacy), got ", sigma);
+  KRAB_CHECK_ARG(std::isfinite(sigma) && sigma > 0,
+                 "federated.dp_noise_multiplier must be > 0 with federated.dp '",
+                 dp_mode_name(o.dp), "' (no noise, no privacy), got ", sigma);
   double eps = std::numeric_limits<double>::infinity();
   try {
     eps = privacy_spent(sigma, 1.0, 1, o.dp_delta).epsilon;
@@ -66,7 +40,27 @@ void check_dp_options(const FederatedOptions& o) {
 
 }  // namespace
 
-FederatedOptions read_options(const core::Config& c) {
+DpMode parse_dp_mode(const std::string& name) {
+  if (name == "none") return DpMode::kNone;
+  if (name == "central") return DpMode::kCentral;
+  if (name == "local") return DpMode::kLocal;
+  throw InvalidArgument(str_cat("unknown federated.dp '", name, "'; known: none, central, local"));
+}
+
+const char* dp_mode_name(DpMode mode) {
+  switch (mode) {
+    case DpMode::kNone:
+      return "none";
+    case DpMode::kCentral:
+      return "central";
+    case DpMode::kLocal:
+      return "local";
+  }
+  KRAB_CHECK(false, "unknown DpMode ", static_cast<int>(mode));
+  return "";
+}
+
+FederatedOptions FederatedOptions::from_config(const core::Config& c) {
   FederatedOptions o;
   o.rounds = c.get_int("federated.rounds");
   o.fraction = c.get_float("federated.fraction");
@@ -87,7 +81,7 @@ FederatedOptions read_options(const core::Config& c) {
   o.secure = c.get_bool("federated.secure_aggregation");
   o.secagg_threshold = c.get_float("federated.secagg_threshold");
   o.secagg_clip = c.get_float("federated.secagg_clip");
-  o.dp = c.get_string("federated.dp");
+  o.dp = parse_dp_mode(c.get_string("federated.dp"));
   o.dp_clip = c.get_float("federated.dp_clip");
   o.dp_noise_multiplier = c.get_float("federated.dp_noise_multiplier");
   o.dp_delta = c.get_float("federated.dp_delta");
@@ -97,13 +91,13 @@ FederatedOptions read_options(const core::Config& c) {
   KRAB_CHECK_ARG(!o.secure || o.aggregator == "mean", "federated.aggregator '", o.aggregator,
                  "' needs each client's update, which federated.secure_aggregation hides from "
                  "the server; use federated.aggregator: mean with secure aggregation");
-  KRAB_CHECK_ARG(o.dp == "none" || o.aggregator == "mean", "federated.aggregator '", o.aggregator,
-                 "' cannot be combined with federated.dp '", o.dp,
+  KRAB_CHECK_ARG(o.dp == DpMode::kNone || o.aggregator == "mean", "federated.aggregator '",
+                 o.aggregator, "' cannot be combined with federated.dp '", dp_mode_name(o.dp),
                  "' (the accountant assumes a sum of clipped updates); use mean");
   KRAB_CHECK_ARG(!o.secure || o.min_clients >= 2,
                  "federated.min_clients must be >= 2 with "
                  "federated.secure_aggregation (one client's sum is its update)");
-  if (o.dp != "none") check_dp_options(o);
+  if (o.dp != DpMode::kNone) check_dp_options(o);
   return o;
 }
 
@@ -178,19 +172,19 @@ void add_history(nlohmann::json& report, const RoundRunner& runner) {
   report["bytes_up"] = up;
   if (accuracy >= 0) report["test_accuracy"] = accuracy;
   const FederatedOptions& o = runner.options();
-  if (o.dp != "none") {
+  if (o.dp != DpMode::kNone) {
     // Spent so far, failed rounds included (each one drew a cohort and is charged).
     const double eps = runner.history().empty() ? 0.0 : runner.history().back().epsilon;
     report["epsilon"] = eps;
     report["privacy"] = {
-        {"dp", o.dp},
+        {"dp", dp_mode_name(o.dp)},
         {"epsilon", eps},
         {"delta", o.dp_delta},
         {"noise_multiplier", o.dp_noise_multiplier},
         {"clip", o.dp_clip},
         {"rounds_charged", runner.history().size()},
         {"accounting",
-         o.dp == "central"
+         o.dp == DpMode::kCentral
              ? "RDP of the Poisson-subsampled Gaussian mechanism, each round at the rate its "
                "cohort was drawn with (rounds[].sampling_rate), add/remove-one-client adjacency"
              : "Gaussian mechanism without amplification (the server sees each update), "
@@ -229,21 +223,21 @@ void RoundRunner::restore(at::Tensor global, int64_t rounds_done,
   accountant_ = RdpAccountant();
   dp_participations_.clear();
   dp_worst_participations_ = 0;
-  if (options_.dp == "none") return;
+  if (options_.dp == DpMode::kNone) return;
   // Replay the budget from the rounds themselves, so a resumed run reports what an
   // uninterrupted one would. Rounds that ran without noise cannot be made private afterwards.
   for (auto& r : history_) {
     KRAB_CHECK_ARG(r.epsilon >= 0, "checkpoint: round ", r.round,
-                   " ran without differential privacy; federated.dp '", options_.dp,
+                   " ran without differential privacy; federated.dp '", dp_mode_name(options_.dp),
                    "' cannot start in the middle of a run (start a new run directory)");
-    if (options_.dp == "central" && r.sampling_rate < 0) r.sampling_rate = options_.fraction;
+    if (options_.dp == DpMode::kCentral && r.sampling_rate < 0) r.sampling_rate = options_.fraction;
     charge_privacy(r);
   }
 }
 
 double RoundRunner::charge_privacy(const RoundRecord& rec) {
   const double sigma = options_.dp_noise_multiplier;
-  if (options_.dp == "central") {
+  if (options_.dp == DpMode::kCentral) {
     accountant_.step(sigma, rec.sampling_rate);
     return accountant_.epsilon(options_.dp_delta);
   }
@@ -271,9 +265,10 @@ std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Parti
   FitInstruction ins;
   ins.round = rec.round;
   ins.global = global_;
-  if (options_.strategy == "fedprox") ins.proximal_mu = options_.strategy_options.proximal_mu;
-  if (options_.dp != "none") ins.clip_norm = options_.dp_clip;
-  if (options_.dp == "local") ins.local_noise_std = options_.dp_noise_multiplier * options_.dp_clip;
+  ins.proximal_mu = strategy_->client_proximal_mu();
+  if (options_.dp != DpMode::kNone) ins.clip_norm = options_.dp_clip;
+  if (options_.dp == DpMode::kLocal)
+    ins.local_noise_std = options_.dp_noise_multiplier * options_.dp_clip;
   ins.secure = options_.secure;
 
   if (ins.secure) {
@@ -304,12 +299,12 @@ std::vector<RoundRunner::Fitted> RoundRunner::fit_cohort(const std::vector<Parti
 }
 
 at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& rec) {
-  const bool dp = options_.dp != "none";
+  const bool dp = options_.dp != DpMode::kNone;
   double bound = std::numeric_limits<double>::infinity();
   if (options_.max_update_norm > 0) bound = options_.max_update_norm;
   // Clients clip to C; allow float rounding (clip_to_norm scales by C / norm in float32), and a
   // local-DP update carries its noise on top, so only the central case is bounded by C.
-  if (options_.dp == "central") bound = std::min(bound, options_.dp_clip * (1 + 1e-4));
+  if (options_.dp == DpMode::kCentral) bound = std::min(bound, options_.dp_clip * (1 + 1e-4));
 
   std::vector<at::Tensor> updates;
   std::vector<double> weights;
@@ -325,14 +320,15 @@ at::Tensor RoundRunner::plain_delta(std::vector<Fitted>& fitted, RoundRecord& re
     rec.counted.push_back(f.who->id());
   }
   // Central DP releases the noised sum whatever the cohort's size (see the header comment).
-  if (options_.dp != "central" && static_cast<int64_t>(updates.size()) < options_.min_clients) {
+  if (options_.dp != DpMode::kCentral &&
+      static_cast<int64_t>(updates.size()) < options_.min_clients) {
     rec.failure = str_cat(updates.size(), " usable update(s), federated.min_clients is ",
                           options_.min_clients);
     return {};
   }
   if (!dp) return aggregator_->aggregate(updates, weights);
   at::Tensor sum = updates.empty() ? torch::zeros_like(global_) : torch::stack(updates).sum(0);
-  if (options_.dp == "local") return sum / static_cast<double>(updates.size());
+  if (options_.dp == DpMode::kLocal) return sum / static_cast<double>(updates.size());
   sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip);
   return sum / expected_cohort(rec);
 }
@@ -342,159 +338,12 @@ size_t RoundRunner::secagg_threshold(size_t cohort) const {
       2, static_cast<size_t>(std::ceil(options_.secagg_threshold * static_cast<double>(cohort))));
 }
 
-// Bonawitz et al.'s rounds 1-3 over the participants that answered fit (round 0's keys came
-// with their fit replies). A participant that fails a stage is dropped from the rest; the
-// protocol's own bookkeeping (secagg::Server) decides who is in the sum.
-at::Tensor RoundRunner::secure_delta(std::vector<Fitted>& fitted, RoundRecord& rec) {
-  FitInstruction ins;
-  ins.round = rec.round;
-  ins.secagg_clients = rec.cohort.size();
-  ins.secagg_threshold = secagg_threshold(rec.cohort.size());
-  ins.secagg_clip = options_.secagg_clip;
-  secagg::Server server(secagg_config(ins, static_cast<size_t>(global_.numel())));
-
-  // Who is still in, by protocol id (cohort position + 1).
-  std::map<uint64_t, Fitted*> live;
-  std::map<uint64_t, double> examples;
-  // Every message must carry the id the server assigned to the connection it came on: a client
-  // that claims another id could take that client's place in the sum, or (an id outside the
-  // cohort) make the server index out of bounds.
-  auto require_id = [](const Fitted& f, uint64_t claimed, const char* message) {
-    if (claimed != f.secagg_id)
-      throw CorruptData(str_cat(message, " claims client id ", claimed, "; this client's id is ",
-                                f.secagg_id));
-  };
-  for (auto& f : fitted) {
-    const std::string why = try_call([&] {
-      const auto msg = secagg::AdvertiseKeys::from_bytes(f.reply.secagg);
-      require_id(f, msg.client_id, "AdvertiseKeys");
-      const std::string bad = check_examples(f.who->id(), f.reply.num_examples);
-      if (!bad.empty()) throw InvalidArgument(bad);
-      server.receive(msg);
-      live[f.secagg_id] = &f;
-      examples[f.secagg_id] = static_cast<double>(f.reply.num_examples);
-    });
-    if (!why.empty()) rec.rejected.push_back({f.who->id(), why});
-  }
-  auto fail = [&](const std::string& why) {
-    rec.failure = "secure aggregation: " + why;
-    return at::Tensor();
-  };
-  // One stage: call every live participant (in parallel if asked), feed the replies to the
-  // server, drop the ones that fail. take_reply(reply, sender) gets the sender's Fitted.
-  auto stage = [&](SecAggRequest::Stage st, auto make_request, auto take_reply) {
-    std::vector<std::pair<uint64_t, Fitted*>> who(live.begin(), live.end());
-    std::vector<SecAggRequest> requests(who.size());
-    for (size_t i = 0; i < who.size(); ++i) {
-      requests[i] = make_request(who[i].first);
-      requests[i].stage = st;
-    }
-    std::vector<std::vector<uint8_t>> replies(who.size());
-    std::vector<std::string> errors(who.size());
-    for_each_index(who.size(), parallel_calls_, [&](size_t i) {
-      errors[i] = try_call([&] { replies[i] = who[i].second->who->secagg(requests[i]); });
-    });
-    for (size_t i = 0; i < who.size(); ++i) {
-      if (errors[i].empty() || who[i].second->who->last_request_sent())
-        rec.bytes_down += static_cast<int64_t>(requests[i].payload.size()) + 16;
-      if (errors[i].empty()) {
-        rec.bytes_up += static_cast<int64_t>(replies[i].size()) + 16;
-        errors[i] = try_call([&] { take_reply(replies[i], *who[i].second); });
-      }
-      if (!errors[i].empty()) {
-        rec.dropped.push_back({who[i].second->who->id(), errors[i]});
-        live.erase(who[i].first);
-      }
-    }
-  };
-
-  double total = 0;
-  for (const auto& [id, n] : examples) total += n;
-  const bool dp = options_.dp != "none";
-  std::vector<uint8_t> roster;
-  std::string why = try_call([&] { roster = server.roster().to_bytes(); });
-  if (!why.empty()) return fail(why);
-  stage(
-      SecAggRequest::kShareKeys,
-      [&](uint64_t id) {
-        SecAggRequest r;
-        r.weight = dp ? 1.0 : examples[id] / total;
-        r.payload = roster;
-        return r;
-      },
-      [&](const std::vector<uint8_t>& b, const Fitted& from) {
-        const auto msg = secagg::ShareKeys::from_bytes(b);
-        require_id(from, msg.client_id, "ShareKeys");
-        server.receive(msg);
-      });
-
-  // shares_for() closes round 1; a client that never shared has no inbox and is not asked.
-  std::map<uint64_t, std::vector<uint8_t>> inbox;
-  why = try_call([&] {
-    for (const auto& [id, f] : live) inbox[id] = server.shares_for(id).to_bytes();
-  });
-  if (!why.empty()) return fail(why);
-  stage(
-      SecAggRequest::kMaskedInput,
-      [&](uint64_t id) {
-        SecAggRequest r;
-        r.payload = inbox[id];
-        return r;
-      },
-      [&](const std::vector<uint8_t>& b, const Fitted& from) {
-        const auto msg = secagg::MaskedInput::from_bytes(b);
-        require_id(from, msg.client_id, "MaskedInput");
-        server.receive(msg);
-      });
-
-  std::vector<uint8_t> request;
-  why = try_call([&] { request = server.unmask_request().to_bytes(); });
-  if (!why.empty()) return fail(why);
-  stage(
-      SecAggRequest::kUnmask,
-      [&](uint64_t) {
-        SecAggRequest r;
-        r.payload = request;
-        return r;
-      },
-      [&](const std::vector<uint8_t>& b, const Fitted& from) {
-        const auto msg = secagg::UnmaskResponse::from_bytes(b);
-        require_id(from, msg.client_id, "UnmaskResponse");
-        server.receive(msg);
-      });
-
-  const secagg::Result* result = nullptr;
-  why = try_call([&] { result = &server.result(); });
-  if (!why.empty()) return fail(why);
-  if (options_.dp != "central" &&
-      static_cast<int64_t>(result->counted.size()) < options_.min_clients)
-    return fail(str_cat(result->counted.size(), " client(s) in the sum, federated.min_clients is ",
-                        options_.min_clients));
-  double counted_examples = 0;
-  for (uint64_t id : result->counted) {
-    // Ids reach the result only through messages checked above, so each names a live entry.
-    KRAB_CHECK(id >= 1 && id <= rec.cohort.size() && examples.count(id) == 1,
-               "secure aggregation counted unknown client id ", id);
-    counted_examples += examples[id];
-    rec.counted.push_back(rec.cohort[id - 1]);
-  }
-  at::Tensor sum = torch::from_blob(const_cast<float*>(result->sum.data()),
-                                    {static_cast<int64_t>(result->sum.size())}, torch::kFloat)
-                       .clone();
-  if (!dp) return sum * (total / counted_examples);  // renormalise the weights over the counted
-  if (options_.dp == "local") return sum / static_cast<double>(result->counted.size());
-  sum = add_gaussian_noise(sum, options_.dp_noise_multiplier * options_.dp_clip);
-  return sum / expected_cohort(rec);
-}
-
-RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
-  const auto t0 = std::chrono::steady_clock::now();
-  RoundRecord rec;
-  rec.round = rounds_done_ + 1;
+std::vector<Participant*> RoundRunner::draw_cohort(const std::vector<Participant*>& available,
+                                                  RoundRecord& rec) {
   std::vector<std::string> ids;
   for (auto* p : available) ids.push_back(p->id());
   rec.available = static_cast<int64_t>(ids.size());
-  if (options_.dp == "central") {
+  if (options_.dp == DpMode::kCentral) {
     KRAB_CHECK_ARG(rec.available >= options_.min_clients, "federated.min_clients is ",
                    options_.min_clients, " but only ", rec.available, " clients are available");
     rec.sampling_rate = dp_sampling_rate(options_.fraction, options_.min_clients, rec.available);
@@ -502,13 +351,34 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
   } else {
     // With local DP the cohort must not be predictable either (from train.seed, which every
     // client is sent): a fresh secret seed per round.
-    const uint64_t seed = options_.dp == "local" ? secure_random64() : options_.seed;
+    const uint64_t seed = options_.dp == DpMode::kLocal ? secure_random64() : options_.seed;
     rec.cohort = sample_clients(ids, options_.fraction, options_.min_clients, rec.round, seed);
   }
   std::vector<Participant*> cohort;
   for (const auto& id : rec.cohort)
     for (auto* p : available)
       if (p->id() == id) cohort.push_back(p);
+  return cohort;
+}
+
+bool RoundRunner::step(const at::Tensor& delta, RoundRecord& rec) {
+  const auto saved = strategy_->state();
+  ClientResult combined{"aggregate", delta, 1};
+  at::Tensor next = strategy_->aggregate(global_, {combined});
+  if (torch::isfinite(next).all().item<bool>()) {
+    global_ = std::move(next);
+    return true;
+  }
+  strategy_->load_state(saved);
+  rec.failure = "the step would make the global model non-finite";
+  return false;
+}
+
+RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
+  const auto t0 = std::chrono::steady_clock::now();
+  RoundRecord rec;
+  rec.round = rounds_done_ + 1;
+  const std::vector<Participant*> cohort = draw_cohort(available, rec);
 
   at::Tensor delta;
   std::vector<Fitted> fitted;
@@ -527,19 +397,7 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
     rec.failure = "the aggregate of the counted updates is not finite";
     delta = at::Tensor();
   }
-  if (delta.defined()) {
-    const auto saved = strategy_->state();
-    ClientResult combined{"aggregate", delta, 1};
-    at::Tensor next = strategy_->aggregate(global_, {combined});
-    if (torch::isfinite(next).all().item<bool>()) {
-      global_ = std::move(next);
-    } else {
-      strategy_->load_state(saved);
-      rec.failure = "the step would make the global model non-finite";
-      delta = at::Tensor();
-    }
-  }
-  if (delta.defined()) {
+  if (delta.defined() && step(delta, rec)) {
     rec.ok = true;
     double loss = 0, n = 0;
     for (const auto& f : fitted)
@@ -552,7 +410,7 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
   } else {
     rec.counted.clear();
   }
-  if (options_.dp != "none") rec.epsilon = charge_privacy(rec);
+  if (options_.dp != DpMode::kNone) rec.epsilon = charge_privacy(rec);
   rounds_done_ = rec.round;
   if (evaluate_ && (rec.round % options_.eval_every == 0 || rec.round == options_.rounds))
     rec.test_accuracy = evaluate_(global_);

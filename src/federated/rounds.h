@@ -119,7 +119,17 @@ class Participant {
   virtual bool last_request_sent() const { return true; }
 };
 
-// The federated.* keys, read once.
+// federated.dp: where the noise of differential privacy is added (see the header comment).
+enum class DpMode { kNone, kCentral, kLocal };
+
+// "none" | "central" | "local" (the config's spelling, also what reports print). parse_dp_mode
+// throws InvalidArgument listing the known names for anything else.
+DpMode parse_dp_mode(const std::string& name);
+const char* dp_mode_name(DpMode mode);
+
+// The federated.* keys, read once at the edge (from_config); past it nothing compares option
+// strings. `strategy` and `aggregator` stay names: they pick an implementation from a factory
+// (make_strategy, make_aggregator), which refuses unknown names itself.
 struct FederatedOptions {
   int64_t rounds = 20;
   double fraction = 0.1;
@@ -133,16 +143,17 @@ struct FederatedOptions {
   bool secure = false;
   double secagg_threshold = 0.66;  // of the cohort size
   double secagg_clip = 4.0;        // per-coordinate range of a weighted update
-  std::string dp = "none";         // none | central | local
+  DpMode dp = DpMode::kNone;
   double dp_clip = 1.0, dp_noise_multiplier = 1.0, dp_delta = 1e-5;
   int64_t eval_every = 1;
   uint64_t seed = 0;
-};
 
-// Reads and cross-checks the keys; InvalidArgument naming the key for combinations that cannot
-// work (a robust aggregator with secure aggregation — it needs individual updates — or with
-// DP; min_clients above the clients there will be; secagg_threshold leaving t < 2).
-FederatedOptions read_options(const core::Config& config);
+  // Reads and cross-checks the keys; InvalidArgument naming the key for combinations that
+  // cannot work (a robust aggregator with secure aggregation — it needs individual updates — or
+  // with DP; min_clients below 2 with secure aggregation; a noise multiplier with no finite
+  // epsilon).
+  static FederatedOptions from_config(const core::Config& config);
+};
 
 struct Rejection {
   std::string client;
@@ -224,10 +235,19 @@ class RoundRunner {
     FitReply reply;
     uint64_t secagg_id = 0;  // the protocol id the server assigned this connection
   };
+  class SecureRound;  // secure_delta's protocol run (secure_round.cpp)
+
+  // Step 1: fills rec.available, rec.cohort (and with central DP rec.sampling_rate) and returns
+  // the cohort's members.
+  std::vector<Participant*> draw_cohort(const std::vector<Participant*>& available,
+                                        RoundRecord& rec);
   std::vector<Fitted> fit_cohort(const std::vector<Participant*>& cohort, RoundRecord& rec);
   // Returns the delta, or an undefined tensor after recording why the round failed.
   at::Tensor plain_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
   at::Tensor secure_delta(std::vector<Fitted>& fitted, RoundRecord& rec);
+  // Step 5: applies `delta` to the global model. Returns false, with the strategy's state put
+  // back and rec.failure set, when the step would leave a non-finite model.
+  bool step(const at::Tensor& delta, RoundRecord& rec);
   size_t secagg_threshold(size_t cohort) const;
   // Charges `rec`'s round to the privacy budget and returns the epsilon spent so far.
   double charge_privacy(const RoundRecord& rec);

@@ -49,6 +49,32 @@ std::array<uint8_t, 24> share_aad(uint64_t from, uint64_t to, uint64_t round) {
   return aad;
 }
 
+// Round 1's message from `from` to `to`: its shares of from's s_sk and b, under the key the two
+// agreed on, with a fresh random nonce. The plaintext is wiped once encrypted.
+EncryptedShare encrypt_share(uint64_t from, uint64_t to, uint64_t round, const Seed& key,
+                             const shamir::Share& s_share, const shamir::Share& b_share) {
+  wire::Writer pt(136);
+  pt.u64(from);
+  pt.u64(to);
+  pt.blob(s_share.to_bytes());
+  pt.blob(b_share.to_bytes());
+  std::vector<uint8_t> plain = pt.take();
+
+  EncryptedShare e;
+  e.from = from;
+  e.to = to;
+  randombytes_buf(e.nonce.data(), e.nonce.size());
+  const auto aad = share_aad(from, to, round);
+  e.ciphertext.resize(plain.size() + crypto_aead_xchacha20poly1305_ietf_ABYTES);
+  unsigned long long clen = 0;
+  crypto_aead_xchacha20poly1305_ietf_encrypt(e.ciphertext.data(), &clen, plain.data(),
+                                             plain.size(), aad.data(), aad.size(), nullptr,
+                                             e.nonce.data(), key.data());
+  e.ciphertext.resize(clen);
+  sodium_memzero(plain.data(), plain.size());
+  return e;
+}
+
 bool valid_id(uint64_t id) { return id >= 1 && id < shamir::kPrime; }
 
 bool valid_share(const shamir::Share& s, uint64_t holder) {
@@ -145,26 +171,7 @@ ShareKeys Client::share_keys(const Roster& roster) {
     } catch (const CorruptData& e) {
       throw CorruptData(str_cat("secagg client ", id_, ": client ", v, "'s c_pk: ", e.what()));
     }
-    wire::Writer pt(136);
-    pt.u64(id_);
-    pt.u64(v);
-    pt.blob(s_shares[k].to_bytes());
-    pt.blob(b_shares[k].to_bytes());
-    std::vector<uint8_t> plain = pt.take();
-
-    EncryptedShare e;
-    e.from = id_;
-    e.to = v;
-    randombytes_buf(e.nonce.data(), e.nonce.size());
-    const auto aad = share_aad(id_, v, config_.round);
-    e.ciphertext.resize(plain.size() + crypto_aead_xchacha20poly1305_ietf_ABYTES);
-    unsigned long long clen = 0;
-    crypto_aead_xchacha20poly1305_ietf_encrypt(e.ciphertext.data(), &clen, plain.data(),
-                                               plain.size(), aad.data(), aad.size(), nullptr,
-                                               e.nonce.data(), key.data());
-    e.ciphertext.resize(clen);
-    sodium_memzero(plain.data(), plain.size());
-    out.shares.push_back(std::move(e));
+    out.shares.push_back(encrypt_share(id_, v, config_.round, key, s_shares[k], b_shares[k]));
     keys[v] = key;
   }
   roster_ = std::move(peers);

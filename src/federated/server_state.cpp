@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
+#include <cstdio>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/fs.h"
@@ -148,6 +150,23 @@ bool load_server_state(const std::string& path, RoundRunner& runner, const std::
   runner.strategy().load_state(state);
   runner.restore(global, rounds_done, std::move(history));
   return true;
+}
+
+ServerCheckpoint::ServerCheckpoint(const core::Config& config, const std::string& run_dir,
+                                   std::string signature)
+    : resume_(config.get_bool("checkpoint.resume")),
+      path_(state_path(run_dir)),
+      signature_(std::move(signature)),
+      seal_key_(core::read_seal_key(config.get_string("checkpoint.hmac_key_file"), run_dir)) {}
+
+void ServerCheckpoint::resume(RoundRunner& runner) const {
+  if (resume_ && load_server_state(path_, runner, signature_, seal_key_))
+    std::fprintf(stderr, "krab: resumed %s after round %lld\n", path_.c_str(),
+                 static_cast<long long>(runner.rounds_done()));
+}
+
+void ServerCheckpoint::save(RoundRunner& runner) const {
+  save_server_state(path_, runner, signature_, seal_key_);
 }
 
 }  // namespace krab::federated

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "core/config.h"
 #include "federated/rounds.h"
 
 namespace krab::federated {
@@ -30,6 +31,23 @@ void save_server_state(const std::string& path, RoundRunner& runner, const std::
 // Loads `path` into `runner`. Returns false (runner untouched) when the file does not exist.
 bool load_server_state(const std::string& path, RoundRunner& runner, const std::string& signature,
                        const std::string& seal_key = "");
+
+// The checkpoint as a run's round loop uses it (fl-sim, fl-server): the file in the run
+// directory, sealed with checkpoint.hmac_key_file's key, for the job's model.
+class ServerCheckpoint {
+ public:
+  // Reads the seal key (core::read_seal_key: InvalidArgument for a bad key file).
+  ServerCheckpoint(const core::Config& config, const std::string& run_dir, std::string signature);
+
+  // With checkpoint.resume, loads the file into `runner` if it exists, and says so on stderr.
+  void resume(RoundRunner& runner) const;
+  // After every round, before the round is reported.
+  void save(RoundRunner& runner) const;
+
+ private:
+  bool resume_;
+  std::string path_, signature_, seal_key_;
+};
 
 // RoundRecord from its to_json() form.
 RoundRecord record_from_json(const nlohmann::json& j);

@@ -8,7 +8,6 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
-#include "core/seal.h"
 #include "core/progress.h"
 #include "data/partition.h"
 #include "data/rng.h"
@@ -93,11 +92,74 @@ class SimClient : public Participant {
   std::unique_ptr<SecureClient> secure_;
 };
 
+
+// federated.partition and its knobs, for `clients` clients.
+data::PartitionSpec partition_spec(const core::Config& config, int64_t clients, uint64_t seed) {
+  data::PartitionSpec ps;
+  ps.kind = config.get_string("federated.partition");
+  ps.clients = clients;
+  ps.alpha = config.get_float("federated.alpha");
+  ps.classes_per_client = config.get_int("federated.classes_per_client");
+  ps.seed = seed;
+  return ps;
+}
+
+// Each client's example indices into the training split. Text has no labels to split by: every
+// example counts as class 0, which only the iid partition accepts.
+std::vector<std::vector<int64_t>> shard(const data::DataSplits& d, const data::PartitionSpec& ps) {
+  KRAB_CHECK_ARG(!d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
+                 "' splits by label; text data needs iid");
+  return data::partition(
+      d.language_model ? torch::zeros({d.train.size()}, torch::kLong) : d.train.targets,
+      d.language_model ? 1 : d.num_classes, ps);
+}
+
+// Byzantine clients: the first round(fraction * n) of a seeded permutation.
+std::vector<bool> pick_byzantine(const core::Config& config, int64_t num_clients, uint64_t seed) {
+  std::mt19937_64 rng(data::derive_seed(seed, 0x62797a));
+  const std::vector<int64_t> order = data::random_permutation(num_clients, rng);
+  const auto attackers = static_cast<int64_t>(
+      std::llround(config.get_float("federated.sim_byzantine_fraction") * num_clients));
+  std::vector<bool> byzantine(num_clients, false);
+  for (int64_t i = 0; i < attackers; ++i) byzantine[order[i]] = true;
+  return byzantine;
+}
+
+// The simulated clients, each on its shard, sharing one trainer (they train one at a time).
+struct Federation {
+  std::vector<std::unique_ptr<SimClient>> clients;
+  std::vector<Participant*> available;
+  nlohmann::json client_examples = nlohmann::json::array();
+  nlohmann::json byzantine_clients = nlohmann::json::array();
+};
+
+Federation make_federation(const core::Config& config, const data::DataSplits& d,
+                           const std::vector<std::vector<int64_t>>& shards, LocalTrainer& trainer,
+                           uint64_t seed) {
+  const auto num_clients = static_cast<int64_t>(shards.size());
+  const std::vector<bool> byzantine = pick_byzantine(config, num_clients, seed);
+  Federation f;
+  char name[32];
+  for (int64_t i = 0; i < num_clients; ++i) {
+    std::snprintf(name, sizeof name, "client-%04lld", static_cast<long long>(i));
+    auto [x, y] = data::gather(d.train, shards[i]);
+    f.clients.push_back(std::make_unique<SimClient>(
+        name, i, data::TensorDataset{x, y}, &trainer, seed,
+        config.get_float("federated.sim_dropout"),
+        byzantine[i] ? config.get_float("federated.sim_attack_scale") : 0.0));
+    f.available.push_back(f.clients.back().get());
+    f.client_examples.push_back(shards[i].size());
+  }
+  for (int64_t i = 0; i < num_clients; ++i)
+    if (byzantine[i]) f.byzantine_clients.push_back(f.clients[i]->id());
+  return f;
+}
+
 }  // namespace
 
 nlohmann::json run_simulation(const core::Config& config, const SimulationOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  FederatedOptions fo = read_options(config);
+  FederatedOptions fo = FederatedOptions::from_config(config);
   torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
   const data::DataSplits d = train::load_data(config);
   const models::ModelSpec spec = train::model_spec(config, d);
@@ -105,65 +167,20 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   const int64_t num_clients = config.get_int("federated.clients");
   KRAB_CHECK_ARG(fo.min_clients <= num_clients, "federated.min_clients (", fo.min_clients,
                  ") is more than federated.clients (", num_clients, ")");
-
-  data::PartitionSpec ps;
-  ps.kind = config.get_string("federated.partition");
-  ps.clients = num_clients;
-  ps.alpha = config.get_float("federated.alpha");
-  ps.classes_per_client = config.get_int("federated.classes_per_client");
-  ps.seed = seed;
-  KRAB_CHECK_ARG(!d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
-                 "' splits by label; text data needs iid");
-  const auto shards = data::partition(
-      d.language_model ? torch::zeros({d.train.size()}, torch::kLong) : d.train.targets,
-      d.language_model ? 1 : d.num_classes, ps);
+  const data::PartitionSpec ps = partition_spec(config, num_clients, seed);
+  const auto shards = shard(d, ps);
 
   torch::manual_seed(seed);
   LocalTrainer trainer(config, spec);
   auto eval_model = models::make_model(spec);
   const std::string signature = train::model_signature(trainer.model());
+  const Federation federation = make_federation(config, d, shards, trainer, seed);
 
-  // Byzantine clients: the first round(fraction * n) of a seeded permutation.
-  std::mt19937_64 rng(data::derive_seed(seed, 0x62797a));
-  const std::vector<int64_t> order = data::random_permutation(num_clients, rng);
-  const auto attackers = static_cast<int64_t>(
-      std::llround(config.get_float("federated.sim_byzantine_fraction") * num_clients));
-  std::vector<bool> byzantine(num_clients, false);
-  for (int64_t i = 0; i < attackers; ++i) byzantine[order[i]] = true;
-
-  std::vector<std::unique_ptr<SimClient>> clients;
-  std::vector<Participant*> available;
-  nlohmann::json sizes = nlohmann::json::array();
-  char name[32];
-  for (int64_t i = 0; i < num_clients; ++i) {
-    std::snprintf(name, sizeof name, "client-%04lld", static_cast<long long>(i));
-    clients.push_back(std::make_unique<SimClient>(
-        name, i,
-        [&] {
-          auto [x, y] = data::gather(d.train, shards[i]);
-          return data::TensorDataset{x, y};
-        }(),
-        &trainer, seed, config.get_float("federated.sim_dropout"),
-        byzantine[i] ? config.get_float("federated.sim_attack_scale") : 0.0));
-    available.push_back(clients.back().get());
-    sizes.push_back(shards[i].size());
-  }
-
-  RoundRunner::Evaluator evaluate;
-  if (d.test && d.test->size() > 0)
-    evaluate = [&](const at::Tensor& global) {
-      load_flat_parameters(*eval_model, global);
-      return accuracy(*eval_model, *d.test);
-    };
-  RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false, evaluate);
-
+  RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false,
+                     held_out_evaluator(*eval_model, d));
   const std::string run_dir = train::run_directory(config);
-  const std::string state = state_path(run_dir);
-  const std::string seal_key =
-      core::read_seal_key(config.get_string("checkpoint.hmac_key_file"), run_dir);
-  if (config.get_bool("checkpoint.resume") && load_server_state(state, runner, signature, seal_key))
-    std::fprintf(stderr, "krab: resumed %s after round %lld\n", state.c_str(),
-                 static_cast<long long>(runner.rounds_done()));
+  const ServerCheckpoint checkpoint(config, run_dir, signature);
+  checkpoint.resume(runner);
 
   std::fprintf(stderr,
                "krab: fl-sim — %lld clients (%s), %lld rounds of %s/%s, model %s (%lld "
@@ -172,11 +189,11 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
                static_cast<long long>(fo.rounds), fo.strategy.c_str(), fo.aggregator.c_str(),
                spec.name.c_str(), static_cast<long long>(trainer.num_parameters()),
                fo.secure ? ", secure aggregation" : "",
-               fo.dp != "none" ? (", dp " + fo.dp).c_str() : "");
+               fo.dp != DpMode::kNone ? str_cat(", dp ", dp_mode_name(fo.dp)).c_str() : "");
   RoundLog progress("fl-sim", fo.rounds, options.show_progress, /*log_dropped=*/false);
   while (runner.rounds_done() < fo.rounds) {
-    const RoundRecord rec = runner.run_round(available);
-    save_server_state(state, runner, signature, seal_key);  // durable before it is reported
+    const RoundRecord rec = runner.run_round(federation.available);
+    checkpoint.save(runner);  // durable before it is reported
     progress.record(rec);
   }
   progress.finish();
@@ -188,15 +205,12 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["mode"] = "fl-sim";
   report["clients"] = num_clients;
   report["partition"] = ps.kind;
-  report["client_examples"] = sizes;
-  nlohmann::json attackers_json = nlohmann::json::array();
-  for (int64_t i = 0; i < num_clients; ++i)
-    if (byzantine[i]) attackers_json.push_back(clients[i]->id());
-  report["byzantine_clients"] = attackers_json;
+  report["client_examples"] = federation.client_examples;
+  report["byzantine_clients"] = federation.byzantine_clients;
   report["strategy"] = fo.strategy;
   report["aggregator"] = fo.aggregator;
   report["secure_aggregation"] = fo.secure;
-  report["dp"] = fo.dp;
+  report["dp"] = dp_mode_name(fo.dp);
   report["model"] = spec.name;
   report["parameters"] = trainer.num_parameters();
   add_history(report, runner);

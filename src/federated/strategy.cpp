@@ -2,6 +2,8 @@
 // client sampling and the FedProx term.
 #include "federated/strategy.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>

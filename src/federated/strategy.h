@@ -34,7 +34,7 @@
 // independent.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
@@ -75,6 +75,10 @@ class Strategy {
   // round trip through torch::save/load) and throws InvalidArgument on missing keys.
   virtual std::map<std::string, at::Tensor> state() const { return {}; }
   virtual void load_state(const std::map<std::string, at::Tensor>& state) {}
+
+  // The mu clients use in their proximal term (fedprox_penalty below), sent with each round's
+  // fit instruction; 0 (no term) for every strategy but FedProx.
+  virtual double client_proximal_mu() const { return 0; }
 };
 
 struct StrategyOptions {
@@ -108,6 +112,7 @@ class FedProx : public FedAvg {
   FedProx(double mu, double server_lr = 1.0);
   std::string name() const override { return "fedprox"; }
   double mu() const { return mu_; }
+  double client_proximal_mu() const override { return mu_; }
 
  private:
   double mu_;

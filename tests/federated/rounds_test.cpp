@@ -213,7 +213,7 @@ TEST(Rounds, CentralDpClipsAddsNoiseOfSigmaCAndCountsEpsilon) {
   for (int i = 0; i < 4; ++i)
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::full({n}, 0.01f * (i + 1)), 5));
   FederatedOptions o = all_clients();
-  o.dp = "central";
+  o.dp = DpMode::kCentral;
   o.dp_clip = 2.0;
   o.dp_noise_multiplier = 1.5;
   o.fraction = 1.0;
@@ -241,7 +241,7 @@ TEST(Rounds, CentralDpChargesTheRateItSampledAt) {
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::full({4}, 0.1f), 5));
   FederatedOptions o = all_clients(5);
   o.fraction = 0.1;
-  o.dp = "central";
+  o.dp = DpMode::kCentral;
   o.dp_noise_multiplier = 1.0;
   RoundRunner run(o, torch::zeros({4}), false);
   const RoundRecord r1 = run.run_round(ptrs(c));
@@ -268,7 +268,7 @@ TEST(Rounds, CentralDpCohortsArePoissonAndTheDenominatorIsTheExpectedSize) {
                                            torch::full({dim}, 1.f / std::sqrt(float(dim))), 5));
   FederatedOptions o = all_clients(1);
   o.fraction = 0.5;
-  o.dp = "central";
+  o.dp = DpMode::kCentral;
   o.dp_clip = 1.0;
   o.dp_noise_multiplier = 0.05;
   std::set<size_t> sizes;
@@ -296,7 +296,7 @@ TEST(Rounds, FailedDpRoundsAreChargedAndReported) {
   for (int i = 0; i < 3; ++i)
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1, /*fail_at=*/0));
   FederatedOptions o = all_clients(2);
-  o.dp = "local";
+  o.dp = DpMode::kLocal;
   o.dp_noise_multiplier = 2.0;
   RoundRunner run(o, torch::zeros({4}), false);
   const RoundRecord rec = run.run_round(ptrs(c));
@@ -318,7 +318,7 @@ TEST(Rounds, DpCohortsCannotBePredictedFromTheSeed) {
   for (const char* dp : {"none", "local", "central"}) {
     FederatedOptions o = all_clients(2);
     o.fraction = 0.25;
-    o.dp = dp;
+    o.dp = parse_dp_mode(dp);
     o.seed = 7;
     RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
     int same = 0;
@@ -336,7 +336,7 @@ TEST(Rounds, LocalDpChargesTheMostAskedClientAtRateOne) {
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1));
   FederatedOptions o = all_clients(1);
   o.fraction = 0.5;
-  o.dp = "local";
+  o.dp = DpMode::kLocal;
   o.dp_noise_multiplier = 3.0;
   RoundRunner run(o, torch::zeros({4}), false);
   std::map<std::string, int64_t> asked;
@@ -356,7 +356,7 @@ TEST(Rounds, ANoiseMultiplierWithNoFiniteEpsilonIsRefusedByKey) {
     c.set("federated.dp", "central");
     c.set("federated.dp_noise_multiplier", sigma);
     try {
-      read_options(c);
+      FederatedOptions::from_config(c);
       ADD_FAILURE() << sigma << " accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("federated.dp_noise_multiplier"), std::string::npos)
@@ -372,7 +372,7 @@ TEST(Rounds, ResumeReplaysTheBudgetAndRefusesNonPrivateHistory) {
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({4}), 1));
   FederatedOptions o = all_clients(3);
   o.fraction = 0.2;
-  o.dp = "central";
+  o.dp = DpMode::kCentral;
   RoundRunner a(o, torch::zeros({4}), false);
   a.run_round(ptrs(c));
   a.run_round(ptrs(c));
@@ -392,7 +392,7 @@ TEST(Rounds, RobustAggregatorWithSecureAggregationIsRefused) {
   c.set("federated.secure_aggregation", "true");
   c.set("federated.aggregator", "median");
   try {
-    read_options(c);
+    FederatedOptions::from_config(c);
     FAIL() << "accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("federated.aggregator 'median'"), std::string::npos);
