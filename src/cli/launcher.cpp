@@ -7,7 +7,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/errors.h"
 
@@ -106,131 +109,186 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
   return p;
 }
 
+namespace {
+
+// A process this launcher owns: one of node 0's parameter servers (sync.mode async) or a
+// local worker.
+struct Child {
+  pid_t pid = -1;  // -1 once it has exited
+  std::string name;  // "rank 3", "parameter server 0"
+  bool server = false;
+};
+
+// Variables spawn_and_supervise sets for each child itself: the launcher's own values (it may
+// run under torchrun, say) must not reach the children.
+bool set_per_child(const std::string& k) {
+  return k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "LOCAL_WORLD_SIZE" ||
+         k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "KRAB_WORKER" || k == "KRAB_PS_SHARD" ||
+         k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET";
+}
+
+// The environment of a child: the launcher's, plan.worker_env where the launcher's does not
+// set them, and the torchrun-style variables naming its place in the job (launcher.h).
+std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, int shard,
+                                           int rank, int local) {
+  std::vector<std::string> envs;
+  for (auto& [k, v] : current_environment())
+    if (!set_per_child(k)) envs.push_back(k + "=" + v);
+  for (auto& [k, v] : plan.worker_env)
+    if (!std::getenv(k.c_str())) envs.push_back(k + "=" + v);
+  envs.push_back("KRAB_WORKER=1");
+  if (server) envs.push_back("KRAB_PS_SHARD=" + std::to_string(shard));
+  envs.push_back("RANK=" + std::to_string(rank));
+  envs.push_back("LOCAL_RANK=" + std::to_string(local));
+  envs.push_back("WORLD_SIZE=" + std::to_string(plan.world_size));
+  envs.push_back("LOCAL_WORLD_SIZE=" + std::to_string(plan.nproc_per_node));
+  envs.push_back("MASTER_ADDR=" + plan.rendezvous.host);
+  if (plan.rendezvous.port > 0)
+    envs.push_back("MASTER_PORT=" + std::to_string(plan.rendezvous.port));
+  if (!plan.rendezvous.file.empty()) envs.push_back("KRAB_STORE_FILE=" + plan.rendezvous.file);
+  // The environment, not the command line: /proc/PID/environ is readable by this user only.
+  if (!plan.rendezvous.secret.empty())
+    envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
+  return envs;
+}
+
+// Forks and runs this binary with `argv` and `envs`; the child dies with `launcher`, whatever
+// kills it.
+pid_t start_child(const std::vector<std::string>& argv, const std::vector<std::string>& envs,
+                  const std::string& name, pid_t launcher) {
+  std::vector<char*> cargv, cenv;
+  for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
+  cenv.push_back(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) throw Error(str_cat("cannot fork ", name, ": ", std::strerror(errno)));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(1);
+    ::execve("/proc/self/exe", cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Node 0's parameter servers first, then the local workers. A SIGTERM or Ctrl-C while
+// spawning stops the spawning: supervise() stops the ones already started.
+std::vector<Child> start_children(const LaunchPlan& plan, const std::vector<std::string>& argv) {
+  const pid_t launcher = ::getpid();
+  std::vector<Child> children;
+  const int servers = plan.node_rank == 0 ? plan.servers : 0;
+  for (int i = 0; i < servers + plan.nproc_per_node; ++i) {
+    if (g_signal) break;
+    const bool server = i < servers;
+    const int local = server ? 0 : i - servers;
+    const int rank = plan.node_rank * plan.nproc_per_node + local;
+    const std::string name = server ? str_cat("parameter server ", i) : str_cat("rank ", rank);
+    const pid_t pid =
+        start_child(argv, child_environment(plan, server, i, rank, local), name, launcher);
+    children.push_back({pid, name, server});
+  }
+  return children;
+}
+
+// The exit code a child's wait status stands for, and how to say it.
+std::pair<int, std::string> describe_exit(int status) {
+  if (WIFEXITED(status))
+    return {WEXITSTATUS(status), str_cat("exited with code ", WEXITSTATUS(status))};
+  if (WIFSIGNALED(status))
+    return {1, str_cat("was killed by signal ", WTERMSIG(status), " (",
+                       strsignal(WTERMSIG(status)), ")")};
+  return {0, ""};
+}
+
+// Watches the children until every one has exited. The first that fails (or a signal to the
+// launcher) stops the others: SIGTERM, then SIGKILL once the grace period has passed.
+class Supervisor {
+ public:
+  Supervisor(const LaunchPlan& plan, std::vector<Child> children, double grace_seconds)
+      : plan_(plan),
+        children_(std::move(children)),
+        grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000))),
+        alive_(static_cast<int>(children_.size())) {}
+
+  // The launcher's exit code: 0, the first failure's (2 for bad input, else 1), or 130.
+  int run() {
+    while (alive_ > 0) {
+      int status = 0;
+      const pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        on_exit(pid, status);
+        continue;
+      }
+      if (g_signal && !stopping_) {
+        std::fprintf(stderr, "krab: interrupted; stopping %d process(es)\n", alive_);
+        stop(130, std::chrono::seconds(3));
+      }
+      if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return result_;
+  }
+
+ private:
+  void on_exit(pid_t pid, int status) {
+    Child* child = nullptr;
+    for (Child& c : children_)
+      if (c.pid == pid) child = &c;
+    if (!child) return;
+    child->pid = -1;
+    --alive_;
+    const auto [code, how] = describe_exit(status);
+    if (code != 0 && !stopping_ && plan_.tolerate_worker_loss && !child->server && code != 2 &&
+        ++workers_lost_ < plan_.world_size) {
+      // Parameter-server training goes on without it (the servers count it out).
+      std::fprintf(stderr, "krab: %s %s; training goes on without it\n", child->name.c_str(),
+                   how.c_str());
+      return;
+    }
+    if (code != 0 && !stopping_) {
+      std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n",
+                   child->name.c_str(), how.c_str(), alive_);
+      stop(code == 2 ? 2 : 1, grace_);
+    }
+  }
+
+  void stop(int result, std::chrono::steady_clock::duration grace) {
+    result_ = result;
+    stopping_ = true;
+    stop_deadline_ = std::chrono::steady_clock::now() + grace;
+    signal_all(SIGTERM);
+  }
+
+  void signal_all(int sig) {
+    for (const Child& c : children_)
+      if (c.pid > 0) ::kill(c.pid, sig);
+  }
+
+  const LaunchPlan& plan_;
+  std::vector<Child> children_;
+  const std::chrono::steady_clock::duration grace_;
+  int alive_;
+  int result_ = 0;
+  int workers_lost_ = 0;
+  bool stopping_ = false;
+  std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace
+
 int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& argv,
                         double grace_seconds) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
-
-  const pid_t launcher = ::getpid();
-  // The processes this launcher owns: node 0's parameter servers (sync.mode async) first,
-  // then the local workers.
-  struct Child {
-    pid_t pid = -1;
-    std::string name;  // "rank 3", "parameter server 0"
-    bool server = false;
-  };
-  std::vector<Child> children;
-  const int servers = plan.node_rank == 0 ? plan.servers : 0;
-  for (int i = 0; i < servers + plan.nproc_per_node; ++i) {
-    // A SIGTERM or Ctrl-C while spawning stops the spawning: the loop below stops the ones
-    // already started.
-    if (g_signal) break;
-    const bool server = i < servers;
-    const int local = server ? 0 : i - servers;
-    const int rank = plan.node_rank * plan.nproc_per_node + local;
-    std::vector<std::string> envs;
-    for (auto& [k, v] : current_environment())
-      if (k != "RANK" && k != "WORLD_SIZE" && k != "LOCAL_RANK" && k != "LOCAL_WORLD_SIZE" &&
-          k != "MASTER_ADDR" && k != "MASTER_PORT" && k != "KRAB_WORKER" && k != "KRAB_PS_SHARD" &&
-          k != "KRAB_STORE_FILE" && k != "KRAB_JOB_SECRET")
-        envs.push_back(k + "=" + v);
-    for (auto& [k, v] : plan.worker_env)
-      if (!std::getenv(k.c_str())) envs.push_back(k + "=" + v);
-    envs.push_back("KRAB_WORKER=1");
-    if (server) envs.push_back("KRAB_PS_SHARD=" + std::to_string(i));
-    envs.push_back("RANK=" + std::to_string(rank));
-    envs.push_back("LOCAL_RANK=" + std::to_string(local));
-    envs.push_back("WORLD_SIZE=" + std::to_string(plan.world_size));
-    envs.push_back("LOCAL_WORLD_SIZE=" + std::to_string(plan.nproc_per_node));
-    envs.push_back("MASTER_ADDR=" + plan.rendezvous.host);
-    if (plan.rendezvous.port > 0)
-      envs.push_back("MASTER_PORT=" + std::to_string(plan.rendezvous.port));
-    if (!plan.rendezvous.file.empty()) envs.push_back("KRAB_STORE_FILE=" + plan.rendezvous.file);
-    // The environment, not the command line: /proc/PID/environ is readable by this user only.
-    if (!plan.rendezvous.secret.empty())
-      envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
-    std::vector<char*> cargv, cenv;
-    for (auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    for (auto& e : envs) cenv.push_back(const_cast<char*>(e.c_str()));
-    cenv.push_back(nullptr);
-    const std::string name =
-        server ? str_cat("parameter server ", i) : str_cat("rank ", rank);
-    pid_t pid = ::fork();
-    if (pid < 0) throw Error(str_cat("cannot fork ", name, ": ", std::strerror(errno)));
-    if (pid == 0) {
-      // Child: die with the launcher, whatever kills it.
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != launcher) ::_exit(1);
-      ::execve("/proc/self/exe", cargv.data(), cenv.data());
-      ::_exit(127);
-    }
-    children.push_back({pid, name, server});
-  }
-
-  int result = 0;
-  int alive = static_cast<int>(children.size());
-  if (alive == 0 && g_signal) {
+  std::vector<Child> children = start_children(plan, argv);
+  if (children.empty() && g_signal) {
     std::fprintf(stderr, "krab: interrupted before any process was started\n");
     return 130;
   }
-  int workers_lost = 0;
-  bool stopping = false;
-  auto stop_deadline = std::chrono::steady_clock::now();
-  auto stop_all = [&](int sig) {
-    for (const Child& c : children)
-      if (c.pid > 0) ::kill(c.pid, sig);
-  };
-  while (alive > 0) {
-    int status = 0;
-    pid_t pid = ::waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      Child* child = nullptr;
-      for (Child& c : children)
-        if (c.pid == pid) child = &c;
-      if (!child) continue;
-      child->pid = -1;
-      --alive;
-      int code = 0;
-      std::string how;
-      if (WIFEXITED(status)) {
-        code = WEXITSTATUS(status);
-        how = str_cat("exited with code ", code);
-      } else if (WIFSIGNALED(status)) {
-        code = 1;
-        how = str_cat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)), ")");
-      }
-      if (code != 0 && !stopping && plan.tolerate_worker_loss && !child->server && code != 2 &&
-          ++workers_lost < plan.world_size) {
-        // Parameter-server training goes on without it (the servers count it out).
-        std::fprintf(stderr, "krab: %s %s; training goes on without it\n", child->name.c_str(),
-                     how.c_str());
-        continue;
-      }
-      if (code != 0 && !stopping) {
-        std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n",
-                     child->name.c_str(), how.c_str(), alive);
-        result = code == 2 ? 2 : 1;
-        stopping = true;
-        stop_deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000));
-        stop_all(SIGTERM);
-      }
-      continue;
-    }
-    if (g_signal && !stopping) {
-      std::fprintf(stderr, "krab: interrupted; stopping %d process(es)\n", alive);
-      result = 130;
-      stopping = true;
-      stop_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-      stop_all(SIGTERM);
-    }
-    if (stopping && std::chrono::steady_clock::now() > stop_deadline) stop_all(SIGKILL);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return result;
+  return Supervisor(plan, std::move(children), grace_seconds).run();
 }
 
 }  // namespace krab::cli

@@ -15,11 +15,16 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
@@ -113,6 +118,24 @@ struct TrainArgs {
   cli::LaunchFlags launch;
 };
 
+// The job keys the command line itself acts on, read once, as the job is loaded.
+struct JobKeys {
+  bool async = false;  // sync.mode async: parameter servers, started by krab's own launcher
+  bool mpi = false;    // comm.backend mpi: started by mpirun, not by krab's launcher
+  int servers = 0;     // sync.servers: parameter servers on node 0 (async)
+  std::chrono::milliseconds timeout{0};  // comm.timeout_s: rendezvous and store calls
+};
+
+JobKeys read_job_keys(const core::Config& config) {
+  JobKeys keys;
+  keys.async = config.get_string("sync.mode") == "async";
+  keys.mpi = config.get_string("comm.backend") == "mpi";
+  keys.servers = static_cast<int>(config.get_int("sync.servers"));
+  keys.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
+  return keys;
+}
+
 // Every training step allocates and frees the same activation and gradient buffers, several MB
 // each. glibc serves those with mmap and gives them back with munmap, so each step pays page
 // faults and page clearing again (measured: 18% of a CNN worker's time in the kernel, 10% with
@@ -128,8 +151,8 @@ void keep_freed_memory() {
 // Everything the launcher can check before it spawns a process: the job (data, model,
 // checkpoint), the outputs rank 0 will write, and room for the workers in memory.
 void check_before_spawning(const TrainArgs& args, const core::Config& config,
-                           const cli::LaunchPlan& plan) {
-  KRAB_CHECK_ARG(config.get_string("comm.backend") != "mpi",
+                           const JobKeys& keys, const cli::LaunchPlan& plan) {
+  KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
   const train::PreflightInfo info = train::preflight(config, plan.world_size);
@@ -141,9 +164,7 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config,
   const std::string workers_key =
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
-  const int servers = plan.node_rank == 0 && config.get_string("sync.mode") == "async"
-                          ? static_cast<int>(config.get_int("sync.servers"))
-                          : 0;
+  const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
   cli::check_memory(plan.nproc_per_node + servers,
                     cli::estimate_worker_memory(info.data_bytes, info.parameters),
                     cli::available_memory_bytes(), workers_key);
@@ -197,7 +218,7 @@ void say_where_outputs_are(const TrainArgs& args, const core::Config& config, in
 // The job secret (comm/store.h): --job-secret-file's or KRAB_JOB_SECRET's, the same on every
 // node; on one node without either, 32 random bytes. Several nodes without one: sync.mode
 // async refuses (its parameter servers listen on the network), sync warns.
-std::string job_secret(const TrainArgs& args, const core::Config& config) {
+std::string job_secret(const TrainArgs& args, const JobKeys& keys) {
   std::string secret;
   const char* env = std::getenv("KRAB_JOB_SECRET");
   if (!args.launch.job_secret_file.empty()) {
@@ -216,7 +237,7 @@ std::string job_secret(const TrainArgs& args, const core::Config& config) {
     for (unsigned char b : bytes) secret += {kHex[b >> 4], kHex[b & 15]};
     return secret;
   } else {
-    KRAB_CHECK_ARG(config.get_string("sync.mode") != "async",
+    KRAB_CHECK_ARG(!keys.async,
                    "sync.mode 'async' on several nodes needs a job secret, the same on every "
                    "node: --job-secret-file FILE or KRAB_JOB_SECRET (e.g. `openssl rand -hex "
                    "32`); the parameter servers refuse calls without it");
@@ -250,41 +271,48 @@ struct PrivateDir {
   }
 };
 
-int run_launcher(const TrainArgs& args, const core::Config& config, const cli::LaunchPlan& plan,
-                 const std::vector<std::string>& argv) {
-  check_before_spawning(args, config, plan);
-  cli::LaunchPlan p = plan;
-  // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
-  // per core by default) would make W workers on few cores fight for them. It reads its
-  // limit from the environment once, at load, so the launcher sets it for the workers.
-  const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
-  p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
-  if (config.get_string("sync.mode") == "async") {
-    p.servers = static_cast<int>(config.get_int("sync.servers"));
-    p.tolerate_worker_loss = true;
-  }
-  p.rendezvous.secret = job_secret(args, config);
-  std::unique_ptr<PrivateDir> store_dir;
-  std::unique_ptr<comm::StoreServer> server;
-  const auto timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000));
+// The rendezvous store this launcher hosts, if any. One node: a FileStore in a private
+// directory (`store_dir`), as torch 1.13's TCPStore would listen on every interface
+// (comm/store.h). Several nodes: node 0 hosts a TCPStore at --rdzv. Updates p.rendezvous to
+// what the workers must reach.
+std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const JobKeys& keys,
+                                                   cli::LaunchPlan& p,
+                                                   std::unique_ptr<PrivateDir>& store_dir) {
   if (args.launch.nnodes == 1) {
-    // On no network: torch 1.13's TCPStore would listen on every interface (comm/store.h).
     if (!args.launch.rdzv.empty())
       std::fprintf(stderr, "krab: note: --rdzv %s is not used on one node: the rendezvous is a "
                    "private file (README \"Running across machines safely\")\n",
                    args.launch.rdzv.c_str());
     store_dir = std::make_unique<PrivateDir>();
     p.rendezvous = {"127.0.0.1", 0, store_dir->path + "/store", p.rendezvous.secret};
-    server = std::make_unique<comm::StoreServer>(p.rendezvous);
-  } else if (p.host_store) {
-    server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port, timeout,
-                                                 p.rendezvous.secret);
-    p.rendezvous.port = server->port();
+    return std::make_unique<comm::StoreServer>(p.rendezvous);
   }
+  if (!p.host_store) return nullptr;
+  auto server = std::make_unique<comm::StoreServer>(p.rendezvous.host, p.rendezvous.port,
+                                                    keys.timeout, p.rendezvous.secret);
+  p.rendezvous.port = server->port();
+  return server;
+}
+
+int run_launcher(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
+                 const cli::LaunchPlan& plan, const std::vector<std::string>& argv) {
+  check_before_spawning(args, config, keys, plan);
+  cli::LaunchPlan p = plan;
+  // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
+  // per core by default) would make W workers on few cores fight for them. It reads its
+  // limit from the environment once, at load, so the launcher sets it for the workers.
+  const std::string threads = std::to_string(config.get_int("train.threads_per_worker"));
+  p.worker_env = {{"OPENBLAS_NUM_THREADS", threads}, {"OMP_NUM_THREADS", threads}};
+  if (keys.async) {
+    p.servers = keys.servers;
+    p.tolerate_worker_loss = true;
+  }
+  p.rendezvous.secret = job_secret(args, keys);
+  std::unique_ptr<PrivateDir> store_dir;
+  const std::unique_ptr<comm::StoreServer> server = host_rendezvous(args, keys, p, store_dir);
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
-    node0 = agree_with_other_nodes(args, config, p, server.get(), timeout);
+    node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);
   std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
                args.job.c_str(), p.world_size,
                args.launch.nnodes > 1
@@ -297,58 +325,69 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const cli::L
   return code;
 }
 
+void say_test_accuracy(const nlohmann::json& report) {
+  std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
+               report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
+               train::describe_samples_per_sec(report).c_str());
+}
+
+comm::WorldInfo world_of(const cli::LaunchPlan& plan) {
+  comm::WorldInfo world;
+  world.rank = plan.rank;
+  world.size = plan.world_size;
+  world.rendezvous = plan.rendezvous;
+  return world;
+}
+
+// sync.mode async: this process is one of node 0's parameter servers (KRAB_PS_SHARD) or a
+// worker, started by krab's own launcher.
+int run_async_process(const core::Config& config, const cli::LaunchPlan& plan,
+                      const std::map<std::string, std::string>& env,
+                      const train::WorkerOptions& options) {
+  KRAB_CHECK_ARG(env.count("KRAB_WORKER") > 0,
+                 "sync.mode 'async' needs krab's own launcher (it starts the parameter "
+                 "servers): run `krab train JOB.yaml`, with --nnodes/--node-rank/--rdzv for "
+                 "several machines");
+  train::check_async_options(config);
+  if (plan.ps_shard >= 0) {
+    auto report =
+        train::run_param_server(config, plan.ps_shard, plan.rendezvous, plan.world_size, options);
+    if (plan.ps_shard == 0 && report.contains("test_accuracy")) say_test_accuracy(report);
+    return 0;
+  }
+  train::run_async_worker(config, world_of(plan), options);
+  return 0;
+}
+
+// A worker of a synchronous job, started by krab's launcher or another one (torchrun,
+// mpirun, Slurm); under another launcher, rank 0 hosts the store.
+int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::LaunchPlan& plan,
+                    const train::WorkerOptions& options) {
+  std::unique_ptr<comm::StoreServer> server;
+  comm::WorldInfo world = world_of(plan);
+  world.iface = config.get_string("comm.iface");
+  if (plan.host_store && !keys.mpi)
+    server = std::make_unique<comm::StoreServer>(plan.rendezvous.host, plan.rendezvous.port,
+                                                 keys.timeout, plan.rendezvous.secret);
+  auto report = train::run_worker(config, world, options);
+  if (plan.rank == 0 && report.contains("test_accuracy")) say_test_accuracy(report);
+  return 0;
+}
+
 int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   core::Config config = core::Config::load_file(args.job, args.sets);
   const auto env = cli::current_environment();
   const cli::LaunchPlan plan =
       cli::plan_launch(args.launch, static_cast<int>(config.get_int("parallel.workers")), env);
-  const bool mpi = config.get_string("comm.backend") == "mpi";
-  if (plan.role == cli::Role::kLauncher) return run_launcher(args, config, plan, argv);
+  const JobKeys keys = read_job_keys(config);
+  if (plan.role == cli::Role::kLauncher) return run_launcher(args, config, keys, plan, argv);
 
   // Worker (or parameter server).
   keep_freed_memory();
-  const bool async = config.get_string("sync.mode") == "async";
   train::WorkerOptions options;
   options.report_path = args.report;
-  if (async) {
-    KRAB_CHECK_ARG(env.count("KRAB_WORKER") > 0,
-                   "sync.mode 'async' needs krab's own launcher (it starts the parameter "
-                   "servers): run `krab train JOB.yaml`, with --nnodes/--node-rank/--rdzv for "
-                   "several machines");
-    train::check_async_options(config);
-    if (plan.ps_shard >= 0) {
-      auto report =
-          train::run_param_server(config, plan.ps_shard, plan.rendezvous, plan.world_size, options);
-      if (plan.ps_shard == 0 && report.contains("test_accuracy"))
-        std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
-                     report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
-                     train::describe_samples_per_sec(report).c_str());
-      return 0;
-    }
-    comm::WorldInfo world;
-    world.rank = plan.rank;
-    world.size = plan.world_size;
-    world.rendezvous = plan.rendezvous;
-    train::run_async_worker(config, world, options);
-    return 0;
-  }
-  std::unique_ptr<comm::StoreServer> server;
-  comm::WorldInfo world;
-  world.rank = plan.rank;
-  world.size = plan.world_size;
-  world.rendezvous = plan.rendezvous;
-  world.iface = config.get_string("comm.iface");
-  if (plan.host_store && !mpi)
-    server = std::make_unique<comm::StoreServer>(
-        plan.rendezvous.host, plan.rendezvous.port,
-        std::chrono::milliseconds(static_cast<int64_t>(config.get_float("comm.timeout_s") * 1000)),
-        plan.rendezvous.secret);
-  auto report = train::run_worker(config, world, options);
-  if (plan.rank == 0 && report.contains("test_accuracy"))
-    std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
-                 report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
-                 train::describe_samples_per_sec(report).c_str());
-  return 0;
+  if (keys.async) return run_async_process(config, plan, env, options);
+  return run_sync_worker(config, keys, plan, options);
 }
 
 // Edit distance, for "did you mean".
@@ -447,12 +486,21 @@ std::string g_who = "krab";
   std::_Exit(1);
 }
 
-}  // namespace
+// What the command line holds once parsed: each command's arguments, and which command ran.
+struct Commands {
+  TrainArgs train;
+  SimArgs sim;
+  ServerArgs server;
+  federated::ClientRunOptions client;
+  EpsilonArgs epsilon;
+  CLI::App* fl_sim = nullptr;
+  CLI::App* fl_server = nullptr;
+  CLI::App* fl_client = nullptr;
+  CLI::App* config_doc = nullptr;
+  CLI::App* privacy_epsilon = nullptr;
+};
 
-int main(int argc, char** argv) {
-  CLI::App app{"krab — distributed training of neural networks"};
-  app.require_subcommand(1);
-  TrainArgs args;
+void add_train_command(CLI::App& app, TrainArgs& args) {
   auto* train = app.add_subcommand("train", "Train the model a job file describes");
   train->add_option("job", args.job, "Job file (YAML); see docs/config.md")->required();
   train->add_option("--set", args.sets, "Override a key: --set train.steps=100 (repeatable)");
@@ -469,7 +517,9 @@ int main(int argc, char** argv) {
   train->add_option("--job-secret-file", args.launch.job_secret_file,
                     "File holding the job secret, the same on every node (or KRAB_JOB_SECRET); "
                     "see README 'Running across machines safely'");
-  SimArgs sim;
+}
+
+CLI::App* add_fl_sim_command(CLI::App& app, SimArgs& sim) {
   auto* fl_sim = app.add_subcommand(
       "fl-sim", "Federated learning simulated in one process: server and clients on one machine");
   fl_sim->add_option("job", sim.job, "Federated job file (YAML); see docs/config.md")->required();
@@ -477,7 +527,10 @@ int main(int argc, char** argv) {
       ->check(kAtLeastOne);
   fl_sim->add_option("--set", sim.sets, "Override a key: --set federated.rounds=5 (repeatable)");
   fl_sim->add_option("--report", sim.report, "Write a JSON report of the run to FILE");
-  ServerArgs srv;
+  return fl_sim;
+}
+
+CLI::App* add_fl_server_command(CLI::App& app, ServerArgs& srv) {
   auto* fl_server = app.add_subcommand(
       "fl-server", "Federated server: waits for clients, runs rounds, writes the global model");
   fl_server->add_option("job", srv.job, "Federated job file (YAML); see docs/config.md")
@@ -486,7 +539,10 @@ int main(int argc, char** argv) {
   fl_server->add_option("--report", srv.report, "Write a JSON report of the run to FILE");
   fl_server->add_option("--port-file", srv.port_file,
                         "Write the port it listens on to FILE (with federated.address HOST:0)");
-  federated::ClientRunOptions cli_opts;
+  return fl_server;
+}
+
+CLI::App* add_fl_client_command(CLI::App& app, federated::ClientRunOptions& cli_opts) {
   auto* fl_client = app.add_subcommand(
       "fl-client", "Federated client: trains on local data, sends back only model updates");
   fl_client->add_option("--server", cli_opts.server, "Server HOST:PORT")->required();
@@ -518,8 +574,11 @@ int main(int argc, char** argv) {
   fl_client->add_option("--retry-s", cli_opts.retry_s,
                         "Keep retrying an unreachable server this long (default 60)");
   fl_client->add_option("--threads", cli_opts.threads, "Intra-op threads (default 1)");
-  auto* config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
-  EpsilonArgs eps;
+  return fl_client;
+}
+
+// `krab privacy epsilon`; returns the `epsilon` subcommand.
+CLI::App* add_privacy_command(CLI::App& app, EpsilonArgs& eps) {
   auto* privacy = app.add_subcommand("privacy", "Differential-privacy tools");
   privacy->require_subcommand(1);
   auto* epsilon = privacy->add_subcommand(
@@ -533,16 +592,61 @@ int main(int argc, char** argv) {
   epsilon->add_option("--conversion", eps.conversion,
                       "RDP to (epsilon, delta): balle2020 (default; Opacus, dp_accounting) or "
                       "mironov2017 (TF Privacy before 2020)");
+  return epsilon;
+}
 
-  // A worker names its rank in every error line, whoever launched it (krab, torchrun,
-  // mpirun, Slurm).
+// Every command, in the order `krab --help` lists them.
+void add_commands(CLI::App& app, Commands& c) {
+  app.require_subcommand(1);
+  add_train_command(app, c.train);
+  c.fl_sim = add_fl_sim_command(app, c.sim);
+  c.fl_server = add_fl_server_command(app, c.server);
+  c.fl_client = add_fl_client_command(app, c.client);
+  c.config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
+  c.privacy_epsilon = add_privacy_command(app, c.epsilon);
+}
+
+// A worker names its rank in every error line, whoever launched it (krab, torchrun,
+// mpirun, Slurm).
+std::string error_prefix() {
   const char* rank = nullptr;
   for (const char* var : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
     if (rank == nullptr) rank = std::getenv(var);
   const bool worker = std::getenv("KRAB_WORKER") != nullptr || rank != nullptr;
-  const std::string who =
-      worker ? str_cat("krab[rank ", rank ? rank : "?", "]") : std::string("krab");
-  g_who = who;
+  return worker ? str_cat("krab[rank ", rank ? rank : "?", "]") : std::string("krab");
+}
+
+// Runs the command `c` holds, once parsed; `train` when no other was given.
+int run_command(const Commands& c, int argc, char** argv) {
+  if (c.privacy_epsilon->parsed()) return run_epsilon(c.epsilon);
+  if (c.fl_server->parsed()) {
+    keep_freed_memory();
+    return run_fl_server(c.server);
+  }
+  if (c.fl_client->parsed()) {
+    keep_freed_memory();
+    federated::run_fl_client(c.client);
+    return 0;
+  }
+  if (c.fl_sim->parsed()) {
+    keep_freed_memory();
+    return run_fl_sim(c.sim);
+  }
+  if (c.config_doc->parsed()) {
+    std::cout << krab::core::render_markdown();
+    return 0;
+  }
+  std::vector<std::string> pass(argv, argv + argc);
+  return run_train(c.train, pass);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"krab — distributed training of neural networks"};
+  Commands commands;
+  add_commands(app, commands);
+  g_who = error_prefix();
   std::set_terminate(on_terminate);
   quiet_library_logs();
   if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
@@ -556,34 +660,15 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
   try {
-    if (epsilon->parsed()) return run_epsilon(eps);
-    if (fl_server->parsed()) {
-      keep_freed_memory();
-      return run_fl_server(srv);
-    }
-    if (fl_client->parsed()) {
-      keep_freed_memory();
-      federated::run_fl_client(cli_opts);
-      return 0;
-    }
-    if (fl_sim->parsed()) {
-      keep_freed_memory();
-      return run_fl_sim(sim);
-    }
-    if (config_doc->parsed()) {
-      std::cout << krab::core::render_markdown();
-      return 0;
-    }
-    std::vector<std::string> pass(argv, argv + argc);
-    return run_train(args, pass);
+    return run_command(commands, argc, argv);
   } catch (const krab::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what());
     return e.exit_code();
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what_without_backtrace());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what_without_backtrace());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", who.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what());
     return 1;
   }
 }
