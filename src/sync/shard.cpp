@@ -153,89 +153,110 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   me.status = WorkerState::Status::kRunning;  // also counts a silent worker back in
 
   if (s.grad != nullptr) {
-    KRAB_CHECK_ARG(s.grad_numel == numel(), "worker ", w, " pushed ", s.grad_numel,
-                   " gradient values; this shard holds ", numel());
-    KRAB_CHECK_ARG(s.clock == me.clock + 1, "worker ", w, " pushed clock ", s.clock,
-                   " after clock ", me.clock, " (a step was lost or repeated)");
-    const at::Tensor g = torch::from_blob(const_cast<float*>(s.grad), {s.grad_numel});
-    const int64_t step_index = s.clock - 1;
-    if (opt_.max_staleness == 0) {
-      if (step_index == version_) {
-        round_sum_.add_(g);
-        ++round_count_;
-      } else {
-        ++dropped_;  // its round was applied while the worker was counted out
-      }
-    } else {
-      // The version comes off the wire: one this shard never had is refused, not subtracted
-      // (INT64_MIN would overflow the difference).
-      KRAB_CHECK_ARG(s.base_version >= 0 && s.base_version <= version_, "worker ", w,
-                     " pushed a gradient of version ", s.base_version, "; this shard is at ",
-                     version_);
-      const int64_t staleness = version_ - s.base_version;
-      staleness_sum_ += staleness;
-      max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
-      // The first step says nothing about speeds: every worker pulled at once at the start.
-      if (pushes_at_pull_[w] >= 0 && s.clock > 1) {
-        const double seen = static_cast<double>(pushes_ - pushes_at_pull_[w]);
-        // Slow enough that equal workers' jitter (2, 3 or 4 pushes between steps at W = 4)
-        // does not flip the rounded count; a change of pace shows within ~10 steps.
-        others_per_step_[w] =
-            others_per_step_[w] < 0 ? seen : 0.9 * others_per_step_[w] + 0.1 * seen;
-      }
-      if (predicted_[w] >= 0) {
-        const int64_t miss = std::abs(staleness - predicted_[w]);
-        me.predicted_exactly += miss == 0 ? 1 : 0;
-        ++me.predictions;
-        prediction_error_sum_ += miss;
-      }
-      const double weight = opt_.staleness_damping ? 1.0 / (1.0 + staleness) : 1.0;
-      if (opt_.aggregate == 1) {
-        apply_locked(g, weight / opt_.workers, pushes_ / opt_.workers);
-      } else {
-        round_sum_.add_(g, weight);
-        if (++round_count_ == opt_.aggregate) apply_group_locked(pushes_ + 1);
-      }
-    }
-    ++pushes_;
-    t_last_push_ = Clock::now();
-    if (pushes_ == opt_.warmup_pushes) t_warm_ = t_last_push_;
-    me.clock = s.clock;
-    maybe_apply_round_locked();
-    if (budget_reached_locked() && round_count_ > 0) {
-      // The work is done mid-round or mid-group (a worker was counted out, or the job's
-      // gradients are not a multiple of K): apply what arrived.
-      if (opt_.max_staleness == 0) {
-        apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
-        round_sum_.zero_();
-        round_count_ = 0;
-      } else {
-        apply_group_locked(pushes_);
-      }
-    }
-    cv_.notify_all();
+    push_locked(s);
   } else {
     KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock,
                    " at clock ", me.clock);
   }
-
   if (s.leave) {
-    me.status = WorkerState::Status::kFinished;
-    if (s.summary) me.summary = *s.summary;
-    if (!any_finished_) {
-      any_finished_ = true;
-      for (auto& v : workers_) v.clock_when_first_finished = v.clock;
-    }
-    maybe_apply_round_locked();
-    cv_.notify_all();
+    leave_locked(s);
     return {version_, {}};
   }
-
   while (!budget_reached_locked() && !ready_locked(me.clock, w)) {
     if (cancelled && cancelled()) throw Error(str_cat("worker ", w, "'s call was cancelled"));
     cv_.wait_for(lock, std::chrono::milliseconds(50));
     count_out_silent_locked(Clock::now());
   }
+  return pull_locked(s);
+}
+
+void ShardState::push_locked(const Step& s) {
+  const int w = s.worker;
+  WorkerState& me = workers_[w];
+  KRAB_CHECK_ARG(s.grad_numel == numel(), "worker ", w, " pushed ", s.grad_numel,
+                 " gradient values; this shard holds ", numel());
+  KRAB_CHECK_ARG(s.clock == me.clock + 1, "worker ", w, " pushed clock ", s.clock,
+                 " after clock ", me.clock, " (a step was lost or repeated)");
+  const at::Tensor g = torch::from_blob(const_cast<float*>(s.grad), {s.grad_numel});
+  const int64_t step_index = s.clock - 1;
+  if (opt_.max_staleness == 0) {
+    if (step_index == version_) {
+      round_sum_.add_(g);
+      ++round_count_;
+    } else {
+      ++dropped_;  // its round was applied while the worker was counted out
+    }
+  } else {
+    push_stale_locked(s, g);
+  }
+  ++pushes_;
+  t_last_push_ = Clock::now();
+  if (pushes_ == opt_.warmup_pushes) t_warm_ = t_last_push_;
+  me.clock = s.clock;
+  maybe_apply_round_locked();
+  if (budget_reached_locked() && round_count_ > 0) {
+    // The work is done mid-round or mid-group (a worker was counted out, or the job's
+    // gradients are not a multiple of K): apply what arrived.
+    if (opt_.max_staleness == 0) {
+      apply_locked(round_sum_ / static_cast<double>(round_count_), 1.0, version_);
+      round_sum_.zero_();
+      round_count_ = 0;
+    } else {
+      apply_group_locked(pushes_);
+    }
+  }
+  cv_.notify_all();
+}
+
+void ShardState::push_stale_locked(const Step& s, const at::Tensor& g) {
+  const int w = s.worker;
+  WorkerState& me = workers_[w];
+  // The version comes off the wire: one this shard never had is refused, not subtracted
+  // (INT64_MIN would overflow the difference).
+  KRAB_CHECK_ARG(s.base_version >= 0 && s.base_version <= version_, "worker ", w,
+                 " pushed a gradient of version ", s.base_version, "; this shard is at ",
+                 version_);
+  const int64_t staleness = version_ - s.base_version;
+  staleness_sum_ += staleness;
+  max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
+  // The first step says nothing about speeds: every worker pulled at once at the start.
+  if (pushes_at_pull_[w] >= 0 && s.clock > 1) {
+    const double seen = static_cast<double>(pushes_ - pushes_at_pull_[w]);
+    // Slow enough that equal workers' jitter (2, 3 or 4 pushes between steps at W = 4)
+    // does not flip the rounded count; a change of pace shows within ~10 steps.
+    others_per_step_[w] =
+        others_per_step_[w] < 0 ? seen : 0.9 * others_per_step_[w] + 0.1 * seen;
+  }
+  if (predicted_[w] >= 0) {
+    const int64_t miss = std::abs(staleness - predicted_[w]);
+    me.predicted_exactly += miss == 0 ? 1 : 0;
+    ++me.predictions;
+    prediction_error_sum_ += miss;
+  }
+  const double weight = opt_.staleness_damping ? 1.0 / (1.0 + staleness) : 1.0;
+  if (opt_.aggregate == 1) {
+    apply_locked(g, weight / opt_.workers, pushes_ / opt_.workers);
+  } else {
+    round_sum_.add_(g, weight);
+    if (++round_count_ == opt_.aggregate) apply_group_locked(pushes_ + 1);
+  }
+}
+
+void ShardState::leave_locked(const Step& s) {
+  WorkerState& me = workers_[s.worker];
+  me.status = WorkerState::Status::kFinished;
+  if (s.summary) me.summary = *s.summary;
+  if (!any_finished_) {
+    any_finished_ = true;
+    for (auto& v : workers_) v.clock_when_first_finished = v.clock;
+  }
+  maybe_apply_round_locked();
+  cv_.notify_all();
+}
+
+ShardState::Reply ShardState::pull_locked(const Step& s) {
+  const int w = s.worker;
+  const WorkerState& me = workers_[w];
   Reply r;
   r.version = version_;
   r.stop = budget_reached_locked();

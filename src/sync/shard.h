@@ -181,6 +181,13 @@ class ShardState {
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
   int64_t predicted_staleness_locked(int worker) const;
   bool live(int w) const;
+  // The parts of step(), in order, with mu_ held. push_locked checks and takes in the
+  // gradient (push_stale_locked: s != 0, where it is applied or grouped as it arrives);
+  // leave_locked marks the worker finished; pull_locked answers with the values.
+  void push_locked(const Step& s);
+  void push_stale_locked(const Step& s, const at::Tensor& grad);
+  void leave_locked(const Step& s);
+  Reply pull_locked(const Step& s);
 
   ShardOptions opt_;
   mutable std::mutex mu_;

@@ -41,6 +41,51 @@ at::Tensor grad_of(int w, int64_t k) {
 
 std::string local(int port) { return "127.0.0.1:" + std::to_string(port); }
 
+// SGD with momentum on the two workers' averaged gradients: the parameters before each of the
+// K steps, then after the last.
+std::vector<at::Tensor> sgd_on_the_average(const at::Tensor& x0, int K) {
+  at::Tensor ref = x0.clone().set_requires_grad(true);
+  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::vector<at::Tensor> expected{x0.clone()};
+  for (int k = 0; k < K; ++k) {
+    ref.mutable_grad() = (grad_of(0, k) + grad_of(1, k)) / 2;
+    opt.step();
+    expected.push_back(ref.detach().clone());
+  }
+  return expected;
+}
+
+// What one worker saw of the servers.
+struct WorkerRun {
+  std::vector<at::Tensor> seen;  // the parameters it computed each step from
+  std::vector<int64_t> tickets;
+  uint64_t sent = 0, received = 0;
+  std::string failure;  // what it threw, if anything
+};
+
+// Worker w's K steps through PsClient; it leaves with a summary on its last push.
+void run_ps_worker(const std::vector<std::string>& addresses, int w, int K, WorkerRun& out) {
+  try {
+    PsClient client(addresses, w, kNumel, 20000ms);
+    at::Tensor params = at::empty({kNumel}, at::kFloat);
+    out.tickets.push_back(client.pull(params).ticket);
+    out.seen.push_back(params.clone());
+    for (int k = 0; k < K - 1; ++k) {
+      out.tickets.push_back(client.push_pull(grad_of(w, k), params).ticket);
+      out.seen.push_back(params.clone());
+    }
+    WorkerSummary summary;
+    summary.steps = K;
+    summary.final_loss = 0.25 * (w + 1);
+    summary.evals.push_back({K, 1.5, 0.75});
+    client.push_and_leave(grad_of(w, K - 1), summary);
+    out.sent = client.bytes_sent();
+    out.received = client.bytes_received();
+  } catch (const std::exception& e) {
+    out.failure = e.what();
+  }
+}
+
 TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
   const int W = 2, K = 5;
   const at::Tensor x0 = torch::linspace(-2, 2, kNumel);
@@ -53,52 +98,22 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
     addresses.push_back(local(servers.back()->port()));
   }
 
-  at::Tensor ref = x0.clone().set_requires_grad(true);
-  torch::optim::SGD opt({ref}, torch::optim::SGDOptions(0.05).momentum(0.9));
-  std::vector<at::Tensor> expected{x0.clone()};
-  for (int k = 0; k < K; ++k) {
-    ref.mutable_grad() = (grad_of(0, k) + grad_of(1, k)) / 2;
-    opt.step();
-    expected.push_back(ref.detach().clone());
-  }
+  const std::vector<at::Tensor> expected = sgd_on_the_average(x0, K);
 
-  std::vector<uint64_t> sent(W), received(W);
-  std::vector<std::vector<at::Tensor>> seen(W);
-  std::vector<std::vector<int64_t>> tickets(W);
-  std::vector<std::string> failures(W);
+  std::vector<WorkerRun> runs(W);
   std::vector<std::thread> workers;
   for (int w = 0; w < W; ++w)
-    workers.emplace_back([&, w] {
-      try {
-        PsClient client(addresses, w, kNumel, 20000ms);
-        at::Tensor params = at::empty({kNumel}, at::kFloat);
-        tickets[w].push_back(client.pull(params).ticket);
-        seen[w].push_back(params.clone());
-        for (int k = 0; k < K - 1; ++k) {
-          tickets[w].push_back(client.push_pull(grad_of(w, k), params).ticket);
-          seen[w].push_back(params.clone());
-        }
-        WorkerSummary summary;
-        summary.steps = K;
-        summary.final_loss = 0.25 * (w + 1);
-        summary.evals.push_back({K, 1.5, 0.75});
-        client.push_and_leave(grad_of(w, K - 1), summary);
-        sent[w] = client.bytes_sent();
-        received[w] = client.bytes_received();
-      } catch (const std::exception& e) {
-        failures[w] = e.what();
-      }
-    });
+    workers.emplace_back([&, w] { run_ps_worker(addresses, w, K, runs[w]); });
   for (auto& t : workers) t.join();
-  for (int w = 0; w < W; ++w) ASSERT_EQ(failures[w], "") << "worker " << w;
+  for (int w = 0; w < W; ++w) ASSERT_EQ(runs[w].failure, "") << "worker " << w;
 
   for (int w = 0; w < W; ++w)
     for (int k = 0; k < K; ++k)
-      EXPECT_TRUE(torch::allclose(seen[w][k], expected[k], 1e-6, 1e-6))
+      EXPECT_TRUE(torch::allclose(runs[w].seen[k], expected[k], 1e-6, 1e-6))
           << "worker " << w << " step " << k;
   // Server 0 hands out the data: step k's tickets are k*W .. k*W + W - 1, one per worker.
   for (int k = 0; k < K; ++k) {
-    std::vector<int64_t> got{tickets[0][k], tickets[1][k]};
+    std::vector<int64_t> got{runs[0].tickets[k], runs[1].tickets[k]};
     std::sort(got.begin(), got.end());
     EXPECT_EQ(got, (std::vector<int64_t>{k * W, k * W + 1})) << "step " << k;
   }
@@ -115,8 +130,8 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
     server_sent += f.bytes_sent;
   }
   EXPECT_TRUE(torch::allclose(final_model, expected[K], 1e-6, 1e-6));
-  EXPECT_EQ(server_received, sent[0] + sent[1]);
-  EXPECT_EQ(server_sent, received[0] + received[1]);
+  EXPECT_EQ(server_received, runs[0].sent + runs[1].sent);
+  EXPECT_EQ(server_sent, runs[0].received + runs[1].received);
   // At least the gradients up and the parameters down: 4 bytes per value each way per step.
   EXPECT_GE(server_received, static_cast<uint64_t>(W * K * kNumel * 4));
   EXPECT_GE(server_sent, static_cast<uint64_t>(W * K * kNumel * 4));
