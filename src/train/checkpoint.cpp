@@ -77,6 +77,114 @@ std::string first_signature_difference(const std::string& saved, const std::stri
   return "the parameters match but the model name differs";
 }
 
+// Checks the frame around the payload (magic, format version, length, CRC-32) and returns
+// the payload's length; the payload follows the kHeaderBytes header.
+uint64_t check_frame(const std::string& bytes, const std::string& source) {
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
+    throw CorruptData(str_cat("checkpoint '", source, "' is not a krab checkpoint (bad header)"));
+  const auto version = get<uint32_t>(bytes, 8);
+  if (version != kVersion)
+    throw CorruptData(str_cat("checkpoint '", source, "' has format version ", version,
+                              "; this krab reads version ", kVersion));
+  const auto length = get<uint64_t>(bytes, 12);
+  const auto want_crc = get<uint32_t>(bytes, 20);
+  if (bytes.size() - kHeaderBytes != length)
+    throw CorruptData(str_cat("checkpoint '", source, "' is truncated or padded: header says ",
+                              length, " payload bytes, file has ", bytes.size() - kHeaderBytes));
+  if (crc(bytes.data() + kHeaderBytes, length) != want_crc)
+    throw CorruptData(str_cat("checkpoint '", source, "' failed its CRC-32 check (corrupt)"));
+  return length;
+}
+
+// Runs `read`, which reads from an archive whose bytes passed their CRC: they are what some
+// writer wrote, but not necessarily krab, so any read can meet a missing entry or the wrong
+// type, which LibTorch reports as c10::Error (or, for an unknown pickled class, TorchScript's
+// ErrorReport). That is a corrupt file, not a bug; say so, naming it. krab's own errors pass.
+template <typename Read>
+void reading_archive(const std::string& source, Read&& read) {
+  const auto corrupt = [&source](const char* why) {
+    return CorruptData(str_cat("checkpoint '", source, "' is not a valid krab checkpoint: ",
+                               core::printable(why)));
+  };
+  try {
+    read();
+  } catch (const Error&) {
+    throw;
+  } catch (const c10::Error& e) {
+    throw corrupt(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw corrupt(e.what());
+  }
+}
+
+CheckpointMeta read_meta(torch::serialize::InputArchive& archive, const std::string& source) {
+  CheckpointMeta meta;
+  reading_archive(source, [&] {
+    c10::IValue v;
+    archive.read("meta.step", v);
+    meta.step = v.toInt();
+    archive.read("meta.model_name", v);
+    meta.model_name = v.toStringRef();
+    archive.read("meta.signature", v);
+    meta.signature = v.toStringRef();
+    archive.read("meta.global_batch", v);
+    meta.global_batch = v.toInt();
+    archive.read("meta.seed", v);
+    meta.seed = v.toInt();
+  });
+  return meta;
+}
+
+// A checkpoint resumes only the job it was written for: the same model and global batch.
+void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
+                     const std::string& source) {
+  if (meta.model_name != expect.model_name || meta.signature != expect.signature)
+    throw InvalidArgument(
+        str_cat("checkpoint '", source, "' was written for ",
+                meta.model_name == expect.model_name
+                    ? str_cat("a different '", core::printable(meta.model_name), "' model")
+                    : str_cat("model '", core::printable(meta.model_name), "', not this job's '",
+                              expect.model_name, "'"),
+                ": ", core::printable(first_signature_difference(meta.signature, expect.signature)),
+                " (model.* keys must match to resume)"));
+  if (meta.global_batch != expect.global_batch)
+    throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
+                                  meta.global_batch, "; this job's global batch is ",
+                                  expect.global_batch, " (workers x data.batch_size x "
+                                  "train.grad_accum must match to resume)"));
+}
+
+// Restores parameters, buffers, optimizer state and the CPU generator from `archive`.
+void restore_state(torch::serialize::InputArchive& archive, const std::string& source,
+                   torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+  // Every tensor is read and checked before any is copied, so a checkpoint whose tensors
+  // contradict its signature leaves the model as it was. Copy into the existing tensors:
+  // Module::load() swaps their storage with set_(), which the optimizer and DataParallel
+  // (holding the same parameters) must not be exposed to.
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, saved)
+  const auto take = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
+    at::Tensor t;
+    archive.read(key, t, is_buffer);
+    if (!t.defined() || t.sizes() != dest.sizes() || t.scalar_type() != dest.scalar_type())
+      throw CorruptData(str_cat("checkpoint '", source, "': '", key, "' does not match the ",
+                                "model's tensor ", dest.sizes(), " ", dest.scalar_type()));
+    copies.emplace_back(dest, t);
+  };
+  for (auto& item : module.named_parameters()) take("param." + item.key(), item.value(), false);
+  for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value(), true);
+  torch::serialize::InputArchive optim_archive;
+  archive.read("optimizer", optim_archive);
+  at::Tensor rng;
+  archive.read("rng", rng, /*is_buffer=*/true);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& [dest, saved] : copies) dest.copy_(saved);
+  }
+  optimizer.load(optim_archive);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng);
+}
+
 }  // namespace
 
 std::string model_signature(const torch::nn::Module& module) {
@@ -120,103 +228,16 @@ std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& mod
 CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& source,
                                  const CheckpointMeta& expect, torch::nn::Module& module,
                                  torch::optim::Optimizer& optimizer) {
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
-    throw CorruptData(str_cat("checkpoint '", source, "' is not a krab checkpoint (bad header)"));
-  const auto version = get<uint32_t>(bytes, 8);
-  if (version != kVersion)
-    throw CorruptData(str_cat("checkpoint '", source, "' has format version ", version,
-                              "; this krab reads version ", kVersion));
-  const auto length = get<uint64_t>(bytes, 12);
-  const auto want_crc = get<uint32_t>(bytes, 20);
-  if (bytes.size() - kHeaderBytes != length)
-    throw CorruptData(str_cat("checkpoint '", source, "' is truncated or padded: header says ",
-                              length, " payload bytes, file has ", bytes.size() - kHeaderBytes));
-  if (crc(bytes.data() + kHeaderBytes, length) != want_crc)
-    throw CorruptData(str_cat("checkpoint '", source, "' failed its CRC-32 check (corrupt)"));
-
+  const uint64_t length = check_frame(bytes, source);
   torch::serialize::InputArchive archive;
   try {
     archive.load_from(bytes.data() + kHeaderBytes, length);
   } catch (const std::exception& e) {
     throw CorruptData(str_cat("checkpoint '", source, "' cannot be parsed"));
   }
-  // From here on the bytes passed their CRC, so they are what some writer wrote, but not
-  // necessarily krab: every read below can meet a missing entry or the wrong type, which
-  // LibTorch reports as c10::Error (or, for an unknown pickled class, TorchScript's
-  // ErrorReport). That is a corrupt file, not a bug; say so, naming it.
-  const auto corrupt = [&source](const char* why) {
-    return CorruptData(str_cat("checkpoint '", source, "' is not a valid krab checkpoint: ",
-                               core::printable(why)));
-  };
-  CheckpointMeta meta;
-  try {
-    c10::IValue v;
-    archive.read("meta.step", v);
-    meta.step = v.toInt();
-    archive.read("meta.model_name", v);
-    meta.model_name = v.toStringRef();
-    archive.read("meta.signature", v);
-    meta.signature = v.toStringRef();
-    archive.read("meta.global_batch", v);
-    meta.global_batch = v.toInt();
-    archive.read("meta.seed", v);
-    meta.seed = v.toInt();
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw corrupt(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw corrupt(e.what());
-  }
-
-  if (meta.model_name != expect.model_name || meta.signature != expect.signature)
-    throw InvalidArgument(
-        str_cat("checkpoint '", source, "' was written for ",
-                meta.model_name == expect.model_name
-                    ? str_cat("a different '", core::printable(meta.model_name), "' model")
-                    : str_cat("model '", core::printable(meta.model_name), "', not this job's '",
-                              expect.model_name, "'"),
-                ": ", core::printable(first_signature_difference(meta.signature, expect.signature)),
-                " (model.* keys must match to resume)"));
-  if (meta.global_batch != expect.global_batch)
-    throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
-                                  meta.global_batch, "; this job's global batch is ",
-                                  expect.global_batch, " (workers x data.batch_size x "
-                                  "train.grad_accum must match to resume)"));
-  try {
-    // Every tensor is read and checked before any is copied, so a checkpoint whose tensors
-    // contradict its signature leaves the model as it was. Copy into the existing tensors:
-    // Module::load() swaps their storage with set_(), which the optimizer and DataParallel
-    // (holding the same parameters) must not be exposed to.
-    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, saved)
-    const auto take = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
-      at::Tensor t;
-      archive.read(key, t, is_buffer);
-      if (!t.defined() || t.sizes() != dest.sizes() || t.scalar_type() != dest.scalar_type())
-        throw CorruptData(str_cat("checkpoint '", source, "': '", key, "' does not match the ",
-                                  "model's tensor ", dest.sizes(), " ", dest.scalar_type()));
-      copies.emplace_back(dest, t);
-    };
-    for (auto& item : module.named_parameters()) take("param." + item.key(), item.value(), false);
-    for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value(), true);
-    torch::serialize::InputArchive optim_archive;
-    archive.read("optimizer", optim_archive);
-    at::Tensor rng;
-    archive.read("rng", rng, /*is_buffer=*/true);
-    {
-      torch::NoGradGuard no_grad;
-      for (auto& [dest, saved] : copies) dest.copy_(saved);
-    }
-    optimizer.load(optim_archive);
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    gen.set_state(rng);
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw corrupt(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw corrupt(e.what());
-  }
+  const CheckpointMeta meta = read_meta(archive, source);
+  check_resumable(meta, expect, source);
+  reading_archive(source, [&] { restore_state(archive, source, module, optimizer); });
   return meta;
 }
 
