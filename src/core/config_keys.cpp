@@ -1,9 +1,12 @@
 // The registry of every krab configuration key, and the renderer for docs/config.md.
 //
-// To add a knob: add one line below (in the section where a reader of docs/config.md would look
-// for it), regenerate docs/config.md (see the header render_markdown() writes), and read the
-// value with Config::get_*. Nothing else needs to know about it. Keys shared by several
-// models or datasets say in their doc which one uses them.
+// To add a knob: add one entry to build_registry() below, in the section where a reader of
+// docs/config.md would look for it (a new section also needs a line in kSections); regenerate
+// docs/config.md with `KRAB_REGENERATE_DOCS=1 build/bin/core_config_test
+// --gtest_filter='*Docs*'` (core_config_test fails while the checked-in file differs); and read
+// the value with Config::get_*. Every node of a job must then agree on it, unless it is listed
+// in per_node_keys() (cli/job_agreement.cpp). Keys shared by several models or datasets say in
+// their doc which one uses them.
 #include <algorithm>
 #include <charconv>
 #include <iterator>
