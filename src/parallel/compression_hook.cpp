@@ -134,19 +134,26 @@ comm::WorkPtr CompressionHook::start_round(comm::Communicator& comm, const compr
   const at::Tensor& velocity = state_[ctx.stream].velocity_large;
   if (e.positions.defined() && velocity.defined()) velocity.index_fill_(0, e.positions, 0.0f);
 
-  const Aggregation how = compressor_->aggregation();
-  at::Tensor payload = e.payload, combined = payload;
+  at::Tensor combined;  // what decode() (kReencode: reencode()) will read
   comm::WorkPtr first;
-  if (how == Aggregation::kSum) {
-    first = comm.allreduce(payload, comm::ReduceOp::kAvg);
-  } else {
-    combined = torch::empty({(how == Aggregation::kGather ? ctx.world : 1) * payload.numel()},
-                            payload.options());
-    first = how == Aggregation::kGather ? comm.allgather(payload, combined)
-                                        : comm.alltoall(payload, combined);
+  switch (compressor_->aggregation()) {
+    case Aggregation::kSum:
+      combined = e.payload;  // averaged in place
+      first = comm.allreduce(combined, comm::ReduceOp::kAvg);
+      break;
+    case Aggregation::kGather:
+      combined = torch::empty({ctx.world * e.payload.numel()}, e.payload.options());
+      first = comm.allgather(e.payload, combined);
+      break;
+    case Aggregation::kReencode:  // piece j of the payload to rank j
+      combined = torch::empty_like(e.payload);
+      first = comm.alltoall(e.payload, combined);
+      break;
   }
+  // The payload is held until the collective is done, whatever the backend keeps of it.
   return std::make_shared<ThenWork>(
-      std::vector<comm::WorkPtr>{first}, [this, &comm, ctx, round, x, combined]() mutable {
+      std::vector<comm::WorkPtr>{first},
+      [this, &comm, ctx, round, x, combined, payload = e.payload]() mutable {
         torch::NoGradGuard guard;
         if (compressor_->aggregation() == Aggregation::kReencode) {
           // `combined` holds every rank's piece for this rank: re-encode, then gather the
