@@ -92,8 +92,9 @@ TEST_P(EveryKind, WorkersAgreeAndErrorFeedbackKeepsEverything) {
       sum_value[w] = sum_value[w] + value(w, s);
       avg += value(w, s) / kWorkers;
     }
-    if (s == 0)  // no residual yet: the result approximates the average
+    if (s == 0) {  // no residual yet: the result approximates the average
       EXPECT_LT((xs[0] - avg).norm().item<double>(), avg.norm().item<double>()) << GetParam();
+    }
   }
   for (int w = 0; w < kWorkers; ++w)
     EXPECT_TRUE(torch::allclose(sum_sent[w] + cs[w]->residual(0), sum_value[w], 1e-4, 1e-4))
