@@ -150,7 +150,7 @@ std::vector<KeySpec> build_registry() {
                  "Network interface (e.g. `eth0`) or local address Gloo binds to; empty picks "
                  "the address that routes to the rendezvous host."),
       string_key("comm.compression", "none",
-                 "Gradient compression (see compress/hooks.h): `none` (fp32 all-reduce), "
+                 "Gradient compression (see compress/compressor.h): `none` (fp32 all-reduce), "
                  "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
                  "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
                  "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "

@@ -1,20 +1,26 @@
-// Compression hooks on 3 ranks that are threads (loopback Gloo). Independent expectations:
-// the exact fp32 average of the ranks' gradients (each rank can compute every rank's gradient:
-// they are seeded by rank and step), the error-feedback identity, closed-form traffic.
+// Compressors run by DataParallel's CompressionHook (parallel/compression_hook.h) on 3 ranks
+// that are threads (loopback Gloo). Independent expectations: the exact fp32 average of the
+// ranks' gradients (each rank can compute every rank's gradient: they are seeded by rank and
+// step), the error-feedback identity, closed-form traffic.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "compress/hooks.h"
+#include "compress/compressor.h"
 #include "core/errors.h"
+#include "parallel/compression_hook.h"
 #include "support/gloo_ranks.h"
 
 namespace krab::compress {
 namespace {
+
+using parallel::CompressionHook;
+using parallel::make_compression_hook;
 
 constexpr int kRanks = 3;
 
@@ -43,7 +49,7 @@ at::Tensor large_part(const at::Tensor& bucket) {
 
 CompressionOptions options(const std::string& name) {
   CompressionOptions o;
-  o.name = name;
+  o.kind = parse_compressor(name);
   o.ratio = 0.05;
   o.rank = 2;
   o.chunk = 64;
@@ -115,7 +121,7 @@ double rel_error(const at::Tensor& got, const at::Tensor& want) {
 
 TEST(CompressHooks, RotatedOneBitKeepsErrorFeedbackAndRanksAgree) {
   auto o = options("onebit");
-  o.rotation = "hadamard";
+  o.rotation = Rotation::kHadamard;
   const auto runs = run(o, 4);
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_TRUE(torch::allclose(runs[r].sum_sent + runs[r].residual, runs[r].sum_grad, 1e-4, 1e-4))
@@ -170,7 +176,7 @@ TEST(CompressHooks, SparseWithRatioOneIsTheAverage) {
   auto o = options("randomk");
   o.ratio = 1;
   EXPECT_LT(rel_error(run(o, 1)[0].outputs[0], true_average(0)), 1e-6) << "randomk";
-  o.name = "topk";  // values travel as fp16 relative to the block's largest
+  o.kind = CompressorKind::kTopK;  // values travel as fp16 relative to the block's largest
   EXPECT_LT(rel_error(run(o, 1)[0].outputs[0], true_average(0)), 2e-3) << "topk";
 }
 
@@ -307,17 +313,20 @@ TEST(CompressHooks, CodecTrafficIsTheEncodedShareOfARing) {
 }
 
 TEST(CompressHooks, BadOptionsNameTheKey) {
-  auto expect_key = [](CompressionOptions o, const std::string& key) {
+  // Names are checked where they become enums (parse_*), values by validate().
+  auto expect_key_from = [](const std::function<void()>& check, const std::string& key) {
     try {
-      validate(o);
+      check();
       ADD_FAILURE() << "accepted bad " << key;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
     }
   };
-  auto o = options("gzip");
-  expect_key(o, "comm.compression");
-  o = options("topk");
+  auto expect_key = [&](CompressionOptions o, const std::string& key) {
+    expect_key_from([&] { validate(o); }, key);
+  };
+  expect_key_from([] { options("gzip"); }, "comm.compression");
+  auto o = options("topk");
   o.ratio = 0;
   expect_key(o, "comm.ratio");
   o.ratio = 1.5;
@@ -331,14 +340,12 @@ TEST(CompressHooks, BadOptionsNameTheKey) {
   o.momentum = 0;
   o.clip_norm = -1;
   expect_key(o, "comm.clip_norm");
-  o = options("onebit");
-  o.rotation = "fourier";
-  expect_key(o, "comm.rotation");
+  expect_key_from([] { parse_rotation("fourier"); }, "comm.rotation");
   o = options("int8");
-  o.rotation = "hadamard";
+  o.rotation = Rotation::kHadamard;
   expect_key(o, "comm.rotation");
   o = options("onebit");
-  o.rotation = "hadamard";
+  o.rotation = Rotation::kHadamard;
   o.chunk = 96;
   expect_key(o, "comm.chunk");
   EXPECT_EQ(make_compression_hook(options("none")), nullptr);
