@@ -12,6 +12,7 @@ packages=(
   libopenmpi-dev openmpi-bin          # MPI backend
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev  # parameter server + federated RPC
+  sentencepiece                       # SentencePiece tokenizers for text (spm_encode; spm_train makes models)
   libsodium-dev openssl               # secure aggregation (X25519, ChaCha20); TLS certificates in tests
   strace                              # tests: the federated server never opens a client's data
   libgtest-dev libgmock-dev

@@ -64,6 +64,10 @@ std::vector<KeySpec> build_registry() {
       string_key("data.path", "/usr/share/datasets/fashion-mnist",
                  "Dataset directory for `fashion-mnist`, the corpus file for `text`, or the "
                  "`.csv` file for `csv`; unused by `synthetic`."),
+      string_key("data.tokenizer.sentencepiece", "",
+                 "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
+                 "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
+                 "Empty: one token per byte (vocabulary 256)."),
       string_key("data.label_column", "label",
                  "`csv`: the column holding the class (an integer 0, 1, ...); every other "
                  "column is a feature."),

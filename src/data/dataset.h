@@ -82,6 +82,12 @@ DataSplits make_synthetic(int64_t samples, int64_t features, int64_t classes, do
 // the file, its size and the bytes needed).
 DataSplits load_text(const std::string& path, int64_t context, double test_fraction);
 
+// The same with tokens from `tokenizer` (data/tokenizer.h) instead of bytes: windows of
+// context + 1 tokens, num_classes = the tokenizer's vocabulary (what model.gpt takes).
+class Tokenizer;
+DataSplits load_text(const std::string& path, int64_t context, double test_fraction,
+                     const Tokenizer& tokenizer);
+
 // A table of numbers from the CSV file at `path` (credit scoring, sensor readings): a header
 // row naming the columns, then one example per line, comma-separated. The column named
 // `label_column` holds the class, an integer in [0, classes); every other column is a float

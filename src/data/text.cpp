@@ -7,11 +7,10 @@
 
 #include "core/errors.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 
 namespace krab::data {
 namespace {
-
-constexpr int64_t kVocab = 256;  // one token per byte value
 
 std::string read_bytes(const std::string& path) {
   KRAB_CHECK_ARG(std::filesystem::is_regular_file(path), "text file '", path, "' does not exist");
@@ -24,18 +23,19 @@ std::string read_bytes(const std::string& path) {
 
 }  // namespace
 
-DataSplits load_text(const std::string& path, int64_t context, double test_fraction) {
+DataSplits load_text(const std::string& path, int64_t context, double test_fraction,
+                     const Tokenizer& tokenizer) {
   KRAB_CHECK_ARG(context >= 1, "text context must be >= 1, got ", context);
   KRAB_CHECK_ARG(test_fraction >= 0.0 && test_fraction < 1.0,
                  "test fraction must be in [0, 1), got ", test_fraction);
-  const std::string bytes = read_bytes(path);
+  const std::vector<int64_t> tokens = tokenizer.encode(read_bytes(path));
 
-  // Windows of context + 1 bytes: the extra byte is the last position's target, so inputs and
-  // targets of one window are the same bytes shifted by one.
+  // Windows of context + 1 tokens: the extra token is the last position's target, so inputs
+  // and targets of one window are the same tokens shifted by one.
   const int64_t window = context + 1;
-  const int64_t windows = static_cast<int64_t>(bytes.size()) / window;
-  KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", bytes.size(), " bytes; context ",
-                 context, " needs at least ", 2 * window, " (two windows of context + 1 bytes)");
+  const int64_t windows = static_cast<int64_t>(tokens.size()) / window;
+  KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", tokens.size(), " tokens; context ",
+                 context, " needs at least ", 2 * window, " (two windows of context + 1 tokens)");
 
   int64_t n_test = 0;
   if (test_fraction > 0.0) {
@@ -44,10 +44,9 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
   }
   const int64_t n_train = windows - n_test;
 
-  // Bytes are read as unsigned: a char >= 0x80 is a token in [128, 256), not a negative one.
-  at::Tensor all =
-      torch::from_blob(const_cast<char*>(bytes.data()), {windows, window}, torch::kUInt8)
-          .to(torch::kInt64);
+  at::Tensor all = torch::from_blob(const_cast<int64_t*>(tokens.data()), {windows, window},
+                                    torch::kInt64)
+                       .clone();
   at::Tensor inputs = all.narrow(1, 0, context);
   at::Tensor targets = all.narrow(1, 1, context);
 
@@ -59,9 +58,13 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
                                 targets.narrow(0, n_train, n_test).contiguous()};
   }
   splits.input_shape = {context};
-  splits.num_classes = kVocab;
+  splits.num_classes = tokenizer.vocab_size();
   splits.language_model = true;
   return splits;
+}
+
+DataSplits load_text(const std::string& path, int64_t context, double test_fraction) {
+  return load_text(path, context, test_fraction, *byte_tokenizer());
 }
 
 }  // namespace krab::data

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "data/tokenizer.h"
 
 namespace krab::train {
 
@@ -18,9 +19,16 @@ data::DataSplits load_data(const core::Config& c) {
                                 c.get_int("data.synthetic_classes"),
                                 c.get_float("data.test_fraction"),
                                 static_cast<uint64_t>(c.get_int("train.seed")));
+  const std::string& sp_model = c.get_string("data.tokenizer.sentencepiece");
+  KRAB_CHECK_ARG(sp_model.empty() || name == "text", "data.tokenizer.sentencepiece is for "
+                 "data.name 'text', not '", name, "'");
   if (name == "text")
     return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
-                           c.get_float("data.test_fraction"));
+                           c.get_float("data.test_fraction"),
+                           *(sp_model.empty()
+                                 ? data::byte_tokenizer()
+                                 : data::sentencepiece_tokenizer(sp_model,
+                                                                 "data.tokenizer.sentencepiece")));
   if (name == "csv")
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"));

@@ -1,0 +1,119 @@
+// The text source with a SentencePiece tokenizer: tokens are what SentencePiece itself gives
+// for the same lines (Debian's spm_encode run on each line alone), the vocabulary is the model's
+// (spm_export_vocab's lines), and a file that is not a model is refused naming the key and the
+// file. The model is trained here by spm_train.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstdio>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "test_util.h"
+
+namespace krab::data {
+namespace {
+
+// A small corpus: 64 made-up words from 16 syllables, in lines of three, some blank lines.
+std::string corpus() {
+  const char* syllables[] = {"ka", "lo", "mi", "nu", "pe", "ra", "si", "to",
+                             "va", "ze", "bo", "di", "fu", "ga", "hi", "ju"};
+  std::ostringstream out;
+  for (int i = 0; i < 600; ++i) {
+    for (int w = 0; w < 3; ++w) {
+      const int k = (i * 7 + w * 13) % 64;
+      out << syllables[k % 16] << syllables[(k / 4 + w) % 16] << (w < 2 ? " " : " .");
+    }
+    out << (i % 7 == 0 ? "\n\n" : "\n");
+  }
+  return out.str();
+}
+
+class SentencePieceText : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    text_path_ = (dir_.path() / "corpus.txt").string();
+    std::ofstream(text_path_) << corpus();
+    const std::string prefix = (dir_.path() / "sp").string();
+    const std::string cmd = "spm_train --input=" + text_path_ + " --model_prefix=" + prefix +
+                            " --vocab_size=60 --hard_vocab_limit=false --model_type=unigram "
+                            "--num_threads=1 "
+                            "--minloglevel=2 >/dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    model_path_ = prefix + ".model";
+  }
+  testing::TempDir dir_;
+  std::string text_path_, model_path_;
+};
+
+TEST_F(SentencePieceText, TokensAreSentencePiecesOwnLineByLineAndTheVocabularyIsTheModels) {
+  // Each distinct line encoded alone by spm_encode (the corpus repeats a few lines).
+  std::map<std::string, std::vector<int64_t>> encoded;
+  std::vector<int64_t> expected;
+  std::istringstream lines(corpus());
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    if (!encoded.count(line)) {
+      const std::string one = (dir_.path() / "line.txt").string();
+      std::ofstream(one) << line << "\n";
+      const std::string cmd = "spm_encode --model=" + model_path_ + " --output_format=id < " + one;
+      std::FILE* p = popen(cmd.c_str(), "r");
+      ASSERT_NE(p, nullptr);
+      std::vector<int64_t> ids;
+      for (long long id; std::fscanf(p, "%lld", &id) == 1;) ids.push_back(id);
+      ASSERT_EQ(pclose(p), 0);
+      encoded[line] = ids;
+    }
+    expected.insert(expected.end(), encoded[line].begin(), encoded[line].end());
+  }
+  int64_t pieces = 0;
+  {
+    std::FILE* p = popen(("spm_export_vocab --model=" + model_path_).c_str(), "r");
+    for (int ch; (ch = std::fgetc(p)) != EOF;) pieces += ch == '\n';
+    ASSERT_EQ(pclose(p), 0);
+  }
+  const int64_t context = 16;
+  const auto tokenizer = sentencepiece_tokenizer(model_path_, "data.tokenizer.sentencepiece");
+  EXPECT_EQ(tokenizer->vocab_size(), pieces);
+  EXPECT_GE(pieces, 20);
+  EXPECT_LE(pieces, 60);
+  const DataSplits d = load_text(text_path_, context, 0.1, *tokenizer);
+  EXPECT_EQ(d.num_classes, pieces);
+  EXPECT_TRUE(d.language_model);
+  const int64_t windows = static_cast<int64_t>(expected.size()) / (context + 1);
+  ASSERT_TRUE(d.test.has_value());
+  ASSERT_EQ(d.train.size() + d.test->size(), windows);
+  // Window i is tokens [i (context + 1), (i + 1)(context + 1)); inputs drop its last token,
+  // targets its first.
+  for (int64_t i : {int64_t{0}, int64_t{1}, d.train.size() - 1}) {
+    for (int64_t t = 0; t < context; ++t) {
+      ASSERT_EQ(d.train.inputs[i][t].item<int64_t>(), expected[i * (context + 1) + t]);
+      ASSERT_EQ(d.train.targets[i][t].item<int64_t>(), expected[i * (context + 1) + t + 1]);
+    }
+  }
+  // Fewer tokens than bytes: the pieces are longer than one byte.
+  EXPECT_LT(expected.size(), corpus().size() / 2);
+}
+
+TEST_F(SentencePieceText, BytesRemainTheDefault) {
+  const DataSplits d = load_text(text_path_, 16, 0.0);
+  EXPECT_EQ(d.num_classes, 256);
+  EXPECT_EQ(d.train.inputs[0][0].item<int64_t>(), static_cast<unsigned char>(corpus()[0]));
+}
+
+TEST_F(SentencePieceText, AFileThatIsNotAModelIsRefusedNamingTheKeyAndTheFile) {
+  testing::expect_throw_containing<InvalidArgument>(
+      [&] { sentencepiece_tokenizer(text_path_, "data.tokenizer.sentencepiece"); },
+      {"data.tokenizer.sentencepiece", "cannot load SentencePiece model", text_path_});
+  testing::expect_throw_containing<InvalidArgument>(
+      [&] { sentencepiece_tokenizer(text_path_ + ".absent", "data.tokenizer.sentencepiece"); },
+      {"data.tokenizer.sentencepiece", "does not exist"});
+}
+
+}  // namespace
+}  // namespace krab::data
