@@ -156,27 +156,27 @@ WorkPtr Communicator::broadcast(at::Tensor& tensor, int root) {
   return do_broadcast(tensor, root, seq);
 }
 
-WorkPtr Communicator::send(const at::Tensor& tensor, int dst, int tag) {
-  check_tensor(tensor, "send tensor");
-  KRAB_CHECK_ARG(dst >= 0 && dst < size_ && dst != rank_, "send destination ", dst,
+// What send and recv share before the backend: checks and the traffic count.
+void Communicator::enter_point_to_point(OpKind op, const at::Tensor& tensor, int peer, int tag) {
+  const bool sending = op == OpKind::kSend;
+  check_tensor(tensor, sending ? "send tensor" : "recv tensor");
+  KRAB_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_,
+                 sending ? "send destination " : "recv source ", peer,
                  " must be another rank in 0..", size_ - 1);
-  Call call{OpKind::kSend, &tensor};
-  call.peer = dst;
+  Call call{op, &tensor};
+  call.peer = peer;
   call.tag = tag;
   do_check(call);
-  count(call.op, wire_bytes(call.op, tensor.nbytes(), size_));
+  count(op, wire_bytes(op, tensor.nbytes(), size_));
+}
+
+WorkPtr Communicator::send(const at::Tensor& tensor, int dst, int tag) {
+  enter_point_to_point(OpKind::kSend, tensor, dst, tag);
   return do_send(tensor, dst, tag, seq_);
 }
 
 WorkPtr Communicator::recv(at::Tensor& tensor, int src, int tag) {
-  check_tensor(tensor, "recv tensor");
-  KRAB_CHECK_ARG(src >= 0 && src < size_ && src != rank_, "recv source ", src,
-                 " must be another rank in 0..", size_ - 1);
-  Call call{OpKind::kRecv, &tensor};
-  call.peer = src;
-  call.tag = tag;
-  do_check(call);
-  count(call.op, wire_bytes(call.op, tensor.nbytes(), size_));
+  enter_point_to_point(OpKind::kRecv, tensor, src, tag);
   return do_recv(tensor, src, tag, seq_);
 }
 

@@ -183,6 +183,7 @@ class Communicator {
   int64_t begin(const Call& call, uint64_t bytes);
   void check_same_op(const Call& call, int64_t seq);
   void count(OpKind op, uint64_t bytes);
+  void enter_point_to_point(OpKind op, const at::Tensor& tensor, int peer, int tag);
 
   const int rank_;
   const int size_;

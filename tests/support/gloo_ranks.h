@@ -11,8 +11,10 @@
 
 namespace krab::testing {
 
+// Like run_gloo_ranks, but hands each rank's communicator over: fn(rank, unique_ptr), for code
+// that owns its group (the engines).
 template <typename Fn>
-void run_gloo_ranks(int size, Fn fn) {
+void run_gloo_ranks_owned(int size, Fn fn) {
   using namespace std::chrono_literals;
   comm::StoreServer server("127.0.0.1", 0, 20s);
   std::vector<std::thread> threads;
@@ -21,13 +23,17 @@ void run_gloo_ranks(int size, Fn fn) {
       comm::WorldInfo w;
       w.rank = r;
       w.size = size;
-      w.rendezvous = {"127.0.0.1", server.port()};
+      w.rendezvous = comm::Endpoint{"127.0.0.1", server.port(), "", ""};
       comm::Options o;
       o.timeout = 20s;
-      auto c = comm::make_communicator("gloo", w, o);
-      fn(r, *c);
+      fn(r, comm::make_communicator("gloo", w, o));
     });
   for (auto& t : threads) t.join();
+}
+
+template <typename Fn>
+void run_gloo_ranks(int size, Fn fn) {
+  run_gloo_ranks_owned(size, [&fn](int r, std::unique_ptr<comm::Communicator> c) { fn(r, *c); });
 }
 
 }  // namespace krab::testing

@@ -4,38 +4,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <chrono>
-#include <thread>
-
-#include "comm/factory.h"
-#include "comm/store.h"
 #include "core/flat.h"
 #include "models/model.h"
 #include "parallel/dp_engine.h"
 #include "sync/local_sgd.h"
+#include "support/gloo_ranks.h"
 
 namespace krab {
 namespace {
-
-using namespace std::chrono_literals;
-
-// Runs fn(rank, communicator) on `size` thread ranks; the communicator is handed over owned.
-template <typename Fn>
-void run_ranks(int size, Fn fn) {
-  comm::StoreServer server("127.0.0.1", 0, 20s);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      comm::WorldInfo w;
-      w.rank = r;
-      w.size = size;
-      w.rendezvous = {"127.0.0.1", server.port()};
-      comm::Options o;
-      o.timeout = 20s;
-      fn(r, comm::make_communicator("gloo", w, o));
-    });
-  for (auto& t : threads) t.join();
-}
 
 std::shared_ptr<models::Model> small_mlp() {
   models::ModelSpec spec;
@@ -63,7 +39,7 @@ double spread(models::Model& model, comm::Communicator& comm) {
 }
 
 TEST(DataParallelEngine, HandsOutStepsFromTheResumePointAndThisRanksEqualSlice) {
-  run_ranks(3, [](int rank, std::unique_ptr<comm::Communicator> comm) {
+  testing::run_gloo_ranks_owned(3, [](int rank, std::unique_ptr<comm::Communicator> comm) {
     parallel::DataParallelEngineOptions o;
     o.total_steps = 7;
     o.global_micro_batch = 10;
@@ -82,7 +58,7 @@ TEST(DataParallelEngine, HandsOutStepsFromTheResumePointAndThisRanksEqualSlice) 
 }
 
 TEST(AverageModel, GivesEveryRankTheMeanOfParametersAndFloatBuffers) {
-  run_ranks(2, [](int rank, std::unique_ptr<comm::Communicator> comm) {
+  testing::run_gloo_ranks_owned(2, [](int rank, std::unique_ptr<comm::Communicator> comm) {
     torch::manual_seed(100 + rank);  // different replicas
     auto model = small_mlp();
     const at::Tensor mine = core::flatten(model->parameters());
@@ -99,7 +75,7 @@ TEST(AverageModel, GivesEveryRankTheMeanOfParametersAndFloatBuffers) {
 // warm-up 2, period 3, 10 steps: synchronous steps 1-2, local steps after, averages after
 // steps 5 and 8 (every 3 past the warm-up) and 10 (the last) — replicas agree exactly then.
 TEST(LocalSgdEngine, ReplicasAgreeAfterWarmupStepsAndEachAverageOnly) {
-  run_ranks(2, [](int rank, std::unique_ptr<comm::Communicator> comm) {
+  testing::run_gloo_ranks_owned(2, [](int rank, std::unique_ptr<comm::Communicator> comm) {
     torch::manual_seed(7);
     parallel::DataParallelEngineOptions o;
     o.total_steps = 10;
