@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 BUILD_TYPE ?= Release
 
-.PHONY: all setup build demo test clean asan asan-build fuzz tsan sanitize
+.PHONY: all setup build demo test clean asan asan-build fuzz tsan sanitize format format-check
 
 all: build
 
@@ -57,6 +57,13 @@ tsan: setup
 	  ctest --output-on-failure --timeout 900 -L tsan
 
 sanitize: asan tsan
+
+# clang-format 14 over every tracked .cpp/.h (format), or the check CI runs (format-check).
+format: setup
+	bash scripts/format.sh
+
+format-check: setup
+	bash scripts/format.sh --check
 
 clean:
 	rm -rf $(BUILD) build-asan build-tsan

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config
   clang-14 libfuzzer-14-dev           # the ASan + UBSan build is clang's, and fuzzes (docs/fuzzing.md)
   ccache
+  clang-format-14                     # scripts/format.sh (CI checks the formatting)
   libtorch-dev libgloo-dev            # LibTorch 1.13 (CPU) with c10d + Gloo
   libopenblas0-pthread                # switches libblas.so.3 to OpenBLAS: ~30x faster matmul
   libopenmpi-dev openmpi-bin          # MPI backend
