@@ -119,14 +119,19 @@ at::Tensor TorchScriptModel::training_loss(const at::Tensor& inputs, const at::T
   return l.reshape({});
 }
 
+void TorchScriptModel::check_class_shapes(const at::Tensor& outputs,
+                                          const at::Tensor& targets) const {
+  std::vector<int64_t> want = targets.sizes().vec();
+  want.push_back(outputs.dim() > 0 ? outputs.size(-1) : 0);
+  KRAB_CHECK_ARG(outputs.dim() == targets.dim() + 1 && outputs.sizes().vec() == want,
+                 "model.path: '", path_, "': forward(x) returned shape ", shape_of(outputs),
+                 " but train.loss ", loss_, " needs ", shape_of(targets),
+                 " + [classes] for labels of shape ", shape_of(targets));
+}
+
 at::Tensor TorchScriptModel::loss(const at::Tensor& outputs, const at::Tensor& targets) {
   if (loss_ == "cross_entropy" || loss_ == "nll") {
-    std::vector<int64_t> want = targets.sizes().vec();
-    want.push_back(outputs.dim() > 0 ? outputs.size(-1) : 0);
-    KRAB_CHECK_ARG(outputs.dim() == targets.dim() + 1 && outputs.sizes().vec() == want,
-                   "model.path: '", path_, "': forward(x) returned shape ", shape_of(outputs),
-                   " but train.loss ", loss_, " needs ", shape_of(targets),
-                   " + [classes] for labels of shape ", shape_of(targets));
+    check_class_shapes(outputs, targets);
     const at::Tensor flat = outputs.reshape({-1, outputs.size(-1)});
     const at::Tensor labels = targets.reshape({-1}).to(at::kLong);
     return loss_ == "nll" ? F::nll_loss(flat, labels) : F::cross_entropy(flat, labels);
@@ -157,13 +162,15 @@ void TorchScriptModel::check_fits(const at::Tensor& inputs, const at::Tensor& ta
     return;
   }
   const at::Tensor outputs = forward(inputs);
+  if (loss_ == "cross_entropy" || loss_ == "nll") {
+    check_class_shapes(outputs, targets);  // before the range: C is outputs' last dimension
+    const int64_t classes = outputs.size(-1);
+    const int64_t lo = all_targets.min().item<int64_t>(), hi = all_targets.max().item<int64_t>();
+    KRAB_CHECK_ARG(lo >= 0 && hi < classes, "model.path: '", path_, "': forward(x) gives ",
+                   classes, " classes but the data's labels go from ", lo, " to ", hi,
+                   " (train.loss ", loss_, " needs labels in [0, ", classes, "))");
+  }
   loss(outputs, targets);  // throws naming both shapes when they do not fit
-  if (loss_ != "cross_entropy" && loss_ != "nll") return;
-  const int64_t classes = outputs.size(-1);
-  const int64_t lo = all_targets.min().item<int64_t>(), hi = all_targets.max().item<int64_t>();
-  KRAB_CHECK_ARG(lo >= 0 && hi < classes, "model.path: '", path_, "': forward(x) gives ",
-                 classes, " classes but the data's labels go from ", lo, " to ", hi,
-                 " (train.loss ", loss_, " needs labels in [0, ", classes, "))");
 }
 
 void TorchScriptModel::save(const std::string& path) const {

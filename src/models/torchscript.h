@@ -73,6 +73,8 @@ class TorchScriptModel : public Model {
 
  private:
   at::Tensor run(const char* method, std::vector<c10::IValue> args);
+  // cross_entropy / nll: outputs [..., C] for labels [...]; InvalidArgument naming both.
+  void check_class_shapes(const at::Tensor& outputs, const at::Tensor& targets) const;
 
   torch::jit::Module module_;
   std::string path_, loss_;
