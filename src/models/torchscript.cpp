@@ -85,7 +85,7 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
   for (const at::Tensor& p : parameters()) trainable += p.requires_grad() ? p.numel() : 0;
   KRAB_CHECK_ARG(trainable > 0, "model.path: '", path_,
                  "' has no trainable parameters (none with requires_grad)");
-  // Buffers and parameters are float32 in every engine (flat buffers, compressors).
+  // Every engine keeps gradients in flat float32 buckets (DataParallel, compressors, servers).
   for (const auto& item : named_parameters())
     KRAB_CHECK_ARG(item.value().scalar_type() == at::kFloat, "model.path: '", path_,
                    "': parameter ", item.key(), " is ", item.value().scalar_type(),

@@ -91,6 +91,36 @@ TEST_F(TorchScriptCli, TrainsWithBatchNormAndWritesModelTs) {
   EXPECT_GT(report["test_accuracy"].get<double>(), 0.3);
 }
 
+// Everything that does not need the model's structure trains it and hands back model.ts.
+TEST_F(TorchScriptCli, EveryStrategyTrainsIt) {
+  job(b_.net(32, 16, 4), "sync: {period: 4, servers: 1}\nfederated: {rounds: 2}\n");
+  for (const std::string& how :
+       {"train job.yaml --set sync.mode=local_sgd", "train job.yaml --set sync.mode=async",
+        "train job.yaml --set comm.compression=powersgd --set train.optimizer.momentum=0",
+        "train job.yaml --set comm.compression=topk --set comm.ratio=0.1", "fl-sim job.yaml"}) {
+    fs::remove_all(dir_ / "runs");
+    auto r = run(krab(how));
+    ASSERT_EQ(r.code, 0) << how << "\n" << r.output;
+    EXPECT_TRUE(fs::exists(dir_ / "runs/job/model.ts")) << how;
+    const auto pt = load_model_pt((dir_ / "runs/job/model.pt").string());
+    EXPECT_TRUE(pt.count("bn.running_mean") && pt.count("head.weight")) << how;
+  }
+}
+
+// A run resumed from a checkpoint ends where the uninterrupted run ends, buffers included.
+TEST_F(TorchScriptCli, ResumesWhereItStopped) {
+  job(b_.net(32, 16, 4), "checkpoint: {every_steps: 5}\n");
+  ASSERT_EQ(run(krab("train job.yaml --set checkpoint.dir=whole")).code, 0);
+  ASSERT_EQ(run(krab("train job.yaml --set train.steps=5")).code, 0);
+  auto r = run(krab("train job.yaml --set checkpoint.resume=true"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  auto a = load_model_pt((dir_ / "runs/job/model.pt").string());
+  auto b = load_model_pt((dir_ / "whole/model.pt").string());
+  EXPECT_LE(max_rel_diff(a, b), 1e-6);
+  EXPECT_EQ(a.at("bn.num_batches_tracked").item<int64_t>(), 10);
+}
+
 TEST_F(TorchScriptCli, RefusesAFileThatIsNotTorchScript) {
   job(b_.net(32, 16, 4));
   write("net.ts", "PK not really a module");
