@@ -98,8 +98,9 @@ std::string last_component(const std::string& key) {
 }
 
 // "unknown key 'x'" plus the most useful hint we can give. A typo ("train.epoch") is caught by
-// edit distance; a key put in the wrong place ("train.lr", "lr") by its last component; failing
-// both, the keys of the section the user was aiming at.
+// edit distance; a key put in the wrong place ("train.lr", "lr") by its last component, which
+// wins over a typo of more than one edit; failing both, the keys of the section the user was
+// aiming at.
 std::string unknown_key_message(const std::string& key) {
   std::string msg = "unknown key '" + printable(key) + "'";
   const std::string* closest = nullptr;
@@ -110,7 +111,10 @@ std::string unknown_key_message(const std::string& key) {
     if (d < best && d < key.size()) best = d, closest = &spec.key;
     if (last_component(spec.key) == last_component(key)) same_leaf.push_back(spec.key);
   }
-  if (closest) return msg + "; did you mean '" + *closest + "'?";
+  // One key with the very same leaf beats a fuzzy match of two or three edits: "train.lr" is
+  // 'train.optimizer.lr' put in the wrong place, not a typo of 'train.loss'.
+  if (closest && (best <= 1 || same_leaf.size() != 1))
+    return msg + "; did you mean '" + *closest + "'?";
   if (same_leaf.size() == 1) return msg + "; did you mean '" + same_leaf[0] + "'?";
   if (!same_leaf.empty()) return msg + "; did you mean one of '" + join(same_leaf, "', '") + "'?";
   size_t dot = key.rfind('.');

@@ -45,8 +45,16 @@ std::vector<KeySpec> build_registry() {
 
       string_key("model.name", "cnn",
                  "Network to train: `mlp` (multi-layer perceptron), `cnn` (small convolutional "
-                 "net for images) or `gpt` (decoder-only transformer for text).",
-                 {"mlp", "cnn", "gpt"}),
+                 "net for images), `gpt` (decoder-only transformer for text) or `torchscript` "
+                 "(your own module saved from Python, `model.path`; see docs/models.md).",
+                 {"mlp", "cnn", "gpt", "torchscript"}),
+      string_key("model.path", "",
+                 "The `torchscript` model's file, written by `torch.jit.script(m).save(FILE)` "
+                 "or `torch.jit.trace(m, x).save(FILE)`."),
+      bool_key("model.freeze_batchnorm", "false",
+               "`torchscript`: keep BatchNorm layers in eval mode while training (they use and "
+               "keep their running statistics), so that a step does not depend on how the "
+               "global batch is split over workers."),
       int_key("model.hidden", "128", "Hidden-layer width of the `mlp`.", 1),
       int_key("model.layers", "2", "Number of `gpt` decoder blocks.", 1),
       int_key("model.width", "128", "Embedding width of the `gpt` (d_model).", 8),
@@ -92,6 +100,12 @@ std::vector<KeySpec> build_registry() {
               "Seed for initialisation and data order; the same seed gives the same global "
               "batches whatever the number of workers.",
               0),
+      string_key("train.loss", "cross_entropy",
+                 "Loss applied to a `torchscript` model's `forward(x)` (unless the module "
+                 "defines `training_loss(x, y)`): `cross_entropy` or `nll` (class labels), `mse` "
+                 "or `bce_with_logits` (outputs shaped as the labels). Built-in models use "
+                 "`cross_entropy`.",
+                 {"cross_entropy", "mse", "bce_with_logits", "nll"}),
       string_key("train.optimizer.name", "sgd", "Optimizer: `sgd`, `adam` or `adamw`.",
                  {"sgd", "adam", "adamw"}),
       float_key("train.optimizer.lr", "0.05", "Learning rate.", 0),
@@ -140,6 +154,11 @@ std::vector<KeySpec> build_registry() {
                 "Size in MiB of the gradient buckets reduced together; 0 gives every gradient "
                 "tensor a bucket of its own.",
                 0),
+      bool_key("parallel.broadcast_buffers", "true",
+               "`sync.mode: sync`: after every step rank 0's buffers (BatchNorm running "
+               "statistics) are broadcast to all workers, as PyTorch DDP's broadcast_buffers, so "
+               "that every forward, evaluation and checkpoint sees the same buffers; false leaves "
+               "each worker its own. Models without buffers send nothing."),
 
       string_key("comm.backend", "gloo",
                  "Collective backend: `gloo` (TCP) or `mpi` (needs krab built with MPI).",

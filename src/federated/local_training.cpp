@@ -54,7 +54,7 @@ LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorData
   for (int64_t s = 0; s < steps; ++s) {
     auto [x, y] = data::gather(data, sampler.indices(s, 0, 1));
     optimizer->zero_grad();
-    at::Tensor loss = model_->loss(model_->forward(x), y);
+    at::Tensor loss = model_->training_loss(x, y);
     loss.backward();
     // FedProx on the gradients: no second graph through the penalty.
     if (options.proximal_mu > 0) fedprox_add_grad(params, start, options.proximal_mu);
@@ -90,7 +90,7 @@ double accuracy(models::Model& model, const data::TensorDataset& data) {
   for (int64_t i = 0; i < data.size(); i += 1024) {
     const int64_t len = std::min<int64_t>(1024, data.size() - i);
     auto [c, t] =
-        model.correct(model.forward(data.inputs.narrow(0, i, len)), data.targets.narrow(0, i, len));
+        model.correct(model.predict(data.inputs.narrow(0, i, len)), data.targets.narrow(0, i, len));
     correct += c;
     total += t;
   }

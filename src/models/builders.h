@@ -12,5 +12,6 @@ namespace krab::models::detail {
 std::shared_ptr<Model> make_mlp(const ModelSpec& spec);
 std::shared_ptr<Model> make_cnn(const ModelSpec& spec);
 std::shared_ptr<Model> make_gpt(const ModelSpec& spec);
+std::shared_ptr<Model> make_torchscript(const ModelSpec& spec);  // torchscript.cpp
 
 }  // namespace krab::models::detail

@@ -19,6 +19,11 @@ std::pair<int64_t, int64_t> Model::correct(const at::Tensor& logits, const at::T
 }
 
 std::shared_ptr<Model> make_model(const ModelSpec& spec) {
+  // A user's module decides for itself what inputs and how many outputs it takes; check_fits
+  // (torchscript.h) tries it on the data instead.
+  if (spec.name == "torchscript") return detail::make_torchscript(spec);
+  KRAB_CHECK_ARG(spec.loss == "cross_entropy", "train.loss '", spec.loss,
+                 "' is for model.name torchscript; the built-in models train with cross_entropy");
   KRAB_CHECK_ARG(!spec.input_shape.empty(), "model '", spec.name,
                  "': input shape is empty (set it from the dataset)");
   for (int64_t d : spec.input_shape) {
@@ -28,7 +33,7 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   if (spec.name == "mlp") return detail::make_mlp(spec);
   if (spec.name == "cnn") return detail::make_cnn(spec);
   if (spec.name == "gpt") return detail::make_gpt(spec);
-  throw InvalidArgument(str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt"));
+  throw InvalidArgument(str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

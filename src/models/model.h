@@ -28,6 +28,11 @@
 //        weights are normal(0, 0.02), the residual projections (attn.proj, mlp.proj) scaled
 //        by 1/sqrt(2 layers) as in GPT-2; biases zero. input_shape {T} with T <= context.
 //
+//   torchscript  the user's own network, saved from Python (models/torchscript.h); its
+//        parameters and buffers keep their Python names. It may contain dropout and batch
+//        norm: train() / eval() reach it, and spec.freeze_batchnorm keeps batch norm in eval
+//        mode for the determinism contract.
+//
 // Thread safety: as for any torch module — concurrent forwards on one model are fine, training
 // one model from several threads is not.
 #pragma once
@@ -44,7 +49,7 @@
 namespace krab::models {
 
 struct ModelSpec {
-  std::string name;                  // mlp | cnn | gpt
+  std::string name;                  // mlp | cnn | gpt | torchscript
   std::vector<int64_t> input_shape;  // per example, from data::DataSplits::input_shape
   int64_t num_classes = 10;          // classes, or the vocabulary size for gpt
   int64_t hidden = 128;              // mlp hidden width
@@ -52,6 +57,9 @@ struct ModelSpec {
   int64_t width = 128;               // gpt embedding width
   int64_t heads = 4;                 // gpt attention heads; must divide width
   int64_t context = 64;              // gpt longest sequence (position embedding size)
+  std::string path;                  // torchscript: the saved module (model.path)
+  std::string loss = "cross_entropy";  // torchscript: train.loss (built-ins: cross_entropy)
+  bool freeze_batchnorm = false;     // torchscript: batch norm stays in eval mode in training
 };
 
 class Model : public torch::nn::Module {
@@ -66,10 +74,21 @@ class Model : public torch::nn::Module {
 
   // {number of argmax predictions equal to the target, number of predictions}, for accuracy.
   virtual std::pair<int64_t, int64_t> correct(const at::Tensor& logits, const at::Tensor& targets);
+
+  // The loss one training batch backpropagates: loss(forward(inputs), targets) unless the
+  // model computes its own (a TorchScript module's training_loss).
+  virtual at::Tensor training_loss(const at::Tensor& inputs, const at::Tensor& targets) {
+    return loss(forward(inputs), targets);
+  }
+
+  // What evaluation hands to correct(): forward(inputs) unless the model has its own
+  // (a TorchScript module's predict).
+  virtual at::Tensor predict(const at::Tensor& inputs) { return forward(inputs); }
 };
 
 // Builds the model `spec.name` names. InvalidArgument, naming the config key, for: an unknown
-// name (the message lists "mlp, cnn, gpt"); an input_shape the model cannot take (cnn needs
+// name (the message lists "mlp, cnn, gpt, torchscript"); a torchscript file it cannot use
+// (models/torchscript.h); an input_shape the model cannot take (cnn needs
 // {C, H, W} with H, W >= 4; gpt needs {T}); a non-positive size; heads not dividing width
 // (names model.heads and model.width); a gpt input length above spec.context.
 std::shared_ptr<Model> make_model(const ModelSpec& spec);

@@ -60,10 +60,15 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
 DataParallel::~DataParallel() { self_.reset(); }
 
 void DataParallel::broadcast_state() {
-  torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> state;
-  for (auto& p : module_.parameters()) state.push_back(p);
+  std::vector<at::Tensor> state = module_.parameters();
   for (auto& b : module_.buffers()) state.push_back(b);
+  broadcast_from_rank0(state);
+}
+
+void DataParallel::broadcast_buffers() { broadcast_from_rank0(module_.buffers()); }
+
+void DataParallel::broadcast_from_rank0(const std::vector<at::Tensor>& state) {
+  torch::NoGradGuard no_grad;
   if (state.empty() || comm_.size() == 1) return;
   // One flat buffer per dtype keeps this to a handful of broadcasts.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_type;

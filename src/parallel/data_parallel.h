@@ -62,6 +62,10 @@ class DataParallel {
 
   // Broadcasts rank 0's parameters and buffers to all ranks (also done at construction).
   void broadcast_state();
+  // Broadcasts rank 0's buffers only (BatchNorm's running statistics, which each replica
+  // updates from its own slice of the batch): what DDP's broadcast_buffers does before every
+  // forward. Nothing is sent for a module without buffers.
+  void broadcast_buffers();
 
   const BucketPlan& plan() const { return plan_; }
   int64_t steps() const { return step_; }
@@ -72,6 +76,7 @@ class DataParallel {
   void on_grad_ready(int64_t param);
   void launch_ready_buckets();
   void launch(int64_t bucket);
+  void broadcast_from_rank0(const std::vector<at::Tensor>& state);
 
   torch::nn::Module& module_;
   comm::Communicator& comm_;

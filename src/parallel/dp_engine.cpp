@@ -29,6 +29,10 @@ void DataParallelEngine::apply(double lr) {
   optimizer_->zero_grad();
 }
 
+void DataParallelEngine::after_step(const engine::StepPlan& plan) {
+  if (options_.broadcast_buffers) dp_.broadcast_buffers();
+}
+
 nlohmann::json DataParallelEngine::describe() const {
   return {{"backend", comm_->backend()},
           {"buckets", dp_.plan().buckets.size()},

@@ -25,6 +25,11 @@ struct DataParallelEngineOptions {
   int64_t total_steps = 0;
   int64_t global_micro_batch = 0;  // examples of one global micro-batch (the sampler's batch)
   DataParallelOptions data_parallel;
+  // After every step, rank 0's buffers go to every rank (DataParallel::broadcast_buffers), so
+  // the next forward, an evaluation and the final model see the same buffers on every rank.
+  // DDP broadcasts before each forward instead; after the step covers the forwards all the
+  // same and also what happens between steps. Local SGD averages buffers with the model.
+  bool broadcast_buffers = true;
 };
 
 class DataParallelEngine : public engine::Engine {
@@ -42,6 +47,7 @@ class DataParallelEngine : public engine::Engine {
   void before_backward(int64_t micro, bool last) override { dp_.set_sync(last); }
   void reduce_gradients() override { dp_.finish(); }
   void apply(double lr) override;
+  void after_step(const engine::StepPlan& plan) override;
   comm::Communicator* group() override { return comm_.get(); }
   engine::TrainState state() override { return {model_.get(), optimizer_.get()}; }
   nlohmann::json describe() const override;

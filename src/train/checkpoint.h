@@ -55,7 +55,9 @@ std::string save_checkpoint(const std::string& run_dir, const std::string& bytes
 // Path of the state file `latest` points to, or nullopt if the run has no checkpoint.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
-// Writes the parameters as a name -> tensor dict readable by Python's torch.load.
+// Writes the parameters and buffers as a name -> tensor dict readable by Python's torch.load.
+// For a TorchScript model (models/torchscript.h) it also writes `model.ts` in the same
+// directory: the scripted module with these weights, in eval mode, for torch.jit.load.
 void save_model_pt(const std::string& path, const torch::nn::Module& module);
 
 }  // namespace krab::train

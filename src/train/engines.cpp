@@ -68,6 +68,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   dpo.total_steps = total_steps;
   dpo.global_micro_batch = o.batch * world.size;
   dpo.data_parallel.bucket_mb = c.get_float("parallel.bucket_mb");
+  dpo.broadcast_buffers = c.get_bool("parallel.broadcast_buffers");
   auto group = connect_group(c, world);
   auto hook = parallel::make_compression_hook(compress::CompressionOptions::from_config(c));
   const parallel::OptimizerFactory optimizer = [&c](std::vector<at::Tensor> params) {

@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "data/tokenizer.h"
+#include "models/torchscript.h"
 
 namespace krab::train {
 
@@ -45,6 +46,12 @@ models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
   s.width = c.get_int("model.width");
   s.heads = c.get_int("model.heads");
   s.context = c.get_int("model.context");
+  s.path = c.get_string("model.path");
+  s.loss = c.get_string("train.loss");
+  s.freeze_batchnorm = c.get_bool("model.freeze_batchnorm");
+  KRAB_CHECK_ARG(s.name != "torchscript" || !s.path.empty(),
+                 "model.path: model.name torchscript needs the file of a TorchScript module");
+  if (s.name == "torchscript") return s;  // it decides for itself what data it takes
   KRAB_CHECK_ARG(!d.language_model || s.name == "gpt", "model.name '", s.name,
                  "' cannot train on data.name 'text' (use model.name: gpt)");
   KRAB_CHECK_ARG(d.language_model || s.name != "gpt", "model.name 'gpt' needs data.name: text");
@@ -95,12 +102,21 @@ std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Tens
   int64_t correct = 0, total = 0;
   for (int64_t i = lo; i < hi; i += 512) {
     const int64_t len = std::min<int64_t>(512, hi - i);
-    auto logits = model.forward(test.inputs.narrow(0, i, len));
+    auto logits = model.predict(test.inputs.narrow(0, i, len));
     auto [c, t] = model.correct(logits, test.targets.narrow(0, i, len));
     correct += c;
     total += t;
   }
   return {correct, total};
+}
+
+void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
+  models::TorchScriptModel* ts = models::as_torchscript(model);
+  if (ts == nullptr || d.train.size() == 0) return;  // built-in models are shaped for the data
+  const int64_t n = std::min<int64_t>(2, d.train.size());
+  at::Tensor labels = d.train.targets;
+  if (d.test) labels = torch::cat({labels.flatten(), d.test->targets.flatten()});
+  ts->check_fits(d.train.inputs.narrow(0, 0, n), d.train.targets.narrow(0, 0, n), labels);
 }
 
 std::string run_directory(const core::Config& c) {

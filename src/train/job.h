@@ -50,7 +50,12 @@ class Straggler {
   double factor_ = 1, delay_ms_ = 0;
 };
 
-// Test accuracy of `model` on examples lo..hi of `test`: (correct, total).
+// A TorchScript model tried on the first training batch and checked against every label
+// (models::TorchScriptModel::check_fits); nothing for a built-in model. Throws
+// InvalidArgument naming model.path and the shapes or labels at fault.
+void check_model_fits_data(models::Model& model, const data::DataSplits& d);
+
+// Test accuracy of `model` (its predict()) on examples lo..hi of `test`: (correct, total).
 std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
                                           int64_t lo, int64_t hi);
 

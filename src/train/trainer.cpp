@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -206,9 +207,16 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
     auto [x, y] = data::gather(d.train, sampler->slice(plan.step * accum + m, plan.slice));
-    auto loss = model.loss(model.forward(x), y);
+    auto loss = model.training_loss(x, y);
+    const double value = loss.item<double>();
+    // A NaN or an infinity would reach every replica through the all-reduce and leave a model
+    // of NaNs: stop here, where the step and the rank are known.
+    if (!std::isfinite(value))
+      throw Error(str_cat("rank ", world.rank, ": the loss is ", value, " at step ",
+                          plan.step + 1, " (micro-batch ", m, "); training diverged or the "
+                          "data holds a NaN (try a smaller train.optimizer.lr)"));
     (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
-    step_loss += loss.item<double>() / accum;
+    step_loss += value / accum;
     straggler->after_compute(Clock::now() - t_compute);
   }
   return step_loss;
@@ -400,6 +408,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.train.size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
+  check_model_fits_data(*model, d);
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
   const std::string seal_key =
       core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_directory(c));

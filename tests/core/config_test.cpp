@@ -52,7 +52,7 @@ TEST(ConfigRegistry, IsWellFormed) {
     }
     EXPECT_EQ(find_key(spec.key), &spec);
   }
-  EXPECT_EQ(keys.size(), 107u);  // update when a key is added
+  EXPECT_EQ(keys.size(), 111u);  // update when a key is added
   EXPECT_EQ(find_key("train"), nullptr);
   EXPECT_EQ(find_key("nope"), nullptr);
 }
@@ -237,7 +237,7 @@ TEST(ConfigErrors, DuplicateKeys) {
 TEST(ConfigErrors, ChoicesAreListed) {
   std::string msg = parse_error("model:\n  name: resnet\n");
   EXPECT_CONTAINS(msg, "job.yaml:2:9: ");
-  EXPECT_CONTAINS(msg, "model.name: must be one of mlp, cnn, gpt; got 'resnet'");
+  EXPECT_CONTAINS(msg, "model.name: must be one of mlp, cnn, gpt, torchscript; got 'resnet'");
   EXPECT_CONTAINS(parse_error("", {"comm.backend=nccl"}), "must be one of gloo, mpi; got 'nccl'");
 }
 

@@ -57,6 +57,54 @@ TEST(DataParallelEngine, HandsOutStepsFromTheResumePointAndThisRanksEqualSlice) 
   });
 }
 
+// A model with buffers: Linear -> BatchNorm1d, whose running statistics each rank updates from
+// its own data.
+class BatchNormNet : public models::Model {
+ public:
+  BatchNormNet()
+      : fc_(register_module("fc", torch::nn::Linear(4, 3))),
+        bn_(register_module("bn", torch::nn::BatchNorm1d(3))) {}
+  at::Tensor forward(const at::Tensor& x) override { return bn_->forward(fc_->forward(x)); }
+
+ private:
+  torch::nn::Linear fc_;
+  torch::nn::BatchNorm1d bn_;
+};
+
+// DDP's broadcast_buffers: with it every rank leaves each step with rank 0's buffers; without
+// it each rank keeps the statistics of its own data.
+TEST(DataParallelEngine, BroadcastsRankZerosBuffersAfterEveryStepWhenAsked) {
+  for (bool broadcast : {true, false}) {
+    run_ranks(2, [broadcast](int rank, std::unique_ptr<comm::Communicator> comm) {
+      torch::manual_seed(3);
+      parallel::DataParallelEngineOptions o;
+      o.total_steps = 3;
+      o.global_micro_batch = 16;
+      o.broadcast_buffers = broadcast;
+      comm::Communicator* group = comm.get();
+      parallel::DataParallelEngine engine(std::make_shared<BatchNormNet>(), std::move(comm), o,
+                                          nullptr, sgd(0.1));
+      torch::manual_seed(1000 + rank);  // each rank its own data
+      auto& model = engine.model();
+      model.train();
+      while (auto plan = engine.next_step()) {
+        engine.before_backward(0, true);
+        auto x = torch::randn({8, 4}) * (1 + rank);
+        model.loss(model.forward(x), torch::randint(0, 3, {8}, torch::kInt64)).backward();
+        engine.reduce_gradients();
+        engine.apply(0.1);
+        engine.after_step(*plan);
+        at::Tensor mine = model.named_buffers()["bn.running_var"].clone();
+        at::Tensor rank0 = mine.clone();
+        group->broadcast(rank0, 0)->wait();
+        EXPECT_EQ(torch::equal(mine, rank0), broadcast || rank == 0)
+            << "broadcast " << broadcast << " rank " << rank << " step " << plan->step;
+      }
+      EXPECT_EQ(model.named_buffers()["bn.num_batches_tracked"].item<int64_t>(), 3);
+    });
+  }
+}
+
 TEST(AverageModel, GivesEveryRankTheMeanOfParametersAndFloatBuffers) {
   testing::run_gloo_ranks_owned(2, [](int rank, std::unique_ptr<comm::Communicator> comm) {
     torch::manual_seed(100 + rank);  // different replicas

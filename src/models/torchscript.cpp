@@ -1,0 +1,193 @@
+#include "models/torchscript.h"
+
+#include <torch/torch.h>
+
+#include <map>
+#include <sstream>
+
+#include "core/errors.h"
+#include "core/fs.h"
+#include "models/builders.h"
+
+namespace krab::models {
+namespace {
+
+namespace F = torch::nn::functional;
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Registers `src`'s own parameters and buffers in `dst` (the same tensors) and mirrors each
+// child into a plain torch::nn::Module child of the same name. Registration order follows the
+// scripted module's, which is the Python module's: named_parameters() lists them as Python does.
+// `seen` maps each tensor registered so far to its full name: a tensor reached under two names
+// (tied weights) would be stepped twice by the optimizer and reduced twice, so it is refused.
+void mirror(const torch::jit::Module& src, torch::nn::Module& dst, const std::string& prefix,
+            std::map<const void*, std::string>& seen, const std::string& path) {
+  auto check_once = [&](const at::Tensor& t, const std::string& name) {
+    const auto [at, fresh] = seen.emplace(t.unsafeGetTensorImpl(), prefix + name);
+    KRAB_CHECK_ARG(fresh, "model.path: '", path, "': ", prefix + name, " is the same tensor as ",
+                   at->second, " (tied weights are not supported yet)");
+  };
+  for (const auto& p : src.named_parameters(/*recurse=*/false)) {
+    check_once(p.value, p.name);
+    dst.register_parameter(p.name, p.value, p.value.requires_grad());
+  }
+  for (const auto& b : src.named_buffers(/*recurse=*/false)) {
+    check_once(b.value, b.name);
+    dst.register_buffer(b.name, b.value);
+  }
+  for (const auto& child : src.named_children()) {
+    auto m = std::make_shared<torch::nn::Module>();
+    mirror(child.value, *m, prefix + child.name + ".", seen, path);
+    dst.register_module(child.name, m);
+  }
+}
+
+torch::jit::Module load_script(const std::string& path) {
+  KRAB_CHECK_ARG(core::path_exists(path), "model.path: no file '", path, "'");
+  try {
+    return torch::jit::load(path);
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(str_cat("model.path: '", path,
+                                  "' is not a TorchScript module (save one from Python with "
+                                  "torch.jit.script(model).save(path)): ",
+                                  first_line(e.what_without_backtrace())));
+  }
+}
+
+bool is_batchnorm(const torch::jit::Module& m) {
+  const auto name = m.type()->name();
+  return name && name->name().find("BatchNorm") != std::string::npos;
+}
+
+std::string shape_of(const at::Tensor& t) { return str_cat(t.sizes()); }
+
+}  // namespace
+
+bool is_known_loss(const std::string& name) {
+  return name == "cross_entropy" || name == "mse" || name == "bce_with_logits" || name == "nll";
+}
+
+TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
+    : module_(load_script(spec.path)),
+      path_(spec.path),
+      loss_(spec.loss),
+      freeze_batchnorm_(spec.freeze_batchnorm) {
+  KRAB_CHECK_ARG(is_known_loss(loss_), "train.loss: unknown loss '", loss_,
+                 "'; known: cross_entropy, mse, bce_with_logits, nll");
+  KRAB_CHECK_ARG(module_.find_method("forward").has_value(), "model.path: '", path_,
+                 "' has no forward method");
+  has_training_loss_ = module_.find_method("training_loss").has_value();
+  has_predict_ = module_.find_method("predict").has_value();
+  std::map<const void*, std::string> seen;
+  mirror(module_, *this, "", seen, path_);
+  int64_t trainable = 0;
+  for (const at::Tensor& p : parameters()) trainable += p.requires_grad() ? p.numel() : 0;
+  KRAB_CHECK_ARG(trainable > 0, "model.path: '", path_,
+                 "' has no trainable parameters (none with requires_grad)");
+  // Every engine keeps gradients in flat float32 buckets (DataParallel, compressors, servers).
+  for (const auto& item : named_parameters())
+    KRAB_CHECK_ARG(item.value().scalar_type() == at::kFloat, "model.path: '", path_,
+                   "': parameter ", item.key(), " is ", item.value().scalar_type(),
+                   "; krab trains float32 parameters (call .float() before saving)");
+}
+
+at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> args) {
+  c10::IValue out;
+  try {
+    out = module_.get_method(method)(std::move(args));
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(str_cat("model.path: '", path_, "': ", method, " failed: ",
+                                  first_line(e.what_without_backtrace())));
+  }
+  KRAB_CHECK_ARG(out.isTensor(), "model.path: '", path_, "': ", method, " returned a ",
+                 out.tagKind(), ", not a Tensor");
+  return out.toTensor();
+}
+
+at::Tensor TorchScriptModel::forward(const at::Tensor& inputs) { return run("forward", {inputs}); }
+
+at::Tensor TorchScriptModel::predict(const at::Tensor& inputs) {
+  return run(has_predict_ ? "predict" : "forward", {inputs});
+}
+
+at::Tensor TorchScriptModel::training_loss(const at::Tensor& inputs, const at::Tensor& targets) {
+  if (!has_training_loss_) return loss(forward(inputs), targets);
+  at::Tensor l = run("training_loss", {inputs, targets});
+  KRAB_CHECK_ARG(l.numel() == 1, "model.path: '", path_,
+                 "': training_loss returned shape ", shape_of(l), ", not a scalar");
+  return l.reshape({});
+}
+
+void TorchScriptModel::check_class_shapes(const at::Tensor& outputs,
+                                          const at::Tensor& targets) const {
+  std::vector<int64_t> want = targets.sizes().vec();
+  want.push_back(outputs.dim() > 0 ? outputs.size(-1) : 0);
+  KRAB_CHECK_ARG(outputs.dim() == targets.dim() + 1 && outputs.sizes().vec() == want,
+                 "model.path: '", path_, "': forward(x) returned shape ", shape_of(outputs),
+                 " but train.loss ", loss_, " needs ", shape_of(targets),
+                 " + [classes] for labels of shape ", shape_of(targets));
+}
+
+at::Tensor TorchScriptModel::loss(const at::Tensor& outputs, const at::Tensor& targets) {
+  if (loss_ == "cross_entropy" || loss_ == "nll") {
+    check_class_shapes(outputs, targets);
+    const at::Tensor flat = outputs.reshape({-1, outputs.size(-1)});
+    const at::Tensor labels = targets.reshape({-1}).to(at::kLong);
+    return loss_ == "nll" ? F::nll_loss(flat, labels) : F::cross_entropy(flat, labels);
+  }
+  at::Tensor out = outputs;
+  if (out.dim() == 2 && out.size(1) == 1 && targets.dim() == 1) out = out.squeeze(1);
+  KRAB_CHECK_ARG(out.sizes() == targets.sizes(), "model.path: '", path_,
+                 "': forward(x) returned shape ", shape_of(outputs), " but train.loss ", loss_,
+                 " needs the labels' shape ", shape_of(targets));
+  const at::Tensor y = targets.to(out.scalar_type());
+  return loss_ == "mse" ? F::mse_loss(out, y) : F::binary_cross_entropy_with_logits(out, y);
+}
+
+void TorchScriptModel::train(bool on) {
+  Model::train(on);
+  module_.train(on);
+  if (on && freeze_batchnorm_)
+    for (torch::jit::Module m : module_.modules())
+      if (is_batchnorm(m)) m.train(false);
+}
+
+void TorchScriptModel::check_fits(const at::Tensor& inputs, const at::Tensor& targets,
+                                  const at::Tensor& all_targets) {
+  torch::NoGradGuard no_grad;
+  eval();  // a check must not move BatchNorm's running statistics
+  if (has_training_loss_) {
+    training_loss(inputs, targets);
+    return;
+  }
+  const at::Tensor outputs = forward(inputs);
+  if (loss_ == "cross_entropy" || loss_ == "nll") {
+    check_class_shapes(outputs, targets);  // before the range: C is outputs' last dimension
+    const int64_t classes = outputs.size(-1);
+    const int64_t lo = all_targets.min().item<int64_t>(), hi = all_targets.max().item<int64_t>();
+    KRAB_CHECK_ARG(lo >= 0 && hi < classes, "model.path: '", path_, "': forward(x) gives ",
+                   classes, " classes but the data's labels go from ", lo, " to ", hi,
+                   " (train.loss ", loss_, " needs labels in [0, ", classes, "))");
+  }
+  loss(outputs, targets);  // throws naming both shapes when they do not fit
+}
+
+void TorchScriptModel::save(const std::string& path) const {
+  // A copy, so that the mode switch does not touch the module in training.
+  torch::jit::Module copy = module_.clone();
+  copy.eval();
+  std::ostringstream out;
+  copy.save(out);
+  core::write_file_atomic(path, out.str());
+}
+
+TorchScriptModel* as_torchscript(Model& model) { return dynamic_cast<TorchScriptModel*>(&model); }
+
+namespace detail {
+std::shared_ptr<Model> make_torchscript(const ModelSpec& spec) {
+  return std::make_shared<TorchScriptModel>(spec);
+}
+}  // namespace detail
+
+}  // namespace krab::models

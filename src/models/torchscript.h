@@ -1,0 +1,88 @@
+// A user's own network, saved from Python as TorchScript, trained as a krab model.
+//
+//   model: {name: torchscript, path: net.ts}     # torch.jit.script(m).save("net.ts")
+//
+// The scripted module is loaded with torch::jit::load and wrapped in a Model whose
+// torch::nn::Module tree mirrors the scripted module's submodule tree: every parameter and
+// buffer of the scripted module is registered in the mirror under its own name, as the SAME
+// tensor (no copy). So named_parameters() / named_buffers() keep the Python names
+// ("layer1.0.conv1.weight", "bn1.running_mean", "bn1.num_batches_tracked"), and whatever
+// updates the mirror's tensors in place — the optimizer, DataParallel's broadcasts, local SGD's
+// averages, checkpoint restores — updates the tensors the scripted code computes with.
+// model.pt written from the mirror loads into the Python module with
+// load_state_dict(strict=True).
+//
+// What the module may define (all optional except forward):
+//   forward(x) -> Tensor               the outputs train.loss is applied to;
+//   training_loss(x, y) -> Tensor      a scalar loss: replaces forward + train.loss in
+//                                      training, so any loss written in Python works;
+//   predict(x) -> Tensor               the outputs evaluation compares with the labels
+//                                      (argmax over the last dimension); forward if absent.
+//
+// train() / eval() reach the scripted module (its `training` flags: dropout, BatchNorm). With
+// freeze_batchnorm, BatchNorm submodules stay in eval mode while the rest trains: they
+// normalise with their running statistics and do not update them (as when fine-tuning), so one
+// example's gradient does not depend on the others in its batch — the condition under which the
+// determinism contract (W workers x B == 1 worker x W*B) holds for a model with BatchNorm.
+//
+// Thread safety: as for any torch module.
+#pragma once
+
+#include <torch/script.h>
+
+#include <memory>
+#include <string>
+
+#include "models/model.h"
+
+namespace krab::models {
+
+// The losses train.loss names: cross_entropy | mse | bce_with_logits | nll.
+bool is_known_loss(const std::string& name);
+
+class TorchScriptModel : public Model {
+ public:
+  // Loads spec.path. InvalidArgument naming model.path for: a missing or unreadable file, a
+  // file that is not TorchScript, a module without a forward method, a module without any
+  // parameter that requires a gradient; InvalidArgument naming train.loss for an unknown loss.
+  explicit TorchScriptModel(const ModelSpec& spec);
+
+  at::Tensor forward(const at::Tensor& inputs) override;
+  // train.loss of `outputs` against `targets`. Shapes (InvalidArgument naming model.path and
+  // both shapes otherwise): cross_entropy / nll: targets of class indices [...], outputs
+  // [..., C] (nll: log-probabilities); mse / bce_with_logits: outputs of the targets' shape,
+  // or [B, 1] for targets [B]. Targets are cast to the outputs' dtype for mse / bce.
+  at::Tensor loss(const at::Tensor& outputs, const at::Tensor& targets) override;
+  at::Tensor training_loss(const at::Tensor& inputs, const at::Tensor& targets) override;
+  at::Tensor predict(const at::Tensor& inputs) override;
+  void train(bool on = true) override;
+
+  // Checks the model against a first batch and the data's labels before any training:
+  // outputs that fit the labels (names the expected and actual shapes) and, for
+  // cross_entropy / nll, labels in [0, C) (names the largest label and C). Leaves the model in
+  // eval mode; running statistics untouched.
+  void check_fits(const at::Tensor& inputs, const at::Tensor& targets,
+                  const at::Tensor& all_targets);
+
+  // Writes the scripted module, holding the current weights, in eval mode, to `path`
+  // atomically (torch.jit.load reads it).
+  void save(const std::string& path) const;
+
+  const std::string& path() const { return path_; }
+  bool has_training_loss() const { return has_training_loss_; }
+
+ private:
+  at::Tensor run(const char* method, std::vector<c10::IValue> args);
+  // cross_entropy / nll: outputs [..., C] for labels [...]; InvalidArgument naming both.
+  void check_class_shapes(const at::Tensor& outputs, const at::Tensor& targets) const;
+
+  torch::jit::Module module_;
+  std::string path_, loss_;
+  bool freeze_batchnorm_ = false;
+  bool has_training_loss_ = false, has_predict_ = false;
+};
+
+// The model as a TorchScriptModel, or null for a built-in model.
+TorchScriptModel* as_torchscript(Model& model);
+
+}  // namespace krab::models

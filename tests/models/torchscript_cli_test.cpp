@@ -1,0 +1,168 @@
+// `krab train` with `model: {name: torchscript}`, run as a user would: the determinism contract
+// with BatchNorm, model.ts, and each bad input refused before training with one line.
+#include <torch/torch.h>
+
+#include <map>
+
+#include "cli/cli_support.h"
+#include "support/script_modules.h"
+
+namespace krab::cli_test {
+namespace {
+
+std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
+  const std::string bytes = krab::core::read_file(path);
+  auto iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
+  return out;
+}
+
+// The largest relative difference, max|a - b| / max|b|, over the floating-point tensors.
+double max_rel_diff(const std::map<std::string, at::Tensor>& a,
+                    const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  for (const auto& [k, t] : a) {
+    EXPECT_TRUE(b.count(k)) << k;
+    if (!b.count(k)) return 1e9;
+    if (!t.is_floating_point()) continue;
+    const double diff = (t - b.at(k)).abs().max().item<double>();
+    worst = std::max(worst, diff / std::max(b.at(k).abs().max().item<double>(), 1e-12));
+  }
+  return worst;
+}
+
+class TorchScriptCli : public Cli {
+ protected:
+  // Saves `m` as net.ts in the test's directory and writes a job that trains it.
+  void job(const torch::jit::Module& m, const std::string& extra = "") {
+    m.save((dir_ / "net.ts").string());
+    write("job.yaml", R"(
+model: {name: torchscript, path: net.ts}
+data: {name: synthetic, synthetic_samples: 2048, synthetic_features: 32, batch_size: 32}
+train: {steps: 10, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 2}
+comm: {timeout_s: 20}
+)" + extra);
+  }
+  test::ScriptBuilder b_;
+};
+
+// The determinism contract for a model with BatchNorm. In train mode BatchNorm normalises with
+// the statistics of the batch it sees: 2 workers see two batches of 32, one worker one batch of
+// 64, so their gradients differ by design (DDP's too). With model.freeze_batchnorm BatchNorm is
+// in eval mode in both runs (its running statistics, the same on every rank), each example's
+// gradient is independent of its batch, and the runs must end equal.
+TEST_F(TorchScriptCli, TwoWorkersMatchOneWorkerWithBatchNormInEval) {
+  job(b_.net(32, 16, 4), "");
+  const std::string set = " --set model.freeze_batchnorm=true";
+  auto multi = run(krab("train job.yaml --set checkpoint.dir=w2" + set));
+  ASSERT_EQ(multi.code, 0) << multi.output;
+  auto single = run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
+                         "--set data.batch_size=64" + set));
+  ASSERT_EQ(single.code, 0) << single.output;
+  auto a = load_model_pt((dir_ / "w2/model.pt").string());
+  auto b = load_model_pt((dir_ / "w1/model.pt").string());
+  ASSERT_TRUE(a.count("body.fc.weight") && a.count("bn.running_var") &&
+              a.count("bn.num_batches_tracked"));
+  EXPECT_LE(max_rel_diff(a, b), 1e-5);
+  // Training moved the parameters (the comparison is not vacuous); BatchNorm's statistics did
+  // not move (frozen).
+  torch::jit::Module saved = torch::jit::load((dir_ / "net.ts").string());
+  for (const auto& p : saved.named_parameters())
+    if (p.name == "head.weight") EXPECT_GT((a.at(p.name) - p.value).abs().max().item<double>(), 1e-3);
+  EXPECT_EQ(a.at("bn.running_mean").abs().sum().item<double>(), 0);
+}
+
+// In train mode BatchNorm's buffers move, rank 0's are broadcast after every step, and the run
+// hands back model.ts with the trained weights and buffers.
+TEST_F(TorchScriptCli, TrainsWithBatchNormAndWritesModelTs) {
+  job(b_.net(32, 16, 4));
+  auto r = run(krab("train job.yaml --report report.json"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto pt = load_model_pt((dir_ / "runs/job/model.pt").string());
+  EXPECT_EQ(pt.at("bn.num_batches_tracked").item<int64_t>(), 10);
+  EXPECT_GT(pt.at("bn.running_mean").abs().sum().item<double>(), 0);
+  torch::jit::Module ts = torch::jit::load((dir_ / "runs/job/model.ts").string());
+  EXPECT_FALSE(ts.is_training());
+  for (const auto& p : ts.named_parameters()) EXPECT_TRUE(torch::equal(p.value, pt.at(p.name)));
+  for (const auto& p : ts.named_buffers()) EXPECT_TRUE(torch::equal(p.value, pt.at(p.name)));
+  const auto report = nlohmann::json::parse(core::read_file((dir_ / "report.json").string()));
+  EXPECT_GT(report["test_accuracy"].get<double>(), 0.3);
+}
+
+// Everything that does not need the model's structure trains it and hands back model.ts.
+TEST_F(TorchScriptCli, EveryStrategyTrainsIt) {
+  job(b_.net(32, 16, 4), "sync: {period: 4, servers: 1}\nfederated: {rounds: 2}\n");
+  for (const std::string& how :
+       {"train job.yaml --set sync.mode=local_sgd", "train job.yaml --set sync.mode=async",
+        "train job.yaml --set comm.compression=powersgd --set train.optimizer.momentum=0",
+        "train job.yaml --set comm.compression=topk --set comm.ratio=0.1", "fl-sim job.yaml"}) {
+    fs::remove_all(dir_ / "runs");
+    auto r = run(krab(how));
+    ASSERT_EQ(r.code, 0) << how << "\n" << r.output;
+    EXPECT_TRUE(fs::exists(dir_ / "runs/job/model.ts")) << how;
+    const auto pt = load_model_pt((dir_ / "runs/job/model.pt").string());
+    EXPECT_TRUE(pt.count("bn.running_mean") && pt.count("head.weight")) << how;
+  }
+}
+
+// A run resumed from a checkpoint ends where the uninterrupted run ends, buffers included.
+TEST_F(TorchScriptCli, ResumesWhereItStopped) {
+  job(b_.net(32, 16, 4), "checkpoint: {every_steps: 5}\n");
+  ASSERT_EQ(run(krab("train job.yaml --set checkpoint.dir=whole")).code, 0);
+  ASSERT_EQ(run(krab("train job.yaml --set train.steps=5")).code, 0);
+  auto r = run(krab("train job.yaml --set checkpoint.resume=true"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  auto a = load_model_pt((dir_ / "runs/job/model.pt").string());
+  auto b = load_model_pt((dir_ / "whole/model.pt").string());
+  EXPECT_LE(max_rel_diff(a, b), 1e-6);
+  EXPECT_EQ(a.at("bn.num_batches_tracked").item<int64_t>(), 10);
+}
+
+TEST_F(TorchScriptCli, RefusesAFileThatIsNotTorchScript) {
+  job(b_.net(32, 16, 4));
+  write("net.ts", "PK not really a module");
+  auto r = run(krab("train job.yaml"));
+  expect_refused(r, 2, "model.path: 'net.ts' is not a TorchScript module");
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+TEST_F(TorchScriptCli, RefusesOutputsThatDoNotFitTheLabels) {
+  torch::jit::Module m = b_.module("Wrong");
+  m.register_module("fc", b_.linear(32, 4));
+  m.define(R"(
+def forward(self, x):
+    return self.fc.forward(x).unsqueeze(1)
+)");
+  job(m);
+  auto r = run(krab("train job.yaml"));
+  expect_refused(r, 2, "forward(x) returned shape [2, 1, 4] but train.loss cross_entropy needs [2]");
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+TEST_F(TorchScriptCli, RefusesAModuleWithNoTrainableParameters) {
+  job(b_.frozen(32, 4));
+  expect_refused(run(krab("train job.yaml")), 2, "has no trainable parameters");
+}
+
+TEST_F(TorchScriptCli, RefusesLabelsOutOfRangeForCrossEntropy) {
+  job(b_.net(32, 16, 3));  // synthetic data has 4 classes
+  expect_refused(run(krab("train job.yaml")), 2,
+                 "forward(x) gives 3 classes but the data's labels go from 0 to 3");
+}
+
+TEST_F(TorchScriptCli, StopsOnANonFiniteLossNamingStepAndRank) {
+  job(b_.net(32, 16, 4, R"(
+def training_loss(self, x, y):
+    return self.forward(x).sum() * float('nan')
+)"));
+  auto r = run(krab("train job.yaml"));
+  expect_refused(r, 1, "the loss is nan at step 1");
+  EXPECT_NE(r.output.find("rank "), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs/job/model.pt"));
+}
+
+}  // namespace
+}  // namespace krab::cli_test
