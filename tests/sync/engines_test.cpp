@@ -75,7 +75,7 @@ class BatchNormNet : public models::Model {
 // it each rank keeps the statistics of its own data.
 TEST(DataParallelEngine, BroadcastsRankZerosBuffersAfterEveryStepWhenAsked) {
   for (bool broadcast : {true, false}) {
-    run_ranks(2, [broadcast](int rank, std::unique_ptr<comm::Communicator> comm) {
+    testing::run_gloo_ranks_owned(2, [broadcast](int rank, std::unique_ptr<comm::Communicator> comm) {
       torch::manual_seed(3);
       parallel::DataParallelEngineOptions o;
       o.total_steps = 3;
