@@ -34,8 +34,10 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
   // and targets of one window are the same tokens shifted by one.
   const int64_t window = context + 1;
   const int64_t windows = static_cast<int64_t>(tokens.size()) / window;
-  KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", tokens.size(), " tokens; context ",
-                 context, " needs at least ", 2 * window, " (two windows of context + 1 tokens)");
+  const char* unit = tokenizer.unit();
+  KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", tokens.size(), " ", unit,
+                 "; context ", context, " needs at least ", 2 * window, " (two windows of context + 1 ",
+                 unit, ")");
 
   int64_t n_test = 0;
   if (test_fraction > 0.0) {

@@ -21,6 +21,7 @@ namespace {
 class ByteTokenizer : public Tokenizer {
  public:
   int64_t vocab_size() const override { return 256; }
+  const char* unit() const override { return "bytes"; }
   std::vector<int64_t> encode(const std::string& text) const override {
     std::vector<int64_t> ids(text.size());
     for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);

@@ -14,6 +14,8 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
   virtual int64_t vocab_size() const = 0;
+  // What a token is, plural, for messages: "bytes" or "tokens".
+  virtual const char* unit() const { return "tokens"; }
   // The token ids of `text`, each in [0, vocab_size()).
   virtual std::vector<int64_t> encode(const std::string& text) const = 0;
 };
