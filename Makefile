@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS  ?= $(shell nproc)
 BUILD_TYPE ?= Release
 
-.PHONY: all setup build demo test clean asan asan-build fuzz tsan sanitize format format-check
+.PHONY: all setup build demo package test clean asan asan-build fuzz tsan sanitize format format-check
 
 all: build
 
@@ -20,6 +20,12 @@ build: setup $(BUILD)/CMakeCache.txt
 demo: setup $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS) --target krab
 	$(BUILD)/bin/krab train examples/fashion_cnn.yaml --report $(BUILD)/demo-report.json
+
+# The Debian package (docs/cpp_api.md): $(BUILD)/package/krab_<version>_amd64.deb. Packs the
+# krab executable and the libraries it is built from; the test suite need not be built.
+package: setup $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j $(JOBS) --target krab
+	cd $(BUILD) && cpack -G DEB -B package
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j 1

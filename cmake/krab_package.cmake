@@ -119,3 +119,35 @@ install(FILES ${CMAKE_BINARY_DIR}/krab-config/krabConfig.cmake
               ${CMAKE_BINARY_DIR}/krab-config/krabConfigVersion.cmake
         DESTINATION ${KRAB_INSTALL_CMAKEDIR})
 
+# The Debian package (`make package` -> krab_<version>_amd64.deb): everything above, under /usr.
+# Depends are the runtime packages of the -dev packages scripts/setup.sh installs, one per
+# library the krab executable links (package names carry the soname, so a listed package
+# has the ABI krab was built against). Written out rather than computed by dpkg-shlibdeps so
+# that the list is reviewable; tests/package/deb_test.sh checks that every library the
+# executable needs comes from a listed package.
+set(KRAB_DEBIAN_DEPENDS
+  libtorch1.13 libgoogle-glog0v6             # LibTorch and the logging it brings
+  libyaml-cpp0.7 zlib1g libssl3              # job files; gzip; checkpoint seals, TLS
+  libgrpc++1.51 libgrpc29 libabsl20220623 libprotobuf32  # parameter server, federated RPC
+  libsodium23                                # secure aggregation
+  libopenmpi3                                # the MPI backend
+  libstdc++6 libgcc-s1 libc6)
+list(JOIN KRAB_DEBIAN_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
+# Not needed to run: OpenBLAS makes LibTorch's matmul much faster on CPUs, mpirun launches the
+# MPI backend, the demo trains on Fashion-MNIST. The headers and libraries in the package
+# also need the -dev packages (docs/cpp_api.md).
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libopenblas0-pthread, openmpi-bin")
+set(CPACK_DEBIAN_PACKAGE_SUGGESTS "dataset-fashion-mnist, libtorch-dev")
+set(CPACK_GENERATOR DEB)
+set(CPACK_PACKAGE_NAME krab)
+set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
+set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "distributed training of neural networks (LibTorch)")
+set(CPACK_PACKAGE_CONTACT "krab maintainers <krab@localhost>")
+set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)  # krab_<version>_<arch>.deb
+set(CPACK_DEBIAN_PACKAGE_SECTION science)
+set(CPACK_PACKAGING_INSTALL_PREFIX /usr)
+set(CPACK_STRIP_FILES ON)  # the executable without debug symbols: a smaller package
+# cpack (and `make install`) would first build every target, the whole test suite included:
+# the package needs krab and its libraries only, which `make package` builds.
+set(CMAKE_SKIP_INSTALL_ALL_DEPENDENCY ON)
+include(CPack)
