@@ -12,6 +12,7 @@ set -euo pipefail
 build=$1
 work=$build/tests/package/headers
 rm -rf "$work"
+mkdir -p "$work"
 launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 start=$SECONDS
