@@ -17,7 +17,7 @@ include(CMakePackageConfigHelpers)
 # out of <prefix>/include itself.
 set(KRAB_PUBLIC_HEADERS
   engine/engine.h
-  comm/communicator.h comm/factory.h comm/traffic.h
+  comm/communicator.h comm/factory.h comm/store.h comm/traffic.h
   compress/codecs.h compress/hooks.h
   models/model.h
   parallel/data_parallel.h parallel/dp_engine.h parallel/comm_hook.h
@@ -26,7 +26,7 @@ set(KRAB_PUBLIC_HEADERS
   data/dataset.h data/sampler.h)
 # Included by the public headers, so installed with them; not an interface of their own.
 set(KRAB_SUPPORT_HEADERS
-  comm/store.h core/progress.h core/rng.h parallel/buckets.h train/job.h train/report.h)
+  core/progress.h core/rng.h parallel/buckets.h train/job.h train/report.h)
 
 # The libraries behind the public headers: everything krab_train links, found by walking the
 # targets' link libraries, so a library a layer starts to use is installed and linked without

@@ -10,10 +10,20 @@
 set(commit "unknown")
 find_program(_git git)
 if(_git)
-  execute_process(COMMAND ${_git} -C ${SOURCE_DIR} rev-parse --short HEAD
-                  OUTPUT_VARIABLE _head OUTPUT_STRIP_TRAILING_WHITESPACE
+  execute_process(COMMAND ${_git} -C ${SOURCE_DIR} rev-parse --show-toplevel
+                  OUTPUT_VARIABLE _top OUTPUT_STRIP_TRAILING_WHITESPACE
                   RESULT_VARIABLE _rc ERROR_QUIET)
-  if(_rc EQUAL 0 AND _head)
+  set(_head "")
+  if(_rc EQUAL 0 AND _top)
+    # A source tree unpacked inside some other checkout is not that checkout's commit.
+    file(REAL_PATH ${SOURCE_DIR} _src)
+    file(REAL_PATH ${_top} _top)
+    if(_src STREQUAL _top)
+      execute_process(COMMAND ${_git} -C ${SOURCE_DIR} rev-parse --short HEAD
+                      OUTPUT_VARIABLE _head OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+    endif()
+  endif()
+  if(_head)
     set(commit "${_head}")
     # --no-optional-locks: a build must never hold the index lock a concurrent `git` needs.
     execute_process(COMMAND ${_git} --no-optional-locks -C ${SOURCE_DIR} diff --quiet HEAD --

@@ -122,14 +122,23 @@ Options parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--workers") o.workers = std::stoi(value);
-    else if (flag == "--batch") o.batch = std::stoll(value);
-    else if (flag == "--steps") o.steps = std::stoll(value);
+    const auto number = [&] {
+      size_t end = 0;
+      int64_t n = -1;
+      try {
+        n = std::stoll(value, &end);
+      } catch (const std::exception&) {
+      }
+      if (end != value.size() || n < 1)
+        throw std::invalid_argument(flag + " needs a positive integer, got '" + value + "'");
+      return n;
+    };
+    if (flag == "--workers") o.workers = static_cast<int>(number());
+    else if (flag == "--batch") o.batch = number();
+    else if (flag == "--steps") o.steps = number();
     else if (flag == "--out") o.out = value;
     else throw std::invalid_argument("unknown option " + flag);
   }
-  if (o.workers < 1 || o.batch < 1 || o.steps < 1)
-    throw std::invalid_argument("--workers, --batch and --steps must be >= 1");
   return o;
 }
 
