@@ -18,9 +18,9 @@ include(CMakePackageConfigHelpers)
 set(KRAB_PUBLIC_HEADERS
   engine/engine.h
   comm/communicator.h comm/factory.h comm/store.h comm/traffic.h
-  compress/codecs.h compress/hooks.h
+  compress/compressor.h compress/options.h compress/codecs.h
   models/model.h
-  parallel/data_parallel.h parallel/dp_engine.h parallel/comm_hook.h
+  parallel/data_parallel.h parallel/dp_engine.h parallel/comm_hook.h parallel/compression_hook.h
   train/trainer.h
   core/config.h core/errors.h core/events.h
   data/dataset.h data/sampler.h)
@@ -90,6 +90,10 @@ endif()
 install(TARGETS krab RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS ${KRAB_PACKAGE_LIBRARIES} ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 foreach(h IN LISTS KRAB_PUBLIC_HEADERS KRAB_SUPPORT_HEADERS)
+  if(NOT EXISTS ${CMAKE_SOURCE_DIR}/src/${h})
+    message(FATAL_ERROR "cmake/krab_package.cmake installs src/${h}, which does not exist: "
+            "update KRAB_PUBLIC_HEADERS / KRAB_SUPPORT_HEADERS (docs/cpp_api.md lists them)")
+  endif()
   get_filename_component(_dir ${h} DIRECTORY)
   install(FILES ${CMAKE_SOURCE_DIR}/src/${h}
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/krab/${_dir})
@@ -134,9 +138,10 @@ set(KRAB_DEBIAN_DEPENDS
   libstdc++6 libgcc-s1 libc6)
 list(JOIN KRAB_DEBIAN_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 # Not needed to run: OpenBLAS makes LibTorch's matmul much faster on CPUs, mpirun launches the
-# MPI backend, the demo trains on Fashion-MNIST. The headers and libraries in the package
+# MPI backend, spm_encode tokenises text for data.tokenizer.sentencepiece, the demo trains on
+# Fashion-MNIST. The headers and libraries in the package
 # also need the -dev packages (docs/cpp_api.md).
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libopenblas0-pthread, openmpi-bin")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "libopenblas0-pthread, openmpi-bin, sentencepiece")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "dataset-fashion-mnist, libtorch-dev")
 set(CPACK_GENERATOR DEB)
 set(CPACK_PACKAGE_NAME krab)

@@ -15,6 +15,7 @@
 // worker with batch N·B (krab's determinism contract) and the job in
 // tests/package/cpp_api_job.yaml run by `krab train` (the package test checks both).
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,7 +24,6 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include "comm/factory.h"
@@ -85,8 +85,7 @@ double train_worker(int rank, const Options& o, const krab::comm::Endpoint& rend
   krab::parallel::DataParallelEngine engine(
       model, std::move(group), engine_options, /*hook=*/nullptr,  // plain all-reduce
       [lr](std::vector<at::Tensor> params) {
-        return std::make_unique<torch::optim::SGD>(std::move(params),
-                                                   torch::optim::SGDOptions(lr));
+        return std::make_unique<torch::optim::SGD>(std::move(params), torch::optim::SGDOptions(lr));
       });
 
   // Every worker builds the same sampler: the global batch of step s depends only on the seed;
@@ -133,11 +132,16 @@ Options parse(int argc, char** argv) {
         throw std::invalid_argument(flag + " needs a positive integer, got '" + value + "'");
       return n;
     };
-    if (flag == "--workers") o.workers = static_cast<int>(number());
-    else if (flag == "--batch") o.batch = number();
-    else if (flag == "--steps") o.steps = number();
-    else if (flag == "--out") o.out = value;
-    else throw std::invalid_argument("unknown option " + flag);
+    if (flag == "--workers")
+      o.workers = static_cast<int>(number());
+    else if (flag == "--batch")
+      o.batch = number();
+    else if (flag == "--steps")
+      o.steps = number();
+    else if (flag == "--out")
+      o.out = value;
+    else
+      throw std::invalid_argument("unknown option " + flag);
   }
   return o;
 }

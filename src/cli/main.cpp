@@ -38,8 +38,8 @@
 #include "federated/accountant.h"
 #include "federated/processes.h"
 #include "federated/simulation.h"
-#include "train/trainer.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
+#include "train/trainer.h"
 
 namespace {
 
@@ -645,8 +645,7 @@ int run_command(const Commands& c, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   CLI::App app{"krab — distributed training of neural networks"};
-  app.set_version_flag("--version",
-                       "krab " KRAB_BUILD_VERSION " (commit " KRAB_BUILD_COMMIT ")");
+  app.set_version_flag("--version", "krab " KRAB_BUILD_VERSION " (commit " KRAB_BUILD_COMMIT ")");
   Commands commands;
   add_commands(app, commands);
   g_who = error_prefix();
