@@ -19,7 +19,7 @@ set(KRAB_PUBLIC_HEADERS
   engine/engine.h
   comm/communicator.h comm/factory.h comm/store.h comm/traffic.h
   compress/compressor.h compress/options.h compress/codecs.h
-  models/model.h
+  models/model.h models/torchscript.h
   parallel/data_parallel.h parallel/dp_engine.h parallel/comm_hook.h parallel/compression_hook.h
   train/trainer.h
   core/config.h core/errors.h core/events.h
