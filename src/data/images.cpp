@@ -73,13 +73,17 @@ void decode_into(const ImageFolder& folder, int64_t i, const ImageOptions& o, in
   }
 }
 
+InvalidArgument unreadable_error(const std::string& what) {
+  return InvalidArgument(what + " (data.skip_bad: true skips such files)");
+}
+
 // First image's channel count (grey 1, colour 3): what the whole data set is converted to.
 int64_t first_image_channels(const ImageFolder& folder, bool skip_bad) {
   for (const std::string& file : folder.files) {
     try {
       return decode_image_file(file).channels;
-    } catch (const InvalidArgument&) {
-      if (!skip_bad) throw;
+    } catch (const InvalidArgument& e) {
+      if (!skip_bad) throw unreadable_error(e.what());
     }
   }
   throw InvalidArgument(str_cat("image folder '", folder.root, "' holds no readable image"));
@@ -191,7 +195,7 @@ DecodedImages decode_image_folder(const ImageFolder& folder, const ImageOptions&
       keep.push_back(i);
       continue;
     }
-    if (!o.skip_bad) throw InvalidArgument(errors[i] + " (data.skip_bad: true skips such files)");
+    if (!o.skip_bad) throw unreadable_error(errors[i]);
     if (out.skipped++ == 0) out.first_skipped = errors[i];
   }
   KRAB_CHECK_ARG(!keep.empty(), "image folder '", folder.root, "' holds no readable image");
@@ -206,6 +210,7 @@ DecodedImages decode_image_folder(const ImageFolder& folder, const ImageOptions&
 }
 
 DataSplits load_images(const std::string& root, const ImageOptions& o, int64_t* skipped) {
+  KRAB_CHECK_ARG(o.height >= 1 && o.width >= 1, "data.size must be set for data.name: images");
   const ImageFolder train = scan_image_folder(root);
   const int64_t channels = o.channels != 0 ? o.channels : first_image_channels(train, o.skip_bad);
   DecodedImages decoded = decode_image_folder(train, o, channels);
