@@ -27,7 +27,8 @@ inline std::vector<uint8_t> make_pixels(int seed, int h, int w, int c) {
   return p;
 }
 
-inline void write_png(const std::string& path, int h, int w, int c, const std::vector<uint8_t>& p) {
+inline void write_png(const std::string& path, int h, int w, int c,
+                      const std::vector<uint8_t>& p) {
   png_image img;
   std::memset(&img, 0, sizeof(img));
   img.version = PNG_IMAGE_VERSION;
@@ -37,7 +38,8 @@ inline void write_png(const std::string& path, int h, int w, int c, const std::v
   ASSERT_TRUE(png_image_write_to_file(&img, path.c_str(), 0, p.data(), 0, nullptr)) << img.message;
 }
 
-inline void write_jpeg(const std::string& path, int h, int w, int c, const std::vector<uint8_t>& p) {
+inline void write_jpeg(const std::string& path, int h, int w, int c,
+                       const std::vector<uint8_t>& p) {
   jpeg_compress_struct cinfo;
   jpeg_error_mgr err;
   cinfo.err = jpeg_std_error(&err);
