@@ -12,6 +12,7 @@ packages=(
   libopenblas0-pthread                # switches libblas.so.3 to OpenBLAS: ~30x faster matmul
   libopenmpi-dev openmpi-bin          # MPI backend
   libyaml-cpp-dev nlohmann-json3-dev libcli11-dev zlib1g-dev
+  libpng-dev libjpeg62-turbo-dev       # data.name images: PNG and JPEG decoding
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev  # parameter server + federated RPC
   sentencepiece                       # SentencePiece tokenizers for text (spm_encode; spm_train makes models)
   libsodium-dev openssl               # secure aggregation (X25519, ChaCha20); TLS certificates in tests

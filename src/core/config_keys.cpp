@@ -66,16 +66,48 @@ std::vector<KeySpec> build_registry() {
 
       string_key("data.name", "fashion-mnist",
                  "Dataset: `fashion-mnist` (28x28 grey images, 10 classes), `synthetic` "
-                 "(generated classification data), `text` (a character-level corpus) or `csv` "
-                 "(a table of numeric columns with a label column).",
-                 {"fashion-mnist", "synthetic", "text", "csv"}),
+                 "(generated classification data), `text` (a character-level corpus), `csv` "
+                 "(a table of numeric columns with a label column) or `images` (a folder of "
+                 "PNG/JPEG files, one sub-folder per class; docs/data.md).",
+                 {"fashion-mnist", "synthetic", "text", "csv", "images"}),
       string_key("data.path", "/usr/share/datasets/fashion-mnist",
-                 "Dataset directory for `fashion-mnist`, the corpus file for `text`, or the "
-                 "`.csv` file for `csv`; unused by `synthetic`."),
+                 "Dataset directory for `fashion-mnist`, the corpus file for `text`, the "
+                 "`.csv` file for `csv`, or the root folder (ROOT/<class>/<image>) for "
+                 "`images`; unused by `synthetic`."),
       string_key("data.tokenizer.sentencepiece", "",
                  "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
                  "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
                  "Empty: one token per byte (vocabulary 256)."),
+      string_key("data.test_path", "",
+                 "`images`: the test split's root folder, with class folders named as the "
+                 "training ones; empty = no test split."),
+      string_key("data.size", "",
+                 "`images`: the size every image is resized to (bilinear), `H,W` or `HxW` "
+                 "(`28x28`; one number N = NxN); required for `images`."),
+      int_key("data.channels", "0",
+              "`images`: 1 (grey) or 3 (RGB) channels every image is converted to; 0 = the "
+              "first training image's.",
+              0, 3),
+      string_key("data.mean", "0",
+                 "`images`: per-channel mean subtracted from pixels scaled to [0, 1]: one number, "
+                 "or one per channel separated by commas (`0.485,0.456,0.406`)."),
+      string_key("data.std", "1",
+                 "`images`: per-channel standard deviation pixels are divided by after "
+                 "`data.mean`: one number, or one per channel separated by commas."),
+      int_key("data.random_crop", "0",
+              "`images`, training only: pad each image with this many zeros on every side and "
+              "cut a random window of `data.size`, drawn from (seed, epoch, example); 0 = off.",
+              0),
+      bool_key("data.random_flip", "false",
+               "`images`, training only: mirror each image left to right with probability 1/2, "
+               "drawn from (seed, epoch, example)."),
+      int_key("data.decode_threads", "2",
+              "`images`: background threads per worker that decode images at load and make the "
+              "next batches (augmentation) while the training thread computes.",
+              1, 64),
+      bool_key("data.skip_bad", "false",
+               "`images`: skip unreadable image files (counted in one note) instead of stopping "
+               "with an error naming the file."),
       string_key("data.label_column", "label",
                  "`csv`: the column holding the class (an integer 0, 1, ...); every other "
                  "column is a feature."),

@@ -2,13 +2,46 @@
 
 #include <torch/torch.h>
 
+#include <cstdio>
 #include <thread>
+#include <tuple>
 
 #include "core/errors.h"
+#include "data/images.h"
 #include "data/tokenizer.h"
 #include "models/torchscript.h"
 
 namespace krab::train {
+namespace {
+
+data::ImageOptions image_options(const core::Config& c) {
+  data::ImageOptions o;
+  std::tie(o.height, o.width) = data::parse_image_size(c.get_string("data.size"));
+  o.channels = c.get_int("data.channels");
+  KRAB_CHECK_ARG(o.channels != 2, "data.channels must be 0, 1 or 3, got 2");
+  o.mean = data::parse_number_list(c.get_string("data.mean"), "data.mean");
+  o.std = data::parse_number_list(c.get_string("data.std"), "data.std");
+  o.random_crop = c.get_int("data.random_crop");
+  o.random_flip = c.get_bool("data.random_flip");
+  o.threads = c.get_int("data.decode_threads");
+  o.skip_bad = c.get_bool("data.skip_bad");
+  o.test_path = c.get_string("data.test_path");
+  return o;
+}
+
+// Decoded into memory at load, on data.decode_threads threads; the augmentation runs per batch
+// (image_batches). Skipped files are one line on stderr: every process that loads says it, so
+// the launcher's check says it before training.
+data::DataSplits load_image_data(const core::Config& c) {
+  int64_t skipped = 0;
+  data::DataSplits d = data::load_images(c.get_string("data.path"), image_options(c), &skipped);
+  if (skipped > 0)
+    std::fprintf(stderr, "krab: data.skip_bad: skipped %lld unreadable image(s) under '%s'\n",
+                 static_cast<long long>(skipped), c.get_string("data.path").c_str());
+  return d;
+}
+
+}  // namespace
 
 data::DataSplits load_data(const core::Config& c) {
   const std::string& name = c.get_string("data.name");
@@ -33,7 +66,33 @@ data::DataSplits load_data(const core::Config& c) {
   if (name == "csv")
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
+  if (name == "images") return load_image_data(c);
   throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
+}
+
+std::unique_ptr<data::BatchPrefetcher> image_batches(const core::Config& c,
+                                                     const data::TensorDataset& train,
+                                                     const data::GlobalBatchSampler& sampler,
+                                                     int64_t end_step) {
+  if (c.get_string("data.name") != "images") return nullptr;
+  const data::ImageOptions o = image_options(c);
+  const auto seed = static_cast<uint64_t>(c.get_int("train.seed"));
+  // The prefetcher's own copy: it is called on the training thread only (Plan), like the
+  // trainer's, but caches its own epoch's permutation.
+  auto plan_sampler = std::make_shared<data::GlobalBatchSampler>(sampler);
+  auto plan = [plan_sampler](int64_t step, data::BatchSlice part) {
+    return plan_sampler->slice(step, part);
+  };
+  // Runs on the prefetcher's threads: gather (index_select) and augment, both thread-safe;
+  // the epoch is steps_per_epoch arithmetic, which needs no sampler state.
+  const int64_t per_epoch = sampler.steps_per_epoch();
+  auto produce = [train, o, seed, per_epoch](int64_t step, const std::vector<int64_t>& idx) {
+    auto batch = data::gather(train, idx);
+    data::augment_images(batch.first, idx, seed, step / per_epoch, o);
+    return batch;
+  };
+  const int threads = static_cast<int>(o.threads);
+  return std::make_unique<data::BatchPrefetcher>(plan, produce, threads, 2 * threads, end_step);
 }
 
 models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {

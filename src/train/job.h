@@ -11,6 +11,7 @@
 
 #include "core/config.h"
 #include "data/dataset.h"
+#include "data/prefetch.h"
 #include "data/sampler.h"
 #include "models/model.h"
 
@@ -22,6 +23,15 @@ namespace krab::train {
 
 // data.name's dataset. Throws InvalidArgument / CorruptData naming the key or file.
 data::DataSplits load_data(const core::Config& c);
+
+// For data.name images: the batches of the training split made ahead on data.decode_threads
+// background threads (gather + the job's random crop / flip, seeded by train.seed, the step's
+// epoch and the example), for sampler steps below `end_step`. Null for every other dataset,
+// whose batches the training thread gathers itself. `train` and `sampler` are copied.
+std::unique_ptr<data::BatchPrefetcher> image_batches(const core::Config& c,
+                                                     const data::TensorDataset& train,
+                                                     const data::GlobalBatchSampler& sampler,
+                                                     int64_t end_step);
 
 // The model the job asks for, shaped for the data; refuses model/data mismatches.
 models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d);

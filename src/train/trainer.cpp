@@ -75,6 +75,7 @@ struct Trainer::Loop {
   void attach_sinks();
   nlohmann::json run();
   double compute(const engine::StepPlan& plan);
+  std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
   void end_of_step(int64_t step, double loss);
   void maybe_checkpoint(int64_t done);
   void maybe_evaluate(int64_t done);
@@ -96,6 +97,7 @@ struct Trainer::Loop {
   data::DataSplits d;
   std::unique_ptr<data::GlobalBatchSampler> sampler;
   int64_t steps = 0;
+  std::unique_ptr<data::BatchPrefetcher> batches;  // data.name images: made ahead; else null
   std::unique_ptr<engine::Engine> engine;
   comm::Communicator* group = nullptr;  // null for engines without one
 
@@ -132,6 +134,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   sampler = std::make_unique<data::GlobalBatchSampler>(d.train.size(), o.batch * world.size,
                                                        static_cast<uint64_t>(o.seed));
   steps = total_steps(c, *sampler, o.micro_batches);
+  batches = image_batches(c, d.train, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   auto model = models::make_model(model_spec(c, d));
   model_name = c.get_string("model.name");
@@ -206,7 +209,7 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
   for (int64_t m = 0; m < accum; ++m) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
-    auto [x, y] = data::gather(d.train, sampler->slice(plan.step * accum + m, plan.slice));
+    auto [x, y] = batch(plan.step * accum + m, plan.slice);
     auto loss = model.training_loss(x, y);
     const double value = loss.item<double>();
     // A NaN or an infinity would reach every replica through the all-reduce and leave a model
@@ -220,6 +223,12 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
     straggler->after_compute(Clock::now() - t_compute);
   }
   return step_loss;
+}
+
+std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
+                                                       data::BatchSlice part) {
+  if (batches) return batches->get(sampler_step, part);
+  return data::gather(d.train, sampler->slice(sampler_step, part));
 }
 
 void Trainer::Loop::end_of_step(int64_t step, double loss) {
@@ -300,12 +309,19 @@ nlohmann::json Trainer::Loop::finish_group() {
     out.test_accuracy = evaluate(model, *d.test, *group);
   }
   constexpr int kOps = static_cast<int>(comm::OpKind::kCount);
-  auto totals = torch::zeros({3 + kOps}, torch::kFloat64);
+  auto totals = torch::zeros({5 + kOps}, torch::kFloat64);
   totals[0] = last_loss;
   totals[1] = static_cast<double>(traffic.total_bytes_sent());
   totals[2] = static_cast<double>(traffic.total_bytes_sent() - setup_bytes);
   for (int k = 0; k < kOps; ++k) totals[3 + k] = static_cast<double>(traffic.bytes_sent[k]);
+  // The training thread's wait for prefetched batches, against the loop's training time.
+  totals[3 + kOps] = batches ? batches->waited_seconds() : 0.0;
+  totals[4 + kOps] = out.train_seconds;
   group->allreduce(totals)->wait();
+  if (batches) {
+    events.counter("data_wait_seconds", totals[3 + kOps].item<double>());
+    events.counter("data_wait_train_seconds", totals[4 + kOps].item<double>());
+  }
   events.counter("bytes_sent", totals[1].item<double>());
   events.counter("bytes_sent_steps", totals[2].item<double>());
   for (int k = 0; k < kOps; ++k)
@@ -345,6 +361,10 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   out.gradient_bytes = static_cast<uint64_t>(models::parameter_count(*state.model) * 4);
   out.sync_mode = sync_mode_name(o.sync_mode);
   nlohmann::json report = make_report(out, engine->describe(), job.to_json());
+  if (batches) {
+    const double train = record->total("data_wait_train_seconds");
+    report["data_wait_fraction"] = train > 0 ? record->total("data_wait_seconds") / train : 0.0;
+  }
   if (c != job)
     report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
                                  {"lr", c.get_float("train.optimizer.lr")}};

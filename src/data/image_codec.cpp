@@ -1,0 +1,178 @@
+#include "data/image_codec.h"
+
+#include <jpeglib.h>
+#include <png.h>
+#include <torch/torch.h>
+
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace krab::data {
+namespace {
+
+bool is_png(const std::string& b) {
+  static const unsigned char kMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  return b.size() >= 8 && std::memcmp(b.data(), kMagic, 8) == 0;
+}
+
+bool is_jpeg(const std::string& b) {
+  return b.size() >= 3 && static_cast<unsigned char>(b[0]) == 0xFF &&
+         static_cast<unsigned char>(b[1]) == 0xD8 && static_cast<unsigned char>(b[2]) == 0xFF;
+}
+
+[[noreturn]] void unreadable(const std::string& name, const std::string& why) {
+  throw InvalidArgument(str_cat("image '", name, "' cannot be read: ", why));
+}
+
+// The simplified API keeps libpng's state in `img` and frees it on every failure path; the
+// caller only frees after a successful begin that is not followed by finish_read.
+Image decode_png(const std::string& bytes, const std::string& name) {
+  png_image img;
+  std::memset(&img, 0, sizeof(img));
+  img.version = PNG_IMAGE_VERSION;
+  if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size()))
+    unreadable(name, str_cat("PNG: ", img.message));
+  const bool color = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
+  img.format = color ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+  Image out;
+  out.height = img.height;
+  out.width = img.width;
+  out.channels = color ? 3 : 1;
+  // Zeroed, so an alpha channel is composited onto black (background == nullptr).
+  out.pixels.assign(PNG_IMAGE_SIZE(img), 0);
+  if (!png_image_finish_read(&img, nullptr, out.pixels.data(), 0, nullptr))
+    unreadable(name, str_cat("PNG: ", img.message));
+  return out;
+}
+
+// libjpeg reports errors through a callback that must not return: it longjmps back to
+// decode_jpeg with the message saved. No object with a destructor is created between setjmp
+// and the calls that may jump.
+struct JpegError {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+void on_jpeg_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+void on_jpeg_message(j_common_ptr, int) {}  // warnings (corrupt but decodable data) are silent
+
+Image decode_jpeg(const std::string& bytes, const std::string& name) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = on_jpeg_error;
+  err.mgr.emit_message = on_jpeg_message;
+  Image out;
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    unreadable(name, str_cat("JPEG: ", err.message));
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
+  jpeg_read_header(&cinfo, TRUE);
+  const bool grey = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+  cinfo.out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  out.height = cinfo.output_height;
+  out.width = cinfo.output_width;
+  out.channels = cinfo.output_components;
+  out.pixels.resize(static_cast<size_t>(out.height * out.width * out.channels));
+  const size_t stride = static_cast<size_t>(out.width * out.channels);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = out.pixels.data() + cinfo.output_scanline * stride;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return out;
+}
+
+Image convert_channels(Image in, int64_t channels) {
+  if (channels == 0 || channels == in.channels) return in;
+  const int64_t n = in.height * in.width;
+  Image out{in.height, in.width, channels, std::vector<uint8_t>(n * channels)};
+  const uint8_t* p = in.pixels.data();
+  uint8_t* q = out.pixels.data();
+  if (channels == 3) {
+    for (int64_t i = 0; i < n; ++i) q[3 * i] = q[3 * i + 1] = q[3 * i + 2] = p[i];
+  } else {
+    // BT.601 luma, rounded: what libjpeg and PIL use for RGB -> L.
+    for (int64_t i = 0; i < n; ++i)
+      q[i] = static_cast<uint8_t>((299 * p[3 * i] + 587 * p[3 * i + 1] + 114 * p[3 * i + 2] +
+                                   500) / 1000);
+  }
+  return out;
+}
+
+// Source coordinate of destination pixel `d` for a scale of src/dst, centres aligned, clamped
+// to the image: the two neighbours and the weight of the second.
+struct Tap {
+  int64_t lo, hi;
+  float w;
+};
+
+std::vector<Tap> taps(int64_t src, int64_t dst) {
+  std::vector<Tap> out(dst);
+  const double scale = static_cast<double>(src) / dst;
+  for (int64_t d = 0; d < dst; ++d) {
+    double s = (d + 0.5) * scale - 0.5;
+    if (s < 0) s = 0;
+    const int64_t lo = std::min<int64_t>(static_cast<int64_t>(s), src - 1);
+    out[d] = {lo, std::min<int64_t>(lo + 1, src - 1), static_cast<float>(s - lo)};
+  }
+  return out;
+}
+
+}  // namespace
+
+Image decode_image(const std::string& bytes, const std::string& name, int64_t channels) {
+  KRAB_CHECK_ARG(channels == 0 || channels == 1 || channels == 3, "image channels must be 0, 1 "
+                 "or 3, got ", channels);
+  if (is_png(bytes)) return convert_channels(decode_png(bytes, name), channels);
+  if (is_jpeg(bytes)) return convert_channels(decode_jpeg(bytes, name), channels);
+  unreadable(name, bytes.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");
+}
+
+Image decode_image_file(const std::string& path, int64_t channels) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) unreadable(path, "cannot open the file");
+  std::ostringstream bytes;
+  bytes << in.rdbuf();
+  return decode_image(bytes.str(), path, channels);
+}
+
+at::Tensor image_to_tensor(const Image& image, int64_t height, int64_t width) {
+  KRAB_CHECK_ARG(height >= 1 && width >= 1, "image size must be at least 1x1, got ", height, "x",
+                 width);
+  const int64_t c = image.channels, h = image.height, w = image.width;
+  auto out = torch::empty({c, height, width}, torch::kFloat32);
+  float* q = out.data_ptr<float>();
+  const uint8_t* p = image.pixels.data();
+  const std::vector<Tap> ty = taps(h, height), tx = taps(w, width);
+  for (int64_t y = 0; y < height; ++y) {
+    const Tap& a = ty[y];
+    for (int64_t x = 0; x < width; ++x) {
+      const Tap& b = tx[x];
+      for (int64_t k = 0; k < c; ++k) {
+        const float v00 = p[(a.lo * w + b.lo) * c + k], v01 = p[(a.lo * w + b.hi) * c + k];
+        const float v10 = p[(a.hi * w + b.lo) * c + k], v11 = p[(a.hi * w + b.hi) * c + k];
+        const float top = v00 + (v01 - v00) * b.w, bottom = v10 + (v11 - v10) * b.w;
+        q[(k * height + y) * width + x] = (top + (bottom - top) * a.w) / 255.0f;
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace krab::data

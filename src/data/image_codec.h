@@ -1,0 +1,46 @@
+// Image files to pixels, and pixels to the float tensors a model trains on.
+//
+// Two formats, read with Debian's libraries: PNG (libpng's simplified API: every bit depth,
+// palette and interlaced files, 16-bit samples scaled to 8) and JPEG (libjpeg-turbo, baseline
+// and progressive). The format is found from the file's first bytes, not its name, so a JPEG
+// saved as ".png" still reads. Alpha is dropped (composited on nothing: the colour channels are
+// kept as stored); colour is kept as grey (1 channel) or RGB (3).
+//
+// Failure: a file that cannot be opened, is not PNG or JPEG, or that the library refuses
+// (truncated, damaged) throws krab::InvalidArgument naming the file and the library's reason;
+// nothing is printed (libjpeg's and libpng's own warning output is silenced).
+//
+// Thread safety: every function is safe to call from several threads at once (no shared
+// state; each call has its own decoder).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace krab::data {
+
+// Decoded pixels, row-major, channels interleaved (height x width x channels), 8 bits each.
+struct Image {
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t channels = 0;  // 1 (grey) or 3 (RGB)
+  std::vector<uint8_t> pixels;
+};
+
+// Decodes the PNG or JPEG file at `path`. With `channels` 1 or 3 the result has that many
+// (RGB to grey by ITU-R BT.601 luma, grey to RGB by copying); 0 keeps the file's own.
+Image decode_image_file(const std::string& path, int64_t channels = 0);
+
+// The same from bytes already in memory; `name` is what messages call them.
+Image decode_image(const std::string& bytes, const std::string& name, int64_t channels = 0);
+
+// Pixels as float32 [channels, height, width] scaled to [0, 1], resized with bilinear
+// interpolation (pixel centres aligned, as torch's interpolate with align_corners=false and
+// PIL's bilinear without antialiasing) when height x width differs from the image's. Resizing
+// to the image's own size returns the pixels exactly (v / 255).
+at::Tensor image_to_tensor(const Image& image, int64_t height, int64_t width);
+
+}  // namespace krab::data
