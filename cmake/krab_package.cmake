@@ -36,7 +36,8 @@ set(KRAB_PACKAGE_ROOTS krab_train)
 # External link items the walk may meet, each found in the consumer by krabConfig.cmake.in.
 # An item outside this list stops the configure: add its find_dependency there and here.
 set(KRAB_PACKAGE_EXTERNAL yaml-cpp nlohmann_json::nlohmann_json ZLIB::ZLIB Threads::Threads
-    OpenSSL::Crypto gRPC::grpc++ protobuf::libprotobuf MPI::MPI_C ${TORCH_LIBRARIES})
+    OpenSSL::Crypto gRPC::grpc++ protobuf::libprotobuf MPI::MPI_C PNG::PNG JPEG::JPEG
+    ${TORCH_LIBRARIES})
 
 # Depth-first over LINK_LIBRARIES (a static library's private dependencies are link
 # dependencies too) and INTERFACE_LINK_LIBRARIES (interface targets such as krab_engine).
@@ -134,6 +135,7 @@ set(KRAB_DEBIAN_DEPENDS
   libyaml-cpp0.7 zlib1g libssl3              # job files; gzip; checkpoint seals, TLS
   libgrpc++1.51 libgrpc29 libabsl20220623 libprotobuf32  # parameter server, federated RPC
   libsodium23                                # secure aggregation
+  libpng16-16 libjpeg62-turbo                # image folders (data.name images)
   libopenmpi3                                # the MPI backend
   libstdc++6 libgcc-s1 libc6)
 list(JOIN KRAB_DEBIAN_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
