@@ -67,20 +67,23 @@ std::vector<KeySpec> build_registry() {
       string_key("data.name", "fashion-mnist",
                  "Dataset: `fashion-mnist` (28x28 grey images, 10 classes), `synthetic` "
                  "(generated classification data), `text` (a character-level corpus), `csv` "
-                 "(a table of numeric columns with a label column) or `images` (a folder of "
-                 "PNG/JPEG files, one sub-folder per class; docs/data.md).",
-                 {"fashion-mnist", "synthetic", "text", "csv", "images"}),
+                 "(a table of numeric columns with a label column), `images` (a folder of "
+                 "PNG/JPEG files, one sub-folder per class) or `tensors` (tensors saved from "
+                 "Python with `torch.save({\"x\": X, \"y\": Y}, FILE)`); docs/data.md.",
+                 {"fashion-mnist", "synthetic", "text", "csv", "images", "tensors"}),
       string_key("data.path", "/usr/share/datasets/fashion-mnist",
                  "Dataset directory for `fashion-mnist`, the corpus file for `text`, the "
-                 "`.csv` file for `csv`, or the root folder (ROOT/<class>/<image>) for "
-                 "`images`; unused by `synthetic`."),
+                 "`.csv` file for `csv`, the root folder (ROOT/<class>/<image>) for `images`, "
+                 "or for `tensors` one file or a directory whose `.pt` and `.pth` files are the "
+                 "shards of one data set; unused by `synthetic`."),
       string_key("data.tokenizer.sentencepiece", "",
                  "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
                  "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
                  "Empty: one token per byte (vocabulary 256)."),
       string_key("data.test_path", "",
                  "`images`: the test split's root folder, with class folders named as the "
-                 "training ones; empty = no test split."),
+                 "training ones; `tensors`: a file or a directory of shards like `data.path` "
+                 "(read into memory); empty = no test split."),
       string_key("data.size", "",
                  "`images`: the size every image is resized to (bilinear), `H,W` or `HxW` "
                  "(`28x28`; one number N = NxN); required for `images`."),
@@ -108,6 +111,19 @@ std::vector<KeySpec> build_registry() {
       bool_key("data.skip_bad", "false",
                "`images`: skip unreadable image files (counted in one note) instead of stopping "
                "with an error naming the file."),
+      int_key("data.num_classes", "0",
+              "`tensors` with integer labels: the number of classes; 0 means the largest "
+              "training label + 1. A label outside [0, classes) is an error naming its file.",
+              0),
+      int_key("data.cache_mb", "1024",
+              "`tensors` from a directory: MiB of shards each worker keeps in memory (least "
+              "recently used dropped first); the data set itself may be any size.",
+              1),
+      int_key("data.shuffle_window", "0",
+              "`tensors` from a directory: shards whose examples are shuffled together; each "
+              "epoch shuffles the shard order, then the examples within each window of this "
+              "many shards. 0 means as many as fit in `data.cache_mb`.",
+              0),
       string_key("data.label_column", "label",
                  "`csv`: the column holding the class (an integer 0, 1, ...); every other "
                  "column is a feature."),

@@ -1,8 +1,9 @@
-// In-memory datasets and the loaders that build them.
+// Datasets and the loaders that build them.
 //
 // Every loader returns a DataSplits: whole splits held as tensors in memory (the datasets krab
-// ships with are tens of megabytes), plus the facts a model needs to size itself. Two kinds of
-// task share the type:
+// ships with are tens of megabytes), plus the facts a model needs to size itself. The one
+// exception is a directory of tensor shards (load_tensors with `lazy`), whose training split is
+// a Dataset that reads its shards on demand (data/shards.h). Two kinds of task share the type:
 //
 //   classification   inputs float32 [N, ...], targets int64 [N] in [0, num_classes)
 //   language model   inputs int64 [N, T] tokens, targets int64 [N, T], the same windows
@@ -21,26 +22,72 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace krab::data {
 
-// One split. inputs and targets have the same first dimension, the number of examples.
-struct TensorDataset {
+// How a dataset's examples are grouped into shards that are cheap to read together, for the
+// sampler (data/sampler.h), which then keeps each stretch of batches inside a window of shards.
+// Shard k holds the examples numbered sum(shard_sizes[0..k)) onwards. No shards (the default)
+// means the examples are in memory and any order costs the same.
+struct ShardLayout {
+  std::vector<int64_t> shard_sizes;  // examples per shard, in index order; empty: one block
+  int64_t window = 0;                // shards shuffled together (>= 1 when there are shards)
+};
+
+// Examples numbered 0..size()-1, each an input and a target: what the trainer draws its batches
+// from (data::gather). Implementations say in their header whether get() is thread-safe.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  // Number of examples.
+  virtual int64_t size() const = 0;
+
+  // {inputs[idx], targets[idx]}: new tensors (copies) in the order of `idx`, with a first
+  // dimension of idx.size(). Indices outside [0, size()) throw.
+  virtual std::pair<at::Tensor, at::Tensor> get(const std::vector<int64_t>& idx) const = 0;
+
+  // Bytes of examples this dataset holds in memory at most: the preflight's memory estimate.
+  virtual int64_t resident_bytes() const = 0;
+
+  // The shard grouping the sampler should respect; none by default.
+  virtual ShardLayout layout() const { return {}; }
+};
+
+// One split held in memory. inputs and targets have the same first dimension, the number of
+// examples. A value type: copies share the tensors. get() is thread-safe.
+struct TensorDataset final : Dataset {
+  TensorDataset() = default;
+  TensorDataset(at::Tensor inputs_in, at::Tensor targets_in)
+      : inputs(std::move(inputs_in)), targets(std::move(targets_in)) {}
+
   at::Tensor inputs;
   at::Tensor targets;
   // Number of examples (inputs.size(0)); 0 for a default-constructed dataset.
-  int64_t size() const;
+  int64_t size() const override;
+  // index_select on dim 0; out-of-range indices throw LibTorch's c10::Error.
+  std::pair<at::Tensor, at::Tensor> get(const std::vector<int64_t>& idx) const override;
+  int64_t resident_bytes() const override;
 };
 
 struct DataSplits {
-  TensorDataset train;
+  TensorDataset train;                // empty when lazy_train holds the training split
   std::optional<TensorDataset> test;  // absent when the loader was asked for no test split
   std::vector<int64_t> input_shape;   // per-example shape: {1, 28, 28}, {features}, {T}
   int64_t num_classes = 0;            // classes, or the vocabulary size (256) for text
   bool language_model = false;        // true for text
+  // A training split read from disk on demand (a directory of tensor shards loaded with `lazy`);
+  // null for every in-memory split. Code that only draws batches uses training(); code that
+  // needs the tensors themselves (federated partitioning) asks the loader for memory instead.
+  std::shared_ptr<const Dataset> lazy_train;
+
+  // The training split, wherever it lives.
+  const Dataset& training() const { return lazy_train ? *lazy_train : train; }
 };
 
 // Fashion-MNIST from the four IDX files in `dir` (Debian's dataset-fashion-mnist installs them
@@ -102,5 +149,35 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
 // a label that is not a non-negative integer.
 DataSplits load_csv(const std::string& path, const std::string& label_column,
                     double test_fraction, bool normalize);
+
+// What load_tensors needs besides data.path (the data.* keys of the same names).
+struct TensorsOptions {
+  std::string test_path;      // file or directory of the test split; empty: no test split
+  int64_t num_classes = 0;    // 0: the largest training label + 1
+  int64_t cache_mb = 1024;    // MiB of training shards kept in memory (lazy)
+  int64_t shuffle_window = 0; // shards per shuffle window; 0: as many as fit in cache_mb
+  bool lazy = false;          // a directory becomes lazy_train instead of one tensor in memory
+};
+
+// Tensors saved from Python with torch.save({"x": X, "y": Y}, FILE) (the zip format torch has
+// written by default since 1.6; read without Python, tensor_file.h). `path` is one such file or
+// a directory whose *.pt and *.pth files (sorted by name) are the shards of one dataset, in that
+// order. X may have any dtype and shape [N, ...] and keeps them; Y is [N, ...] of an integer
+// dtype (classes, converted to int64) or a floating one (regression targets, kept).
+// input_shape is X's shape without N. num_classes: for integer targets `num_classes`, or the
+// largest training label + 1 (at least 2); for float targets the number of values per example.
+//
+// A single file, or a directory without `lazy`, is read into memory. A directory with `lazy`
+// is opened as a ShardedDataset in lazy_train: only each shard's header and labels are read
+// now, the examples when a batch needs them, at most cache_mb MiB at a time (data/shards.h).
+// The test split (test_path, a file or a directory) is always read into memory.
+//
+// InvalidArgument naming the file (or the data.* key): a missing path; a directory without
+// shards; a file that is not a torch.save dict with tensors "x" and "y"; x and y of different
+// lengths; shards or a test split whose x or y per-example shape or dtype differ from the first
+// training file's; a negative label, or (with integer targets) one >= num_classes; a shard
+// larger than cache_mb, or a shuffle window that does not fit in it. CorruptData naming the
+// file: an archive torch cannot read (truncated, damaged).
+DataSplits load_tensors(const std::string& path, const TensorsOptions& options);
 
 }  // namespace krab::data

@@ -53,14 +53,19 @@ inline double standard_normal(std::mt19937_64& rng) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// Shuffles values[0..n) uniformly in place (Fisher-Yates, from the last element down).
+inline void shuffle_in_place(int64_t* values, int64_t n, std::mt19937_64& rng) {
+  for (int64_t i = n - 1; i > 0; --i) {
+    const int64_t j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
+    std::swap(values[i], values[j]);
+  }
+}
+
 // A uniformly random permutation of 0..n-1 (Fisher-Yates).
 inline std::vector<int64_t> random_permutation(int64_t n, std::mt19937_64& rng) {
   std::vector<int64_t> perm(n);
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
-  for (int64_t i = n - 1; i > 0; --i) {
-    const int64_t j = static_cast<int64_t>(uniform_below(rng, static_cast<uint64_t>(i) + 1));
-    std::swap(perm[i], perm[j]);
-  }
+  shuffle_in_place(perm.data(), n, rng);
   return perm;
 }
 

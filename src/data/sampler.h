@@ -13,6 +13,13 @@
 //     so every worker gets the same number of examples at every step);
 //   - epoch e visits the examples in the order of a permutation drawn from (seed, e) with krab's
 //     own generator (data/rng.h: mt19937_64 + Fisher-Yates), never torch's global generator;
+//   - for a dataset read lazily from shards (a ShardLayout with a window smaller than the
+//     number of shards, data/shards.h), that permutation is drawn in two levels so that a
+//     stretch of steps reads only a few shards: the shard order is shuffled, the shuffled
+//     order is cut into windows of `window` shards, and the examples of each window are
+//     shuffled among themselves; the epoch visits window after window. It is still a function
+//     of (seed, e, layout) alone. With a window of every shard (or no layout) it is one
+//     uniform shuffle of all examples, the same as for an in-memory dataset of that size;
 //   - step s is epoch s / steps_per_epoch(), and takes the next global_batch entries of that
 //     epoch's permutation.
 //
@@ -48,8 +55,10 @@ inline BatchSlice equal_slice(int64_t global_batch, int64_t index, int64_t count
 class GlobalBatchSampler {
  public:
   // InvalidArgument when global_batch < 1, dataset_size < 1, or global_batch > dataset_size
-  // (the message, "batch size larger than the data", names both numbers).
-  GlobalBatchSampler(int64_t dataset_size, int64_t global_batch, uint64_t seed);
+  // (the message, "batch size larger than the data", names both numbers), or when `layout`
+  // has shards whose sizes do not add up to dataset_size or a window below 1.
+  GlobalBatchSampler(int64_t dataset_size, int64_t global_batch, uint64_t seed,
+                     ShardLayout layout = {});
 
   int64_t dataset_size() const { return dataset_size_; }
   int64_t global_batch() const { return global_batch_; }
@@ -80,16 +89,16 @@ class GlobalBatchSampler {
   int64_t dataset_size_;
   int64_t global_batch_;
   uint64_t seed_;
+  ShardLayout layout_;
   // Cache of the most recently used epoch's permutation; steps are consumed in order, so it is
   // recomputed once per epoch.
   mutable int64_t cached_epoch_ = -1;
   mutable std::vector<int64_t> cached_perm_;
 };
 
-// The examples at `idx`: {dataset.inputs[idx], dataset.targets[idx]} (index_select on dim 0,
-// a copy). Indices out of range throw (LibTorch's c10::Error). An empty `idx` gives tensors
-// with a first dimension of 0.
-std::pair<at::Tensor, at::Tensor> gather(const TensorDataset& dataset,
-                                         const std::vector<int64_t>& idx);
+// The examples at `idx`: {inputs[idx], targets[idx]}, copies (dataset.get(idx)). Indices out of
+// range throw (LibTorch's c10::Error for a TensorDataset). An empty `idx` gives tensors with a
+// first dimension of 0.
+std::pair<at::Tensor, at::Tensor> gather(const Dataset& dataset, const std::vector<int64_t>& idx);
 
 }  // namespace krab::data

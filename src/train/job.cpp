@@ -43,7 +43,7 @@ data::DataSplits load_image_data(const core::Config& c) {
 
 }  // namespace
 
-data::DataSplits load_data(const core::Config& c) {
+data::DataSplits load_data(const core::Config& c, DataResidency residency) {
   const std::string& name = c.get_string("data.name");
   if (name == "fashion-mnist")
     return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
@@ -67,6 +67,15 @@ data::DataSplits load_data(const core::Config& c) {
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
   if (name == "images") return load_image_data(c);
+  if (name == "tensors") {
+    data::TensorsOptions o;
+    o.test_path = c.get_string("data.test_path");
+    o.num_classes = c.get_int("data.num_classes");
+    o.cache_mb = c.get_int("data.cache_mb");
+    o.shuffle_window = c.get_int("data.shuffle_window");
+    o.lazy = residency == DataResidency::kLazy;
+    return data::load_tensors(c.get_string("data.path"), o);
+  }
   throw InvalidArgument(str_cat("data.name: unknown dataset '", name, "'"));
 }
 

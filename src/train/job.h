@@ -21,8 +21,15 @@ class Optimizer;
 
 namespace krab::train {
 
+// Where load_data may leave the training split: in memory (DataSplits::train), or, for a data
+// set that can be read on demand (data.name: tensors with a directory of shards), on disk behind
+// DataSplits::lazy_train. Code that draws batches through DataSplits::training() asks for kLazy;
+// code that needs the training tensors themselves (federated partitioning) for kInMemory.
+enum class DataResidency { kInMemory, kLazy };
+
 // data.name's dataset. Throws InvalidArgument / CorruptData naming the key or file.
-data::DataSplits load_data(const core::Config& c);
+data::DataSplits load_data(const core::Config& c,
+                           DataResidency residency = DataResidency::kInMemory);
 
 // For data.name images: the batches of the training split made ahead on data.decode_threads
 // background threads (gather + the job's random crop / flip, seeded by train.seed, the step's

@@ -130,9 +130,10 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
       options(options_in) {
   torch::set_num_threads(o.threads);
   straggler.emplace(c, world.rank);
-  d = load_data(c);
-  sampler = std::make_unique<data::GlobalBatchSampler>(d.train.size(), o.batch * world.size,
-                                                       static_cast<uint64_t>(o.seed));
+  d = load_data(c, DataResidency::kLazy);
+  sampler = std::make_unique<data::GlobalBatchSampler>(d.training().size(), o.batch * world.size,
+                                                       static_cast<uint64_t>(o.seed),
+                                                       d.training().layout());
   steps = total_steps(c, *sampler, o.micro_batches);
   batches = image_batches(c, d.train, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
@@ -228,7 +229,7 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
 std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
                                                        data::BatchSlice part) {
   if (batches) return batches->get(sampler_step, part);
-  return data::gather(d.train, sampler->slice(sampler_step, part));
+  return data::gather(d.training(), sampler->slice(sampler_step, part));
 }
 
 void Trainer::Loop::end_of_step(int64_t step, double loss) {
@@ -422,11 +423,13 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   check_compression_options(job);  // the job as written: its keys are what errors name
   check_async_options(c);
-  auto d = load_data(c);
+  // The synchronous trainer reads shards lazily; the parameter-server mode holds all the data.
+  auto d = load_data(c, c.get_string("sync.mode") == "async" ? DataResidency::kInMemory
+                                                             : DataResidency::kLazy);
   const int64_t global = workers * c.get_int("data.batch_size");
-  KRAB_CHECK_ARG(global <= d.train.size(), "data.batch_size ", c.get_int("data.batch_size"),
+  KRAB_CHECK_ARG(global <= d.training().size(), "data.batch_size ", c.get_int("data.batch_size"),
                  " x ", workers, " workers = global batch ", global,
-                 " is larger than the training data (", d.train.size(), " examples)");
+                 " is larger than the training data (", d.training().size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
   check_model_fits_data(*model, d);
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
@@ -444,9 +447,8 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   }
   PreflightInfo info;
   info.parameters = models::parameter_count(*model);
-  for (const data::TensorDataset* t : {&d.train, d.test ? &*d.test : nullptr})
-    if (t != nullptr)
-      info.data_bytes += static_cast<int64_t>(t->inputs.nbytes() + t->targets.nbytes());
+  // A lazily read training split counts what it may hold in memory, not its size on disk.
+  info.data_bytes = d.training().resident_bytes() + (d.test ? d.test->resident_bytes() : 0);
   return info;
 }
 

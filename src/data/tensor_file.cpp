@@ -1,0 +1,193 @@
+#include "data/tensor_file.h"
+
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+
+#include "core/errors.h"
+#include "core/printable.h"
+
+namespace krab::data {
+namespace {
+
+using caffe2::serialize::PyTorchStreamReader;
+
+constexpr const char* kExpected = "expected a file written by torch.save({'x': X, 'y': Y}, FILE)";
+
+std::string one_line(std::string s) {
+  for (char& ch : s)
+    if (ch == '\n' || ch == '\r') ch = ' ';
+  return s;
+}
+
+// The storages one unpickling read or skipped, by the context pointer of their DataPtr (the
+// only handle a tensor keeps on where its bytes came from).
+struct StorageLog {
+  std::map<const void*, std::string> skipped;  // placeholder context -> storage key
+  std::map<const void*, size_t> read_bytes;    // real record context -> record size
+};
+
+// Unpickles `reader`'s data.pkl. Storage KEY's bytes are read when want(KEY); otherwise the
+// tensor gets a placeholder without data (see the header), logged in *log.
+c10::IValue unpickle(PyTorchStreamReader& reader,
+                     const std::function<bool(const std::string&)>& want, StorageLog* log) {
+  auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+  size_t pos = 0;
+  auto read = [&, &pickle = pickle, pickle_size = pickle_size](char* out, size_t n) {
+    n = std::min(n, pickle_size - pos);
+    std::memcpy(out, static_cast<const char*>(pickle.get()) + pos, n);
+    pos += n;
+    return n;
+  };
+  auto record = [&](const std::string& key) -> at::DataPtr {
+    if (want(key)) {
+      auto [bytes, size] = reader.getRecord("data/" + key);
+      log->read_bytes[bytes.get_context()] = size;
+      return std::move(bytes);
+    }
+    auto* owned_key = new std::string(key);
+    log->skipped[owned_key] = key;
+    return at::DataPtr(
+        nullptr, owned_key, [](void* p) { delete static_cast<std::string*>(p); }, at::kCPU);
+  };
+  torch::jit::Unpickler unpickler(read, nullptr, nullptr, record, c10::nullopt);
+  return unpickler.parse_ivalue();
+}
+
+// True when the file starts like a zip archive; a damaged one is then CorruptData, anything
+// else is the wrong kind of file (InvalidArgument).
+bool looks_like_zip(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[4] = {};
+  return in.read(magic, 4) && std::memcmp(magic, "PK\x03\x04", 4) == 0;
+}
+
+// Opens and unpickles `path`, mapping LibTorch's errors to krab's, naming the file.
+c10::IValue open_and_unpickle(const std::string& path,
+                              const std::function<bool(const std::string&)>& want,
+                              StorageLog* log) {
+  KRAB_CHECK_ARG(std::filesystem::is_regular_file(path), "tensor file '", path,
+                 "' does not exist or is not a file");
+  KRAB_CHECK_ARG(looks_like_zip(path), path,
+                 ": not a torch.save zip archive (torch.save(..., "
+                 "_use_new_zipfile_serialization=False) files are not read); ",
+                 kExpected);
+  try {
+    PyTorchStreamReader reader(path);
+    return unpickle(reader, want, log);
+  } catch (const c10::Error& e) {
+    throw CorruptData(str_cat(path, ": cannot read it as a torch.save archive: ",
+                              one_line(e.what_without_backtrace())));
+  }
+}
+
+struct XY {
+  at::Tensor x, y;
+};
+
+at::Tensor entry(const c10::impl::GenericDict& dict, const char* key, const std::string& path) {
+  for (const auto& kv : dict)
+    if (kv.key().isString() && kv.key().toStringRef() == key) {
+      KRAB_CHECK_ARG(kv.value().isTensor(), path, ": '", key, "' is a ", kv.value().tagKind(),
+                     ", not a tensor; ", kExpected);
+      const at::Tensor t = kv.value().toTensor();
+      KRAB_CHECK_ARG(t.dim() >= 1, path, ": '", key,
+                     "' is a scalar; it needs a first dimension, the examples");
+      return t;
+    }
+  std::string keys;
+  for (const auto& kv : dict)
+    keys += (keys.empty() ? "" : ", ") +
+            (kv.key().isString() ? "'" + core::printable(kv.key().toStringRef(), 40) + "'"
+                                 : std::string(kv.key().tagKind()));
+  throw InvalidArgument(str_cat(path, ": no key '", key, "' (the dict has ",
+                                keys.empty() ? "no keys" : keys, "); ", kExpected));
+}
+
+XY parse(const c10::IValue& saved, const std::string& path) {
+  KRAB_CHECK_ARG(saved.isGenericDict(), path, ": holds a ", saved.tagKind(), ", not a dict; ",
+                 kExpected);
+  const auto dict = saved.toGenericDict();
+  XY xy{entry(dict, "x", path), entry(dict, "y", path)};
+  KRAB_CHECK_ARG(xy.x.size(0) == xy.y.size(0), path, ": x has ", xy.x.size(0),
+                 " examples but y has ", xy.y.size(0), " (their first dimensions must agree)");
+  const at::ScalarType y = xy.y.scalar_type();
+  KRAB_CHECK_ARG(integer_targets(y) || at::isFloatingType(y), path, ": y has dtype ", y,
+                 "; targets must be integers (classes) or floating point");
+  return xy;
+}
+
+// Every storage a tensor reads must be as long as its record: a damaged header could otherwise
+// point the tensor past the bytes read.
+void check_read_sizes(const at::Tensor& t, const StorageLog& log, const std::string& path) {
+  if (!t.has_storage() || t.numel() == 0) return;
+  const auto it = log.read_bytes.find(t.storage().data_ptr().get_context());
+  if (it == log.read_bytes.end()) return;
+  if (t.storage().nbytes() > it->second)
+    throw CorruptData(str_cat(path, ": a storage holds ", it->second, " bytes but the header says ",
+                              t.storage().nbytes()));
+}
+
+// A tensor that owns exactly its own bytes, contiguous.
+at::Tensor compact(const at::Tensor& t) {
+  if (t.is_contiguous() && t.storage().nbytes() == t.nbytes()) return t;
+  return t.clone(at::MemoryFormat::Contiguous);
+}
+
+TensorFileInfo describe(const XY& xy) {
+  TensorFileInfo info;
+  info.examples = xy.x.size(0);
+  info.x_shape.assign(xy.x.sizes().begin() + 1, xy.x.sizes().end());
+  info.y_shape.assign(xy.y.sizes().begin() + 1, xy.y.sizes().end());
+  info.x_dtype = xy.x.scalar_type();
+  info.y_dtype = xy.y.scalar_type();
+  const int64_t y_item = integer_targets(info.y_dtype) ? 8 : xy.y.element_size();
+  info.bytes = static_cast<int64_t>(xy.x.nbytes()) + xy.y.numel() * y_item;
+  return info;
+}
+
+}  // namespace
+
+bool integer_targets(at::ScalarType y_dtype) {
+  return at::isIntegralType(y_dtype, /*includeBool=*/true);
+}
+
+TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
+  StorageLog header_log;
+  const XY header = parse(open_and_unpickle(path, [](const std::string&) { return false; },
+                                            &header_log),
+                          path);
+  TensorFileInfo info = describe(header);
+  if (!with_labels) return info;
+  if (header.y.numel() == 0) {
+    info.labels = at::empty(header.y.sizes(), header.y.options());
+    return info;
+  }
+  // Second pass: now that the header says which storage y lives in, read that one alone (x's
+  // too when y is a view of the same storage; nothing distinguishes them then).
+  const std::string y_key = header_log.skipped.at(header.y.storage().data_ptr().get_context());
+  StorageLog log;
+  const XY xy = parse(
+      open_and_unpickle(path, [&](const std::string& key) { return key == y_key; }, &log), path);
+  check_read_sizes(xy.y, log, path);
+  info.labels = compact(xy.y);
+  return info;
+}
+
+TensorDataset read_tensor_file(const std::string& path) {
+  StorageLog log;
+  const XY xy =
+      parse(open_and_unpickle(path, [](const std::string&) { return true; }, &log), path);
+  check_read_sizes(xy.x, log, path);
+  check_read_sizes(xy.y, log, path);
+  at::Tensor y = integer_targets(xy.y.scalar_type()) ? xy.y.to(at::kLong) : xy.y;
+  return TensorDataset(compact(xy.x), compact(y));
+}
+
+}  // namespace krab::data

@@ -1,0 +1,391 @@
+// data.name: tensors — files written by Python's torch.save, read whole or as lazy shards, and
+// the sampler's shard windows. Every file is written by the Python beside the build (KRAB_PYTHON,
+// Debian's python3-torch), once for the whole suite.
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <torch/torch.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+#include "core/errors.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "data/shards.h"
+#include "data/tensor_file.h"
+#include "test_util.h"
+
+namespace krab::data {
+namespace {
+
+using testing::expect_throw_containing;
+using testing::TempDir;
+
+// The memory test's data set: 24 shards of 256 examples x 1024 float32 (1 MiB each), three
+// times a cache of 8 MiB.
+constexpr int64_t kShards = 24, kShardRows = 256, kFeatures = 1024, kCacheMb = 8;
+
+const char* kWriteFiles = R"PY(
+import os, sys, torch
+d = sys.argv[1]
+def save(name, obj, **kw):
+    torch.save(obj, os.path.join(d, name), **kw)
+save("basic.pt", {"x": torch.arange(30, dtype=torch.float32).view(5, 2, 3),
+                  "y": torch.tensor([0, 1, 2, 1, 0])})
+save("bytes_int32.pt", {"x": torch.arange(12, dtype=torch.uint8).view(4, 3),
+                        "y": torch.tensor([3, 0, 1, 2], dtype=torch.int32)})
+save("float_y.pt", {"x": torch.ones(3, 2, dtype=torch.float64),
+                    "y": torch.tensor([[0.5, 1.5], [2.5, 3.5], [4.5, 5.5]])})
+t = torch.arange(20.).view(4, 5)
+save("views.pt", {"y": t[:, 4], "x": t[:, :4]})
+save("mismatch.pt", {"x": torch.zeros(10, 2), "y": torch.zeros(9, dtype=torch.long)})
+save("list.pt", [torch.zeros(2), torch.zeros(2)])
+save("no_x.pt", {"inputs": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long)})
+save("y_list.pt", {"x": torch.zeros(2, 1), "y": [0, 1]})
+save("negative.pt", {"x": torch.zeros(3, 1), "y": torch.tensor([0, -1, 1])})
+save("legacy.pt", {"x": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long)},
+     _use_new_zipfile_serialization=False)
+save("test_ok.pt", {"x": torch.zeros(2, 2, 3), "y": torch.tensor([2, 0])})
+save("test_big_label.pt", {"x": torch.zeros(2, 2, 3), "y": torch.tensor([1, 7])})
+save("test_wrong_shape.pt", {"x": torch.zeros(2, 3, 2), "y": torch.tensor([1, 0])})
+with open(os.path.join(d, "basic.pt"), "rb") as f:
+    whole = f.read()
+with open(os.path.join(d, "truncated.pt"), "wb") as f:
+    f.write(whole[: len(whole) // 2])
+with open(os.path.join(d, "text.pt"), "w") as f:
+    f.write("x,y\n1,2\n")
+# Small shards of different lengths (and one without examples), and their concatenation.
+os.makedirs(os.path.join(d, "small"))
+g = torch.Generator().manual_seed(1)
+xs, ys = [], []
+for i, n in enumerate([7, 0, 5, 9, 3, 6]):
+    x = torch.randn(n, 3, generator=g)
+    y = torch.randint(0, 4, (n,), generator=g)
+    save(os.path.join("small", "part-%02d.pt" % i), {"x": x, "y": y})
+    xs.append(x); ys.append(y)
+save("small_all.pt", {"x": torch.cat(xs), "y": torch.cat(ys)})
+with open(os.path.join(d, "small", "README.txt"), "w") as f:
+    f.write("not a shard: ignored")
+# The memory test's shards.
+os.makedirs(os.path.join(d, "big"))
+shards, rows, features = [int(v) for v in sys.argv[2:5]]
+for i in range(shards):
+    x = torch.full((rows, features), float(i))
+    y = torch.arange(rows) % 10
+    save(os.path.join("big", "shard-%03d.pt" % i), {"x": x, "y": y})
+)PY";
+
+class TensorsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    const std::string script = dir_->file("write.py");
+    std::ofstream(script) << kWriteFiles;
+    const std::string cmd = std::string(KRAB_PYTHON) + " " + script + " " +
+                            dir_->path().string() + " " + std::to_string(kShards) + " " +
+                            std::to_string(kShardRows) + " " + std::to_string(kFeatures);
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string file(const std::string& name) { return dir_->file(name); }
+
+  static TempDir* dir_;
+};
+
+TempDir* TensorsTest::dir_ = nullptr;
+
+TensorsOptions lazy_options(int64_t cache_mb, int64_t window = 0) {
+  TensorsOptions o;
+  o.lazy = true;
+  o.cache_mb = cache_mb;
+  o.shuffle_window = window;
+  return o;
+}
+
+// ---- one file ------------------------------------------------------------------------------
+
+TEST_F(TensorsTest, ReadsValuesShapesAndDtypes) {
+  const DataSplits d = load_tensors(file("basic.pt"), {});
+  EXPECT_TRUE(d.train.inputs.equal(torch::arange(30, torch::kFloat32).view({5, 2, 3})));
+  EXPECT_TRUE(d.train.targets.equal(torch::tensor({0, 1, 2, 1, 0}, torch::kInt64)));
+  EXPECT_EQ(d.input_shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(d.num_classes, 3);
+  EXPECT_FALSE(d.test.has_value());
+  EXPECT_EQ(d.lazy_train, nullptr);
+  EXPECT_EQ(&d.training(), &d.train);
+}
+
+TEST_F(TensorsTest, KeepsInputDtypeAndWidensIntegerLabels) {
+  const DataSplits d = load_tensors(file("bytes_int32.pt"), {});
+  EXPECT_EQ(d.train.inputs.scalar_type(), torch::kUInt8);
+  EXPECT_TRUE(d.train.inputs.equal(torch::arange(12, torch::kUInt8).view({4, 3})));
+  EXPECT_EQ(d.train.targets.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(d.train.targets.equal(torch::tensor({3, 0, 1, 2}, torch::kInt64)));
+  EXPECT_EQ(d.num_classes, 4);
+}
+
+TEST_F(TensorsTest, FloatTargetsAreKept) {
+  const DataSplits d = load_tensors(file("float_y.pt"), {});
+  EXPECT_EQ(d.train.inputs.scalar_type(), torch::kFloat64);
+  EXPECT_EQ(d.train.targets.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(
+      d.train.targets.equal(torch::tensor({0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}).view({3, 2})));
+  EXPECT_EQ(d.num_classes, 2);  // values per example
+}
+
+TEST_F(TensorsTest, ViewsOfOneStorageAreCopiedOut) {
+  const TensorDataset d = read_tensor_file(file("views.pt"));
+  const at::Tensor t = torch::arange(20, torch::kFloat32).view({4, 5});
+  EXPECT_TRUE(d.inputs.equal(t.narrow(1, 0, 4)));
+  EXPECT_TRUE(d.targets.equal(t.select(1, 4)));
+  EXPECT_EQ(d.inputs.storage().nbytes(), d.inputs.nbytes());  // not the shared 80 bytes
+  const TensorFileInfo info = inspect_tensor_file(file("views.pt"), /*with_labels=*/true);
+  EXPECT_EQ(info.examples, 4);
+  EXPECT_TRUE(info.labels.equal(t.select(1, 4)));
+}
+
+TEST_F(TensorsTest, InspectReadsTheHeaderAndLabelsOnly) {
+  const TensorFileInfo info = inspect_tensor_file(file("basic.pt"), /*with_labels=*/true);
+  EXPECT_EQ(info.examples, 5);
+  EXPECT_EQ(info.x_shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(info.x_dtype, torch::kFloat32);
+  EXPECT_EQ(info.bytes, 5 * 6 * 4 + 5 * 8);
+  EXPECT_TRUE(info.labels.equal(torch::tensor({0, 1, 2, 1, 0}, torch::kInt64)));
+  EXPECT_FALSE(inspect_tensor_file(file("basic.pt"), false).labels.defined());
+}
+
+TEST_F(TensorsTest, TestSplitIsCheckedAgainstTheTrainingData) {
+  TensorsOptions o;
+  o.test_path = file("test_ok.pt");
+  const DataSplits d = load_tensors(file("basic.pt"), o);
+  ASSERT_TRUE(d.test.has_value());
+  EXPECT_TRUE(d.test->targets.equal(torch::tensor({2, 0}, torch::kInt64)));
+  o.test_path = file("test_big_label.pt");
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("basic.pt"), o); },
+                                           {"test_big_label.pt", "label 7 out of range [0, 3)"});
+  o.num_classes = 8;  // now 7 is a class
+  EXPECT_EQ(load_tensors(file("basic.pt"), o).num_classes, 8);
+  o.num_classes = 2;  // and now the training labels (2) are out of range
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("basic.pt"), o); },
+                                           {"basic.pt", "label 2 out of range [0, 2)",
+                                            "data.num_classes"});
+  o = {};
+  o.test_path = file("test_wrong_shape.pt");
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("basic.pt"), o); },
+                                           {"test_wrong_shape.pt", "[3, 2]", "basic.pt", "[2, 3]"});
+}
+
+// ---- bad input -----------------------------------------------------------------------------
+
+TEST_F(TensorsTest, BadFilesAreNamed) {
+  auto refused = [](const std::string& name, std::initializer_list<std::string> parts) {
+    std::vector<std::string> all{name};
+    all.insert(all.end(), parts.begin(), parts.end());
+    SCOPED_TRACE(name);
+    try {
+      load_tensors(file(name), {});
+      ADD_FAILURE() << "accepted " << name;
+    } catch (const InvalidArgument& e) {
+      for (const std::string& p : all)
+        EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << " lacks " << p;
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  };
+  refused("mismatch.pt", {"x has 10 examples but y has 9"});
+  refused("list.pt", {"not a dict", "torch.save({'x': X, 'y': Y}"});
+  refused("no_x.pt", {"no key 'x'", "'inputs'", "'y'"});
+  refused("y_list.pt", {"'y' is a GenericList, not a tensor"});
+  refused("negative.pt", {"label -1 out of range"});
+  refused("legacy.pt", {"not a torch.save zip archive", "_use_new_zipfile_serialization"});
+  refused("text.pt", {"not a torch.save zip archive"});
+  refused("missing.pt", {"does not exist"});
+  expect_throw_containing<CorruptData>([] { load_tensors(file("truncated.pt"), {}); },
+                                       {"truncated.pt", "cannot read"});
+  expect_throw_containing<InvalidArgument>([] { load_tensors("", {}); }, {"data.path is empty"});
+  TempDir empty;
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(empty.path().string(), {}); },
+                                           {"holds no .pt or .pth files"});
+}
+
+TEST_F(TensorsTest, ShardsMustAgree) {
+  TempDir dir;
+  std::filesystem::copy(file("basic.pt"), dir.file("a.pt"));
+  std::filesystem::copy(file("test_wrong_shape.pt"), dir.file("b.pt"));
+  expect_throw_containing<InvalidArgument>(
+      [&] { load_tensors(dir.path().string(), lazy_options(1)); },
+      {"b.pt", "x holds Float [3, 2] per example", "a.pt"});
+}
+
+// ---- shards --------------------------------------------------------------------------------
+
+TEST_F(TensorsTest, ShardedEqualsConcatenatedInMemoryAndLazy) {
+  const DataSplits all = load_tensors(file("small_all.pt"), {});
+  const DataSplits eager = load_tensors(file("small"), {});  // README.txt is not a shard
+  const DataSplits lazy = load_tensors(file("small"), lazy_options(1, 2));
+  ASSERT_NE(lazy.lazy_train, nullptr);
+  EXPECT_EQ(lazy.train.size(), 0);
+  EXPECT_EQ(lazy.training().size(), 30);
+  EXPECT_EQ(lazy.training().layout().shard_sizes, (std::vector<int64_t>{7, 0, 5, 9, 3, 6}));
+  EXPECT_EQ(lazy.num_classes, all.num_classes);
+  EXPECT_TRUE(eager.train.inputs.equal(all.train.inputs));
+  EXPECT_TRUE(eager.train.targets.equal(all.train.targets));
+  const std::vector<int64_t> idx{29, 0, 7, 12, 13, 6, 21, 24, 3};
+  const auto [ax, ay] = gather(all.train, idx);
+  const auto [lx, ly] = gather(lazy.training(), idx);
+  EXPECT_TRUE(lx.equal(ax));
+  EXPECT_TRUE(ly.equal(ay));
+  EXPECT_EQ(lazy.training().get({}).first.sizes(), (std::vector<int64_t>{0, 3}));
+  expect_throw_containing<InvalidArgument>([&] { lazy.training().get({30}); },
+                                           {"example 30 outside"});
+}
+
+TEST_F(TensorsTest, ShardLargerThanTheCacheIsRefused) {
+  TensorsOptions o = lazy_options(1);
+  o.shuffle_window = 2;  // two 1 MiB shards cannot share a 1 MiB cache
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("big"), o); },
+                                           {"shard-000.pt", "data.cache_mb"});
+  o = lazy_options(4, 8);
+  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("big"), o); },
+                                           {"data.shuffle_window 8", "data.cache_mb"});
+}
+
+// Bytes the program holds from malloc now (heap and mmapped blocks), whatever the allocator
+// keeps of what was freed.
+int64_t live_kib() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>((m.uordblks + m.hblkhd) / 1024);
+}
+
+int64_t rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+// Issue 19's memory case: a data set three times the cache trains through it, reading each
+// shard once per epoch, and the memory the program holds grows by about the cache, not the
+// data. Two measures: bytes held from malloc (exact, whatever the process did before), and
+// resident memory, meaningful when this test runs alone: the allocator is told to hand blocks of
+// 256 KiB or more back to the system when freed (glibc otherwise raises that threshold as blocks
+// are freed, and keeps freed 1 MiB shards in its heap for reuse, resident all the same).
+TEST_F(TensorsTest, LazyShardsStayWithinTheCache) {
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
+  {
+    // Warm up on small shards: the first read and index_copy_ page in LibTorch's code and start
+    // its threads, megabytes that are no part of the data.
+    const DataSplits small = load_tensors(file("small"), lazy_options(1, 1));
+    GlobalBatchSampler s(small.training().size(), 8, 1, small.training().layout());
+    for (int64_t step = 0; step < 2 * s.steps_per_epoch(); ++step)
+      gather(small.training(), s.indices(step, 0, 1));
+  }
+  const DataSplits d = load_tensors(file("big"), lazy_options(kCacheMb));
+  const auto& shards = dynamic_cast<const ShardedDataset&>(d.training());
+  EXPECT_EQ(shards.loads(), 0);  // opening read headers and labels only
+  const int64_t shard_bytes = kShardRows * kFeatures * 4 + kShardRows * 8;
+  EXPECT_EQ(shards.layout().window, kCacheMb * (1 << 20) / shard_bytes);  // 7 shards fit
+  GlobalBatchSampler sampler(d.training().size(), 64, 5, d.training().layout());
+  const int64_t live_before = live_kib(), rss_before = rss_kib();
+  int64_t live_peak = live_before, rss_peak = rss_before;
+  for (int64_t step = 0; step < 2 * sampler.steps_per_epoch(); ++step) {
+    const std::vector<int64_t> idx = sampler.indices(step, 0, 1);
+    const auto [x, y] = gather(d.training(), idx);
+    // Every row of shard i is i: the rows are the ones asked for.
+    for (size_t i = 0; i < idx.size(); i += 13)
+      ASSERT_EQ(x[i][0].item<float>(), static_cast<float>(idx[i] / kShardRows));
+    ASSERT_LE(shards.cached_bytes(), kCacheMb << 20);
+    live_peak = std::max(live_peak, live_kib());
+    rss_peak = std::max(rss_peak, rss_kib());
+    if (step == sampler.steps_per_epoch() - 1) EXPECT_EQ(shards.loads(), kShards);
+  }
+  // Each shard once per epoch, less those the last window left in the cache for the next epoch.
+  EXPECT_LE(shards.loads(), 2 * kShards);
+  EXPECT_GE(shards.loads(), 2 * kShards - shards.layout().window);
+  (void)live_peak;
+  (void)rss_peak;
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  // (A sanitizer's allocator keeps freed memory in quarantine and answers mallinfo2 itself.)
+  const int64_t data_kib = kShards * shard_bytes / 1024, bound_kib = (kCacheMb + 3) * 1024;
+  EXPECT_GT(live_peak - live_before, (kCacheMb - 2) * 1024);  // the cache did fill
+  EXPECT_LT(live_peak - live_before, bound_kib) << "data set " << data_kib << " KiB";
+  EXPECT_LT(rss_peak - rss_before, bound_kib) << "data set " << data_kib << " KiB";
+#endif
+}
+
+TEST_F(TensorsTest, TwoWorkersReadEachShardOncePerEpoch) {
+  // Each worker has its own dataset (its own cache) and takes half of every global batch.
+  const DataSplits w0 = load_tensors(file("big"), lazy_options(kCacheMb));
+  const DataSplits w1 = load_tensors(file("big"), lazy_options(kCacheMb));
+  GlobalBatchSampler sampler(w0.training().size(), 64, 9, w0.training().layout());
+  for (int64_t step = 0; step < sampler.steps_per_epoch(); ++step) {
+    const auto [x0, y0] = gather(w0.training(), sampler.indices(step, 0, 2));
+    const auto [x1, y1] = gather(w1.training(), sampler.indices(step, 1, 2));
+    const auto [x, y] = gather(w0.training(), sampler.indices(step, 0, 1));
+    ASSERT_TRUE(torch::cat({y0, y1}).equal(y));
+  }
+  EXPECT_LE(dynamic_cast<const ShardedDataset&>(w1.training()).loads(), kShards);
+}
+
+// ---- the sampler's windows -----------------------------------------------------------------
+
+TEST(ShardWindows, PermutationKeepsBatchesInsideAWindow) {
+  ShardLayout layout{{10, 0, 25, 10, 7, 13, 10, 5}, 3};
+  std::vector<int64_t> shard_of;
+  for (int64_t s = 0; s < 8; ++s) shard_of.insert(shard_of.end(), layout.shard_sizes[s], s);
+  GlobalBatchSampler sampler(80, 8, 42, layout);
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    const std::vector<int64_t> perm = sampler.permutation(epoch);
+    ASSERT_EQ(std::set<int64_t>(perm.begin(), perm.end()).size(), 80u);
+    // Walk the epoch: the set of shards seen changes in runs of at most 3 shards.
+    std::set<int64_t> window;
+    int64_t windows = 1;
+    for (const int64_t i : perm) {
+      window.insert(shard_of[i]);
+      if (window.size() > 3) {
+        window = {shard_of[i]};
+        ++windows;
+      }
+    }
+    EXPECT_LE(windows, 3);  // 7 non-empty shards in windows of 3 shards (one empty)
+  }
+  const std::vector<int64_t> first = sampler.permutation(0);  // (a reference to the cache)
+  EXPECT_NE(first, sampler.permutation(1));
+  // A function of (seed, epoch, layout): a new sampler gives the same, another seed does not.
+  EXPECT_EQ(GlobalBatchSampler(80, 8, 42, layout).permutation(2), sampler.permutation(2));
+  EXPECT_NE(GlobalBatchSampler(80, 8, 43, layout).permutation(2), sampler.permutation(2));
+}
+
+TEST(ShardWindows, AWindowOfEveryShardIsTheUniformShuffle) {
+  const ShardLayout layout{{30, 20, 50}, 3};
+  GlobalBatchSampler sharded(100, 10, 7, layout), plain(100, 10, 7);
+  for (int64_t epoch = 0; epoch < 3; ++epoch)
+    EXPECT_EQ(sharded.permutation(epoch), plain.permutation(epoch));
+}
+
+TEST(ShardWindows, WorkerSlicesConcatenateToTheGlobalBatch) {
+  GlobalBatchSampler s(120, 12, 3, ShardLayout{{40, 40, 40}, 1});
+  for (int64_t step = 0; step < 25; ++step) {
+    std::vector<int64_t> joined;
+    for (int r = 0; r < 4; ++r) {
+      const auto part = s.indices(step, r, 4);
+      joined.insert(joined.end(), part.begin(), part.end());
+    }
+    EXPECT_EQ(joined, s.indices(step, 0, 1));
+  }
+}
+
+TEST(ShardWindows, BadLayoutsAreRefused) {
+  expect_throw_containing<InvalidArgument>(
+      [] { GlobalBatchSampler(100, 10, 0, ShardLayout{{40, 40}, 1}); },
+      {"shards of 80 examples", "100"});
+  expect_throw_containing<InvalidArgument>(
+      [] { GlobalBatchSampler(80, 10, 0, ShardLayout{{40, 40}, 0}); }, {"window"});
+}
+
+}  // namespace
+}  // namespace krab::data
