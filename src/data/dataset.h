@@ -152,11 +152,11 @@ DataSplits load_csv(const std::string& path, const std::string& label_column,
 
 // What load_tensors needs besides data.path (the data.* keys of the same names).
 struct TensorsOptions {
-  std::string test_path;      // file or directory of the test split; empty: no test split
-  int64_t num_classes = 0;    // 0: the largest training label + 1
-  int64_t cache_mb = 1024;    // MiB of training shards kept in memory (lazy)
-  int64_t shuffle_window = 0; // shards per shuffle window; 0: as many as fit in cache_mb
-  bool lazy = false;          // a directory becomes lazy_train instead of one tensor in memory
+  std::string test_path;       // file or directory of the test split; empty: no test split
+  int64_t num_classes = 0;     // 0: the largest training label + 1
+  int64_t cache_mb = 1024;     // MiB of training shards kept in memory (lazy)
+  int64_t shuffle_window = 0;  // shards per shuffle window; 0: as many as fit in cache_mb
+  bool lazy = false;           // a directory becomes lazy_train instead of one tensor in memory
 };
 
 // Tensors saved from Python with torch.save({"x": X, "y": Y}, FILE) (the zip format torch has
@@ -175,7 +175,7 @@ struct TensorsOptions {
 // InvalidArgument naming the file (or the data.* key): a missing path; a directory without
 // shards; a file that is not a torch.save dict with tensors "x" and "y"; x and y of different
 // lengths; shards or a test split whose x or y per-example shape or dtype differ from the first
-// training file's; a negative label, or (with integer targets) one >= num_classes; a shard
+// training file's; with integer targets, a label below 0 or at or above num_classes; a shard
 // larger than cache_mb, or a shuffle window that does not fit in it. CorruptData naming the
 // file: an archive torch cannot read (truncated, damaged).
 DataSplits load_tensors(const std::string& path, const TensorsOptions& options);

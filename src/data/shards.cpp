@@ -3,13 +3,20 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <iomanip>
+#include <sstream>
 
 #include "core/errors.h"
 
 namespace krab::data {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
+// Bytes as MiB with two decimals, for messages.
+std::string mib(int64_t bytes) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(2) << static_cast<double>(bytes) / (1 << 20) << " MiB";
+  return out.str();
+}
 
 std::vector<int64_t> shape_with(int64_t n, const std::vector<int64_t>& rest) {
   std::vector<int64_t> shape{n};
@@ -32,15 +39,15 @@ ShardedDataset::ShardedDataset(std::vector<std::string> files, std::vector<Tenso
     size_ += infos_[s].examples;
     largest = std::max(largest, infos_[s].bytes);
     KRAB_CHECK_ARG(infos_[s].bytes <= cache_bytes_, files_[s], ": this shard's ",
-                   infos_[s].bytes / kMiB, " MiB do not fit in data.cache_mb (",
-                   cache_bytes_ / kMiB, " MiB); raise data.cache_mb or write smaller shards");
+                   mib(infos_[s].bytes), " do not fit in data.cache_mb (", mib(cache_bytes_),
+                   "); raise data.cache_mb or write smaller shards");
   }
   starts_.push_back(size_);
   const int64_t shards = static_cast<int64_t>(files_.size());
   KRAB_CHECK_ARG(std::min(window_, shards) * largest <= cache_bytes_, "data.shuffle_window ",
-                 window_, ": that many shards of up to ", largest / kMiB,
-                 " MiB do not fit in data.cache_mb (", cache_bytes_ / kMiB,
-                 " MiB), so every window would be read more than once; lower it, or set it to 0 "
+                 window_, ": that many shards of up to ", mib(largest),
+                 " do not fit in data.cache_mb (", mib(cache_bytes_),
+                 "), so every window would be read more than once; lower it, or set it to 0 "
                  "(as many as fit)");
 }
 
