@@ -56,7 +56,8 @@ c10::IValue unpickle(PyTorchStreamReader& reader,
     return at::DataPtr(
         nullptr, owned_key, [](void* p) { delete static_cast<std::string*>(p); }, at::kCPU);
   };
-  torch::jit::Unpickler unpickler(read, nullptr, nullptr, record, c10::nullopt);
+  // Every tensor onto the CPU, whatever device it was saved from (torch.load's map_location).
+  torch::jit::Unpickler unpickler(read, nullptr, nullptr, record, at::Device(at::kCPU));
   return unpickler.parse_ivalue();
 }
 

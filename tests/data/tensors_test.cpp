@@ -49,6 +49,13 @@ save("legacy.pt", {"x": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long)
 save("test_ok.pt", {"x": torch.zeros(2, 2, 3), "y": torch.tensor([2, 0])})
 save("test_big_label.pt", {"x": torch.zeros(2, 2, 3), "y": torch.tensor([1, 7])})
 save("test_wrong_shape.pt", {"x": torch.zeros(2, 3, 2), "y": torch.tensor([1, 0])})
+# As if saved from a GPU: the storages' location says cuda:0 (written without a GPU by asking
+# torch.save to tag them so).
+import torch.serialization
+tag = torch.serialization.location_tag
+torch.serialization.location_tag = lambda storage: "cuda:0"
+save("from_gpu.pt", {"x": torch.ones(3, 2), "y": torch.tensor([0, 1, 1])})
+torch.serialization.location_tag = tag
 with open(os.path.join(d, "basic.pt"), "rb") as f:
     whole = f.read()
 with open(os.path.join(d, "truncated.pt"), "wb") as f:
@@ -126,6 +133,13 @@ TEST_F(TensorsTest, KeepsInputDtypeAndWidensIntegerLabels) {
   EXPECT_EQ(d.train.targets.scalar_type(), torch::kInt64);
   EXPECT_TRUE(d.train.targets.equal(torch::tensor({3, 0, 1, 2}, torch::kInt64)));
   EXPECT_EQ(d.num_classes, 4);
+}
+
+TEST_F(TensorsTest, TensorsSavedFromAGpuAreReadOntoTheCpu) {
+  const DataSplits d = load_tensors(file("from_gpu.pt"), {});
+  EXPECT_TRUE(d.train.inputs.device().is_cpu());
+  EXPECT_TRUE(d.train.inputs.equal(torch::ones({3, 2})));
+  EXPECT_TRUE(d.train.targets.equal(torch::tensor({0, 1, 1}, torch::kInt64)));
 }
 
 TEST_F(TensorsTest, FloatTargetsAreKept) {
