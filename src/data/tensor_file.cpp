@@ -9,6 +9,8 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
+#include <tuple>
 
 #include "core/errors.h"
 #include "core/printable.h"
@@ -33,11 +35,22 @@ struct StorageLog {
   std::map<const void*, size_t> read_bytes;    // real record context -> record size
 };
 
+// A record of the archive; LibTorch's failure (a damaged or truncated zip) as CorruptData.
+std::tuple<at::DataPtr, size_t> read_record(PyTorchStreamReader& reader, const std::string& name,
+                                            const std::string& path) {
+  try {
+    return reader.getRecord(name);
+  } catch (const c10::Error& e) {
+    throw CorruptData(str_cat(path, ": damaged torch.save archive (record ", name,
+                              "): ", one_line(e.what_without_backtrace())));
+  }
+}
+
 // Unpickles `reader`'s data.pkl. Storage KEY's bytes are read when want(KEY); otherwise the
 // tensor gets a placeholder without data (see the header), logged in *log.
-c10::IValue unpickle(PyTorchStreamReader& reader,
+c10::IValue unpickle(PyTorchStreamReader& reader, const std::string& path,
                      const std::function<bool(const std::string&)>& want, StorageLog* log) {
-  auto [pickle, pickle_size] = reader.getRecord("data.pkl");
+  auto [pickle, pickle_size] = read_record(reader, "data.pkl", path);
   size_t pos = 0;
   auto read = [&, &pickle = pickle, pickle_size = pickle_size](char* out, size_t n) {
     n = std::min(n, pickle_size - pos);
@@ -47,7 +60,7 @@ c10::IValue unpickle(PyTorchStreamReader& reader,
   };
   auto record = [&](const std::string& key) -> at::DataPtr {
     if (want(key)) {
-      auto [bytes, size] = reader.getRecord("data/" + key);
+      auto [bytes, size] = read_record(reader, "data/" + key, path);
       log->read_bytes[bytes.get_context()] = size;
       return std::move(bytes);
     }
@@ -58,7 +71,14 @@ c10::IValue unpickle(PyTorchStreamReader& reader,
   };
   // Every tensor onto the CPU, whatever device it was saved from (torch.load's map_location).
   torch::jit::Unpickler unpickler(read, nullptr, nullptr, record, at::Device(at::kCPU));
-  return unpickler.parse_ivalue();
+  try {
+    return unpickler.parse_ivalue();
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(str_cat(path,
+                                  ": cannot unpickle what it holds (krab reads tensors, numbers, "
+                                  "strings, lists and dicts, not other Python objects): ",
+                                  one_line(e.what_without_backtrace())));
+  }
 }
 
 // True when the file starts like a zip archive; a damaged one is then CorruptData, anything
@@ -79,13 +99,14 @@ c10::IValue open_and_unpickle(const std::string& path,
                  ": not a torch.save zip archive (torch.save(..., "
                  "_use_new_zipfile_serialization=False) files are not read); ",
                  kExpected);
+  std::unique_ptr<PyTorchStreamReader> reader;
   try {
-    PyTorchStreamReader reader(path);
-    return unpickle(reader, want, log);
+    reader = std::make_unique<PyTorchStreamReader>(path);
   } catch (const c10::Error& e) {
-    throw CorruptData(str_cat(path, ": cannot read it as a torch.save archive: ",
+    throw CorruptData(str_cat(path, ": damaged torch.save archive: ",
                               one_line(e.what_without_backtrace())));
   }
+  return unpickle(*reader, path, want, log);
 }
 
 struct XY {

@@ -50,10 +50,11 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels);
 // The whole file: {x, y} on the CPU (whatever device they were saved from), with integer y
 // widened to int64 and each tensor compact (a view of a larger storage is copied out of it, so
 // that bytes held = bytes counted).
-// InvalidArgument naming `path`: a missing file; not a torch.save zip archive; an object that
-// is not a dict with tensors "x" and "y"; x or y without a first dimension; x and y of
-// different lengths ("x has 100 examples but y has 99"); a complex or otherwise unsupported y
-// dtype. CorruptData naming `path`: an archive that LibTorch cannot read (truncated, damaged).
+// InvalidArgument naming `path`: a missing file; not a torch.save zip archive; Python objects
+// other than tensors, numbers, strings, lists and dicts (a NumPy array, an instance of a user's
+// class); an object that is not a dict with tensors "x" and "y"; x or y without a first
+// dimension; x and y of different lengths ("x has 100 examples but y has 99"); a complex or
+// otherwise unsupported y dtype. CorruptData naming `path`: an archive that LibTorch cannot read (truncated, damaged).
 TensorDataset read_tensor_file(const std::string& path);
 
 }  // namespace krab::data

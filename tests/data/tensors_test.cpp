@@ -43,6 +43,9 @@ save("mismatch.pt", {"x": torch.zeros(10, 2), "y": torch.zeros(9, dtype=torch.lo
 save("list.pt", [torch.zeros(2), torch.zeros(2)])
 save("no_x.pt", {"inputs": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long)})
 save("y_list.pt", {"x": torch.zeros(2, 1), "y": [0, 1]})
+class Note:
+    pass
+save("object.pt", {"x": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long), "note": Note()})
 save("negative.pt", {"x": torch.zeros(3, 1), "y": torch.tensor([0, -1, 1])})
 save("legacy.pt", {"x": torch.zeros(2, 1), "y": torch.zeros(2, dtype=torch.long)},
      _use_new_zipfile_serialization=False)
@@ -214,11 +217,12 @@ TEST_F(TensorsTest, BadFilesAreNamed) {
   refused("no_x.pt", {"no key 'x'", "'inputs'", "'y'"});
   refused("y_list.pt", {"'y' is a GenericList, not a tensor"});
   refused("negative.pt", {"label -1 out of range"});
+  refused("object.pt", {"cannot unpickle", "not other Python objects"});
   refused("legacy.pt", {"not a torch.save zip archive", "_use_new_zipfile_serialization"});
   refused("text.pt", {"not a torch.save zip archive"});
   refused("missing.pt", {"does not exist"});
   expect_throw_containing<CorruptData>([] { load_tensors(file("truncated.pt"), {}); },
-                                       {"truncated.pt", "cannot read"});
+                                       {"truncated.pt", "damaged torch.save archive"});
   expect_throw_containing<InvalidArgument>([] { load_tensors("", {}); }, {"data.path is empty"});
   TempDir empty;
   expect_throw_containing<InvalidArgument>([&] { load_tensors(empty.path().string(), {}); },
