@@ -27,11 +27,12 @@ std::vector<int64_t> shape_with(int64_t n, const std::vector<int64_t>& rest) {
 }  // namespace
 
 ShardedDataset::ShardedDataset(std::vector<std::string> files, std::vector<TensorFileInfo> infos,
-                               int64_t cache_bytes, int64_t window)
+                               int64_t cache_bytes, int64_t window, int64_t largest_label)
     : files_(std::move(files)),
       infos_(std::move(infos)),
       cache_bytes_(cache_bytes),
-      window_(window) {
+      window_(window),
+      largest_label_(largest_label) {
   KRAB_CHECK(!files_.empty() && files_.size() == infos_.size() && window_ >= 1);
   int64_t largest = 0;
   for (size_t s = 0; s < files_.size(); ++s) {

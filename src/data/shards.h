@@ -38,11 +38,12 @@ class ShardedDataset final : public Dataset {
  public:
   // The shards `files` (in index order) whose headers are `infos` (inspect_tensor_file, same
   // order; every shard with the same per-example shapes and dtypes, checked by the caller).
-  // `window` >= 1 shards per shuffle window. InvalidArgument naming the file when one shard is
-  // larger than cache_bytes, or naming data.shuffle_window when `window` of the largest shards
-  // do not fit in it.
+  // `window` >= 1 shards per shuffle window. `largest_label`: the largest class label of every
+  // shard (the loader read them all at opening), -1 for float targets. InvalidArgument naming
+  // the file when one shard is larger than cache_bytes, or naming data.shuffle_window when
+  // `window` of the largest shards do not fit in it.
   ShardedDataset(std::vector<std::string> files, std::vector<TensorFileInfo> infos,
-                 int64_t cache_bytes, int64_t window);
+                 int64_t cache_bytes, int64_t window, int64_t largest_label);
 
   int64_t size() const override { return size_; }
 
@@ -56,6 +57,10 @@ class ShardedDataset final : public Dataset {
   // min(cache_bytes, the bytes of every shard).
   int64_t resident_bytes() const override;
   ShardLayout layout() const override;
+
+  // The largest class label of the whole training split (-1 for float targets), for checks
+  // that would otherwise need every label in memory (a model's number of outputs).
+  int64_t largest_label() const { return largest_label_; }
 
   // Shard reads so far, and bytes of examples cached now: for tests and logs.
   int64_t loads() const;
@@ -77,6 +82,7 @@ class ShardedDataset final : public Dataset {
   int64_t size_ = 0;
   int64_t cache_bytes_;
   int64_t window_;
+  int64_t largest_label_;
 
   mutable std::mutex mu_;
   mutable std::map<int64_t, Entry> cache_;

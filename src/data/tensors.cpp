@@ -116,8 +116,8 @@ DataSplits load_tensors(const std::string& path, const TensorsOptions& options) 
   DataSplits d;
   d.input_shape = first.x_shape;
   const bool classes = integer_targets(first.y_dtype);
+  const int64_t largest = *std::max_element(train.largest.begin(), train.largest.end());
   if (classes) {
-    const int64_t largest = *std::max_element(train.largest.begin(), train.largest.end());
     d.num_classes =
         options.num_classes > 0 ? options.num_classes : std::max<int64_t>(2, largest + 1);
     for (size_t i = 0; i < train.files.size(); ++i)
@@ -132,7 +132,8 @@ DataSplits load_tensors(const std::string& path, const TensorsOptions& options) 
     const int64_t window = options.shuffle_window > 0
                                ? options.shuffle_window
                                : std::max<int64_t>(1, cache_bytes / largest_bytes);
-    d.lazy_train = std::make_shared<ShardedDataset>(train.files, train.infos, cache_bytes, window);
+    d.lazy_train =
+        std::make_shared<ShardedDataset>(train.files, train.infos, cache_bytes, window, largest);
   } else {
     d.train = read_all(train.files);
   }

@@ -8,6 +8,7 @@
 
 #include "core/errors.h"
 #include "data/images.h"
+#include "data/shards.h"
 #include "data/tokenizer.h"
 #include "models/torchscript.h"
 
@@ -180,11 +181,19 @@ std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Tens
 
 void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   models::TorchScriptModel* ts = models::as_torchscript(model);
-  if (ts == nullptr || d.train.size() == 0) return;  // built-in models are shaped for the data
-  const int64_t n = std::min<int64_t>(2, d.train.size());
-  at::Tensor labels = d.train.targets;
-  if (d.test) labels = torch::cat({labels.flatten(), d.test->targets.flatten()});
-  ts->check_fits(d.train.inputs.narrow(0, 0, n), d.train.targets.narrow(0, 0, n), labels);
+  const data::Dataset& train = d.training();
+  if (ts == nullptr || train.size() == 0) return;  // built-in models are shaped for the data
+  const std::vector<int64_t> first = train.size() >= 2 ? std::vector<int64_t>{0, 1}
+                                                       : std::vector<int64_t>{0};
+  auto [x, y] = train.get(first);
+  // Every label, for their range: a split read from shards keeps them on disk, but its loader
+  // read them all and kept the largest (and refused negative ones).
+  at::Tensor labels = d.train.targets.defined() ? d.train.targets.flatten() : y.flatten();
+  if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(d.lazy_train.get()))
+    if (shards->largest_label() >= 0)
+      labels = torch::cat({labels, torch::tensor({shards->largest_label()}, labels.options())});
+  if (d.test) labels = torch::cat({labels, d.test->targets.flatten()});
+  ts->check_fits(x, y, labels);
 }
 
 std::string run_directory(const core::Config& c) {

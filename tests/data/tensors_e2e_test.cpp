@@ -49,6 +49,8 @@ def part(n):
 for i in range(12):
     torch.save(part(256), os.path.join(d, "shards", "train-%02d.pt" % i))
 torch.save(part(512), os.path.join(d, "test.pt"))
+# A scripted model with 3 outputs, one fewer than the shards' classes.
+torch.jit.script(torch.nn.Linear(256, 3)).save(os.path.join(d, "three.ts"))
 bad = part(10)
 bad["y"] = bad["y"][:9]
 torch.save(bad, os.path.join(d, "bad.pt"))
@@ -95,6 +97,19 @@ TEST_F(Cli, TensorFileOfUnequalLengthsIsRefusedBeforeTraining) {
   const Result r = run(krab("train job.yaml --set data.path=bad.pt"));
   expect_refused(r, 2, "bad.pt: x has 10 examples but y has 9");
   EXPECT_EQ(r.output.find("rank"), std::string::npos) << r.output;  // no worker started
+}
+
+// The preflight's check of a TorchScript model against the labels sees every label of a data
+// set read lazily from shards, though it holds none of them in memory.
+TEST_F(Cli, TorchScriptModelWithTooFewOutputsForTheShardsIsRefused) {
+  write("write.py", kWriteShards);
+  ASSERT_EQ(run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " +
+                dir_.string()).code,
+            0);
+  write("job.yaml", kJob);
+  const Result r = run(krab("train job.yaml --set model.name=torchscript --set model.path=three.ts "
+                            "--set data.test_path="));
+  expect_refused(r, 2, "gives 3 classes but the data's labels go from 0 to 3");
 }
 
 }  // namespace
