@@ -76,8 +76,8 @@ int64_t ShardedDataset::cached_bytes() const {
 }
 
 int64_t ShardedDataset::shard_of(int64_t index) const {
-  KRAB_CHECK_ARG(index >= 0 && index < size_, "example ", index, " outside the data set of ",
-                 size_, " examples");
+  KRAB_CHECK_ARG(index >= 0 && index < size_, "example ", index, " outside the data set of ", size_,
+                 " examples");
   return static_cast<int64_t>(std::upper_bound(starts_.begin(), starts_.end(), index) -
                               starts_.begin()) -
          1;
@@ -126,8 +126,7 @@ std::pair<at::Tensor, at::Tensor> ShardedDataset::get(const std::vector<int64_t>
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<int64_t> order;
   for (const auto& [s, unused] : wanted) order.push_back(s);
-  std::stable_partition(order.begin(), order.end(),
-                        [&](int64_t s) { return cache_.count(s) > 0; });
+  std::stable_partition(order.begin(), order.end(), [&](int64_t s) { return cache_.count(s) > 0; });
   for (const int64_t s : order) {
     auto& [positions, rows] = wanted[s];
     const TensorDataset& data = shard(s);

@@ -103,8 +103,8 @@ c10::IValue open_and_unpickle(const std::string& path,
   try {
     reader = std::make_unique<PyTorchStreamReader>(path);
   } catch (const c10::Error& e) {
-    throw CorruptData(str_cat(path, ": damaged torch.save archive: ",
-                              one_line(e.what_without_backtrace())));
+    throw CorruptData(
+        str_cat(path, ": damaged torch.save archive: ", one_line(e.what_without_backtrace())));
   }
   return unpickle(*reader, path, want, log);
 }
@@ -182,8 +182,8 @@ bool integer_targets(at::ScalarType y_dtype) {
 
 TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
   StorageLog header_log;
-  const XY header = parse(open_and_unpickle(path, [](const std::string&) { return false; },
-                                            &header_log),
+  const XY header = parse(open_and_unpickle(
+                              path, [](const std::string&) { return false; }, &header_log),
                           path);
   TensorFileInfo info = describe(header);
   if (!with_labels) return info;
@@ -195,8 +195,9 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
   // too when y is a view of the same storage; nothing distinguishes them then).
   const std::string y_key = header_log.skipped.at(header.y.storage().data_ptr().get_context());
   StorageLog log;
-  const XY xy = parse(
-      open_and_unpickle(path, [&](const std::string& key) { return key == y_key; }, &log), path);
+  const XY xy = parse(open_and_unpickle(
+                          path, [&](const std::string& key) { return key == y_key; }, &log),
+                      path);
   check_read_sizes(xy.y, log, path);
   info.labels = compact(xy.y);
   return info;
@@ -204,8 +205,9 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
 
 TensorDataset read_tensor_file(const std::string& path) {
   StorageLog log;
-  const XY xy =
-      parse(open_and_unpickle(path, [](const std::string&) { return true; }, &log), path);
+  const XY xy = parse(open_and_unpickle(
+                          path, [](const std::string&) { return true; }, &log),
+                      path);
   check_read_sizes(xy.x, log, path);
   check_read_sizes(xy.y, log, path);
   at::Tensor y = integer_targets(xy.y.scalar_type()) ? xy.y.to(at::kLong) : xy.y;

@@ -31,9 +31,9 @@ namespace krab::data {
 
 // What a tensor file holds, as its header says.
 struct TensorFileInfo {
-  int64_t examples = 0;               // N, the first dimension of x and of y
-  std::vector<int64_t> x_shape;       // x's shape without N
-  std::vector<int64_t> y_shape;       // y's shape without N
+  int64_t examples = 0;          // N, the first dimension of x and of y
+  std::vector<int64_t> x_shape;  // x's shape without N
+  std::vector<int64_t> y_shape;  // y's shape without N
   at::ScalarType x_dtype = at::kFloat;
   at::ScalarType y_dtype = at::kLong;  // as saved (read_tensor_file widens integers to int64)
   int64_t bytes = 0;                   // bytes of x and y once read (int64 y counted as such)

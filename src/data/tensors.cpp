@@ -44,9 +44,9 @@ std::string kind_of(const std::vector<int64_t>& shape, at::ScalarType dtype) {
 // width are one kind (all are read as int64).
 void check_same_kind(const TensorFileInfo& info, const std::string& file,
                      const TensorFileInfo& first, const std::string& first_file) {
-  KRAB_CHECK_ARG(info.x_shape == first.x_shape && info.x_dtype == first.x_dtype, file,
-                 ": x holds ", kind_of(info.x_shape, info.x_dtype), " per example but ",
-                 first_file, " holds ", kind_of(first.x_shape, first.x_dtype));
+  KRAB_CHECK_ARG(info.x_shape == first.x_shape && info.x_dtype == first.x_dtype, file, ": x holds ",
+                 kind_of(info.x_shape, info.x_dtype), " per example but ", first_file, " holds ",
+                 kind_of(first.x_shape, first.x_dtype));
   const bool same_y_dtype = integer_targets(info.y_dtype) ? integer_targets(first.y_dtype)
                                                           : info.y_dtype == first.y_dtype;
   KRAB_CHECK_ARG(info.y_shape == first.y_shape && same_y_dtype, file, ": y holds ",
@@ -142,9 +142,9 @@ DataSplits load_tensors(const std::string& path, const TensorsOptions& options) 
     const Indexed test = index_files(options.test_path, "data.test_path", &train);
     if (classes)
       for (size_t i = 0; i < test.files.size(); ++i)
-        check_below(test.largest[i], d.num_classes, test.files[i],
-                    options.num_classes > 0 ? "(data.num_classes)"
-                                            : "(the largest training label + 1)");
+        check_below(
+            test.largest[i], d.num_classes, test.files[i],
+            options.num_classes > 0 ? "(data.num_classes)" : "(the largest training label + 1)");
     d.test = read_all(test.files);
   }
   return d;

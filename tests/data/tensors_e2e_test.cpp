@@ -66,22 +66,24 @@ comm: {timeout_s: 30}
 
 TEST_F(Cli, TensorShardsTrainOnTwoWorkersAsOnOne) {
   write("write.py", kWriteShards);
-  ASSERT_EQ(run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " +
-                dir_.string()).code,
-            0);
+  ASSERT_EQ(
+      run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " + dir_.string()).code,
+      0);
   write("job.yaml", kJob);
   auto two = run(krab("train job.yaml --set checkpoint.dir=w2 --report w2.json"));
   ASSERT_EQ(two.code, 0) << two.output;
-  auto one = run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
-                      "--set data.batch_size=32"));
+  auto one =
+      run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
+               "--set data.batch_size=32"));
   ASSERT_EQ(one.code, 0) << one.output;
   const auto a = load_model_pt((dir_ / "w2/model.pt").string());
   const auto b = load_model_pt((dir_ / "w1/model.pt").string());
   ASSERT_FALSE(a.empty());
   EXPECT_LE(max_rel_diff(a, b), 1e-5);
   // Training moved the parameters: the comparison is not vacuous.
-  auto still = run(krab("train job.yaml --set checkpoint.dir=w0 --set parallel.workers=1 "
-                        "--set data.batch_size=32 --set train.optimizer.lr=0"));
+  auto still =
+      run(krab("train job.yaml --set checkpoint.dir=w0 --set parallel.workers=1 "
+               "--set data.batch_size=32 --set train.optimizer.lr=0"));
   ASSERT_EQ(still.code, 0) << still.output;
   EXPECT_GT(max_rel_diff(a, load_model_pt((dir_ / "w0/model.pt").string())), 1e-3);
   const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "w2.json").string()));
@@ -90,9 +92,9 @@ TEST_F(Cli, TensorShardsTrainOnTwoWorkersAsOnOne) {
 
 TEST_F(Cli, TensorFileOfUnequalLengthsIsRefusedBeforeTraining) {
   write("write.py", kWriteShards);
-  ASSERT_EQ(run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " +
-                dir_.string()).code,
-            0);
+  ASSERT_EQ(
+      run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " + dir_.string()).code,
+      0);
   write("job.yaml", kJob);
   const Result r = run(krab("train job.yaml --set data.path=bad.pt"));
   expect_refused(r, 2, "bad.pt: x has 10 examples but y has 9");
@@ -103,12 +105,13 @@ TEST_F(Cli, TensorFileOfUnequalLengthsIsRefusedBeforeTraining) {
 // set read lazily from shards, though it holds none of them in memory.
 TEST_F(Cli, TorchScriptModelWithTooFewOutputsForTheShardsIsRefused) {
   write("write.py", kWriteShards);
-  ASSERT_EQ(run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " +
-                dir_.string()).code,
-            0);
+  ASSERT_EQ(
+      run(std::string(KRAB_PYTHON) + " " + (dir_ / "write.py").string() + " " + dir_.string()).code,
+      0);
   write("job.yaml", kJob);
-  const Result r = run(krab("train job.yaml --set model.name=torchscript --set model.path=three.ts "
-                            "--set data.test_path="));
+  const Result r =
+      run(krab("train job.yaml --set model.name=torchscript --set model.path=three.ts "
+               "--set data.test_path="));
   expect_refused(r, 2, "gives 3 classes but the data's labels go from 0 to 3");
 }
 

@@ -92,9 +92,9 @@ class TensorsTest : public ::testing::Test {
     dir_ = new TempDir();
     const std::string script = dir_->file("write.py");
     std::ofstream(script) << kWriteFiles;
-    const std::string cmd = std::string(KRAB_PYTHON) + " " + script + " " +
-                            dir_->path().string() + " " + std::to_string(kShards) + " " +
-                            std::to_string(kShardRows) + " " + std::to_string(kFeatures);
+    const std::string cmd = std::string(KRAB_PYTHON) + " " + script + " " + dir_->path().string() +
+                            " " + std::to_string(kShards) + " " + std::to_string(kShardRows) + " " +
+                            std::to_string(kFeatures);
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   static void TearDownTestSuite() {
@@ -187,9 +187,9 @@ TEST_F(TensorsTest, TestSplitIsCheckedAgainstTheTrainingData) {
   o.num_classes = 8;  // now 7 is a class
   EXPECT_EQ(load_tensors(file("basic.pt"), o).num_classes, 8);
   o.num_classes = 2;  // and now the training labels (2) are out of range
-  expect_throw_containing<InvalidArgument>([&] { load_tensors(file("basic.pt"), o); },
-                                           {"basic.pt", "label 2 out of range [0, 2)",
-                                            "data.num_classes"});
+  expect_throw_containing<InvalidArgument>(
+      [&] { load_tensors(file("basic.pt"), o); },
+      {"basic.pt", "label 2 out of range [0, 2)", "data.num_classes"});
   o = {};
   o.test_path = file("test_wrong_shape.pt");
   expect_throw_containing<InvalidArgument>([&] { load_tensors(file("basic.pt"), o); },
@@ -399,10 +399,15 @@ TEST(ShardWindows, WorkerSlicesConcatenateToTheGlobalBatch) {
 
 TEST(ShardWindows, BadLayoutsAreRefused) {
   expect_throw_containing<InvalidArgument>(
-      [] { GlobalBatchSampler(100, 10, 0, ShardLayout{{40, 40}, 1}); },
+      [] {
+        GlobalBatchSampler(100, 10, 0, ShardLayout{{40, 40}, 1});
+      },
       {"shards of 80 examples", "100"});
   expect_throw_containing<InvalidArgument>(
-      [] { GlobalBatchSampler(80, 10, 0, ShardLayout{{40, 40}, 0}); }, {"window"});
+      [] {
+        GlobalBatchSampler(80, 10, 0, ShardLayout{{40, 40}, 0});
+      },
+      {"window"});
 }
 
 }  // namespace
