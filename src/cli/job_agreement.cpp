@@ -52,10 +52,9 @@ std::string key_of(int node) { return str_cat("krab/job/", node); }
 }  // namespace
 
 const std::vector<std::string>& per_node_keys() {
-  static const std::vector<std::string> keys = {"name",       "checkpoint.dir",
-                                                "checkpoint.hmac_key_file",
-                                                "data.path",  "comm.iface",
-                                                "train.threads_per_worker"};
+  static const std::vector<std::string> keys = {
+      "name",      "checkpoint.dir", "checkpoint.hmac_key_file",
+      "data.path", "comm.iface",     "train.threads_per_worker"};
   return keys;
 }
 

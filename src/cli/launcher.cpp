@@ -24,8 +24,8 @@ int env_int(const std::map<std::string, std::string>& env, const std::string& ke
   KRAB_CHECK_ARG(it != env.end(), "environment variable ", key, " is not set");
   char* end = nullptr;
   long v = std::strtol(it->second.c_str(), &end, 10);
-  KRAB_CHECK_ARG(end && *end == '\0' && !it->second.empty(), "environment variable ", key,
-                 "='", it->second, "' is not an integer");
+  KRAB_CHECK_ARG(end && *end == '\0' && !it->second.empty(), "environment variable ", key, "='",
+                 it->second, "' is not an integer");
   return static_cast<int>(v);
 }
 
@@ -64,13 +64,16 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
     } else if (ompi) {
       p.rank = env_int(env, "OMPI_COMM_WORLD_RANK");
       p.world_size = env_int(env, "OMPI_COMM_WORLD_SIZE");
-      p.local_rank = has(env, "OMPI_COMM_WORLD_LOCAL_RANK") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") : 0;
-      p.local_world_size = has(env, "OMPI_COMM_WORLD_LOCAL_SIZE") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") : 1;
+      p.local_rank =
+          has(env, "OMPI_COMM_WORLD_LOCAL_RANK") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK") : 0;
+      p.local_world_size =
+          has(env, "OMPI_COMM_WORLD_LOCAL_SIZE") ? env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE") : 1;
     } else {
       p.rank = env_int(env, "SLURM_PROCID");
       p.world_size = env_int(env, "SLURM_NTASKS");
       p.local_rank = has(env, "SLURM_LOCALID") ? env_int(env, "SLURM_LOCALID") : 0;
-      p.local_world_size = has(env, "SLURM_NTASKS_PER_NODE") ? env_int(env, "SLURM_NTASKS_PER_NODE") : 1;
+      p.local_world_size =
+          has(env, "SLURM_NTASKS_PER_NODE") ? env_int(env, "SLURM_NTASKS_PER_NODE") : 1;
     }
     KRAB_CHECK_ARG(p.world_size >= 1, "world size must be >= 1, got ", p.world_size);
     KRAB_CHECK_ARG(p.rank >= 0 && p.rank < p.world_size, "rank ", p.rank, " is outside 0..",
@@ -114,7 +117,7 @@ namespace {
 // A process this launcher owns: one of node 0's parameter servers (sync.mode async) or a
 // local worker.
 struct Child {
-  pid_t pid = -1;  // -1 once it has exited
+  pid_t pid = -1;    // -1 once it has exited
   std::string name;  // "rank 3", "parameter server 0"
   bool server = false;
 };
@@ -129,8 +132,8 @@ bool set_per_child(const std::string& k) {
 
 // The environment of a child: the launcher's, plan.worker_env where the launcher's does not
 // set them, and the torchrun-style variables naming its place in the job (launcher.h).
-std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, int shard,
-                                           int rank, int local) {
+std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, int shard, int rank,
+                                           int local) {
   std::vector<std::string> envs;
   for (auto& [k, v] : current_environment())
     if (!set_per_child(k)) envs.push_back(k + "=" + v);
@@ -147,8 +150,7 @@ std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, 
     envs.push_back("MASTER_PORT=" + std::to_string(plan.rendezvous.port));
   if (!plan.rendezvous.file.empty()) envs.push_back("KRAB_STORE_FILE=" + plan.rendezvous.file);
   // The environment, not the command line: /proc/PID/environ is readable by this user only.
-  if (!plan.rendezvous.secret.empty())
-    envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
+  if (!plan.rendezvous.secret.empty()) envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
   return envs;
 }
 
@@ -196,8 +198,8 @@ std::pair<int, std::string> describe_exit(int status) {
   if (WIFEXITED(status))
     return {WEXITSTATUS(status), str_cat("exited with code ", WEXITSTATUS(status))};
   if (WIFSIGNALED(status))
-    return {1, str_cat("was killed by signal ", WTERMSIG(status), " (",
-                       strsignal(WTERMSIG(status)), ")")};
+    return {1, str_cat("was killed by signal ", WTERMSIG(status), " (", strsignal(WTERMSIG(status)),
+                       ")")};
   return {0, ""};
 }
 
@@ -247,8 +249,8 @@ class Supervisor {
       return;
     }
     if (code != 0 && !stopping_) {
-      std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n",
-                   child->name.c_str(), how.c_str(), alive_);
+      std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n", child->name.c_str(),
+                   how.c_str(), alive_);
       stop(code == 2 ? 2 : 1, grace_);
     }
   }

@@ -30,8 +30,8 @@ namespace krab::cli {
 struct LaunchFlags {
   int nnodes = 1;
   int node_rank = 0;
-  int nproc_per_node = 0;  // 0 = parallel.workers / nnodes
-  std::string rdzv;        // HOST:PORT; "" = 127.0.0.1 with a free port (single node only)
+  int nproc_per_node = 0;       // 0 = parallel.workers / nnodes
+  std::string rdzv;             // HOST:PORT; "" = 127.0.0.1 with a free port (single node only)
   std::string job_secret_file;  // --job-secret-file: the job secret, shared by every node
 };
 
@@ -40,7 +40,7 @@ enum class Role { kLauncher, kWorker };
 struct LaunchPlan {
   Role role = Role::kLauncher;
   int world_size = 1;
-  int rank = 0;            // worker role
+  int rank = 0;  // worker role
   int local_rank = 0;
   int local_world_size = 1;
   int node_rank = 0;

@@ -151,8 +151,8 @@ void keep_freed_memory() {
 
 // Everything the launcher can check before it spawns a process: the job (data, model,
 // checkpoint), the outputs rank 0 will write, and room for the workers in memory.
-void check_before_spawning(const TrainArgs& args, const core::Config& config,
-                           const JobKeys& keys, const cli::LaunchPlan& plan) {
+void check_before_spawning(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
+                           const cli::LaunchPlan& plan) {
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
@@ -247,9 +247,10 @@ std::string job_secret(const TrainArgs& args, const JobKeys& keys) {
                  "reaches the rendezvous port can read and change the job's keys\n");
     return "";
   }
-  KRAB_CHECK_ARG(secret.size() >= 16, args.launch.job_secret_file.empty()
-                                          ? std::string("KRAB_JOB_SECRET")
-                                          : "--job-secret-file " + args.launch.job_secret_file,
+  KRAB_CHECK_ARG(secret.size() >= 16,
+                 args.launch.job_secret_file.empty()
+                     ? std::string("KRAB_JOB_SECRET")
+                     : "--job-secret-file " + args.launch.job_secret_file,
                  ": the job secret must be at least 16 characters, got ", secret.size());
   return secret;
 }
@@ -281,7 +282,8 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
                                                    std::unique_ptr<PrivateDir>& store_dir) {
   if (args.launch.nnodes == 1) {
     if (!args.launch.rdzv.empty())
-      std::fprintf(stderr, "krab: note: --rdzv %s is not used on one node: the rendezvous is a "
+      std::fprintf(stderr,
+                   "krab: note: --rdzv %s is not used on one node: the rendezvous is a "
                    "private file (README \"Running across machines safely\")\n",
                    args.launch.rdzv.c_str());
     store_dir = std::make_unique<PrivateDir>();

@@ -69,16 +69,14 @@ int64_t Communicator::begin(const Call& call, uint64_t bytes) {
 void Communicator::check_same_op(const Call& call, int64_t seq) {
   // Every rank publishes what it is about to run and compares with everybody else's; all ranks
   // see the same descriptions, so either all of them throw or none does, before the op starts.
-  const std::string mine =
-      str_cat(op_name(call.op), " ", call.input ? describe(*call.input) : "-");
+  const std::string mine = str_cat(op_name(call.op), " ", call.input ? describe(*call.input) : "-");
   const std::vector<std::string> all = do_exchange(call.op, seq, mine);
   KRAB_CHECK(static_cast<int>(all.size()) == size_, "debug check got ", all.size(),
              " descriptions for ", size_, " ranks");
   for (int r = 0; r < size_; ++r)
     if (all[r] != all[rank_])
-      throw Error(str_cat("collective mismatch at #", seq, ": rank ", rank_, " called ",
-                          all[rank_], " but rank ", r, " called ", all[r], " (backend ",
-                          backend(), ")"));
+      throw Error(str_cat("collective mismatch at #", seq, ": rank ", rank_, " called ", all[rank_],
+                          " but rank ", r, " called ", all[r], " (backend ", backend(), ")"));
 }
 
 WorkPtr Communicator::allreduce(at::Tensor& tensor, ReduceOp op) {
@@ -145,8 +143,7 @@ WorkPtr Communicator::alltoall(const at::Tensor& input, at::Tensor& output) {
 
 WorkPtr Communicator::broadcast(at::Tensor& tensor, int root) {
   check_tensor(tensor, "broadcast tensor");
-  KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..",
-                 size_ - 1);
+  KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..", size_ - 1);
   Call call{OpKind::kBroadcast, &tensor};
   call.peer = root;
   // Counted at the root only: see wire_bytes().

@@ -96,8 +96,7 @@ class Communicator {
 
   // Sums `input` (numel = size() * output.numel()) across ranks and leaves chunk r of the
   // result in rank r's `output`.
-  WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                         ReduceOp op = ReduceOp::kSum);
+  WorkPtr reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op = ReduceOp::kSum);
 
   // `input` is size() equal chunks; chunk j goes to rank j, which receives it as chunk r (r =
   // this rank) of its `output` (same numel and dtype as `input`, must not overlap it). Any
@@ -154,8 +153,7 @@ class Communicator {
   // collective `seq` (an `op`), and returns every rank's, indexed by rank (a backend may
   // shorten them, the same way on every rank). The frame compares them and throws on a
   // mismatch.
-  virtual std::vector<std::string> do_exchange(OpKind op, int64_t seq,
-                                               const std::string& mine) = 0;
+  virtual std::vector<std::string> do_exchange(OpKind op, int64_t seq, const std::string& mine) = 0;
 
   // Start the op on the backend's library. Arguments are checked and the op is counted; the
   // collectives are never called with an empty tensor or a group of one (the frame finishes

@@ -16,8 +16,7 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
     const Endpoint at = world.rendezvous;
     const auto timeout = options.timeout;
     auto connect = [at, timeout] { return connect_store(at, timeout); };
-    const std::string address =
-        world.iface.empty() ? local_address_towards(at.host) : world.iface;
+    const std::string address = world.iface.empty() ? local_address_towards(at.host) : world.iface;
     return std::make_unique<GlooCommunicator>(connect, str_cat("g", world.generation, "/"),
                                               world.rank, world.size, world.generation, address,
                                               options);
@@ -29,8 +28,8 @@ std::unique_ptr<Communicator> make_communicator(const std::string& backend, cons
     throw NotSupported("comm.backend 'mpi' is not compiled into this build (MPI was not found)");
 #endif
   }
-  throw InvalidArgument(str_cat("comm.backend: unknown backend '", backend, "' (known: ",
-                                known_backends(), ")"));
+  throw InvalidArgument(
+      str_cat("comm.backend: unknown backend '", backend, "' (known: ", known_backends(), ")"));
 }
 
 }  // namespace krab::comm

@@ -13,9 +13,9 @@ namespace krab::comm {
 struct WorldInfo {
   int rank = 0;
   int size = 1;
-  Endpoint rendezvous;      // the TCPStore (unused by mpi, which has its own launcher)
-  std::string iface;        // Gloo: interface name or local IPv4; "" = towards rendezvous host
-  int64_t generation = 0;   // membership generation the group is built at
+  Endpoint rendezvous;     // the TCPStore (unused by mpi, which has its own launcher)
+  std::string iface;       // Gloo: interface name or local IPv4; "" = towards rendezvous host
+  int64_t generation = 0;  // membership generation the group is built at
 };
 
 // Known backend names, for messages and docs.

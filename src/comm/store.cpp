@@ -1,18 +1,17 @@
 #include "comm/store.h"
 
 #include <arpa/inet.h>
+#include <c10/util/hash.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <c10/util/hash.h>
-#include <fcntl.h>
+#include <cstring>
+#include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
-#include <cstring>
-#include <thread>
 
 #include "core/errors.h"
 
@@ -59,8 +58,8 @@ bool port_in_use(const std::string& host, int port) {
   addr.sin_addr.s_addr = htonl(INADDR_ANY);
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  bool in_use = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 &&
-                errno == EADDRINUSE;
+  bool in_use =
+      ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 && errno == EADDRINUSE;
   ::close(fd);
   return in_use;
 }
@@ -110,8 +109,8 @@ StorePtr StoreServer::store() const { return store_; }
 
 StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout) {
   if (!at.file.empty()) {
-    KRAB_CHECK_ARG(::access(at.file.c_str(), R_OK | W_OK) == 0, "the rendezvous file ",
-                   at.file, " is not there (KRAB_STORE_FILE; is the launcher gone?)");
+    KRAB_CHECK_ARG(::access(at.file.c_str(), R_OK | W_OK) == 0, "the rendezvous file ", at.file,
+                   " is not there (KRAB_STORE_FILE; is the launcher gone?)");
     auto store = c10::make_intrusive<c10d::FileStore>(at.file, -1);
     store->setTimeout(timeout);
     return under_secret(at.secret, store);

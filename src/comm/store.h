@@ -20,11 +20,10 @@
 //    asks for its store and Gloo ports); README "Running across machines safely".
 #pragma once
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <memory>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace c10d {
 class TCPStore;

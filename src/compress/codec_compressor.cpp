@@ -76,7 +76,7 @@ class CodecCompressor : public Compressor {
  protected:
   void setup_stream(const Stream&, int64_t index) override {
     server_residual_.resize(static_cast<size_t>(index) + 1);  // setup() goes 0, 1, ...
-    server_residual_[index] = at::Tensor();                    // sized on first use
+    server_residual_[index] = at::Tensor();                   // sized on first use
   }
 
  private:

@@ -187,7 +187,12 @@ class OneBitCodec : public Codec {
       double sp = 0, sn = 0, energy = 0;
       int64_t np = 0;
       for (int64_t i = 0; i < chunk_; ++i) {
-        if (x[i] >= 0) { sp += x[i]; ++np; } else { sn -= x[i]; }
+        if (x[i] >= 0) {
+          sp += x[i];
+          ++np;
+        } else {
+          sn -= x[i];
+        }
         energy += double(x[i]) * x[i];
       }
       double level_hi = np ? sp / np : 0.0, level_lo = np < chunk_ ? sn / (chunk_ - np) : 0.0;

@@ -31,10 +31,11 @@ void check_against_job(const CompressionOptions& o, const core::Config& c) {
   KRAB_CHECK_ARG(!c.is_set("comm.fold_momentum") || !c.get_bool("comm.fold_momentum") ||
                      o.kind == CompressorKind::kRandomK,
                  "comm.fold_momentum: true is for comm.compression 'randomk' (whose error feedback "
-                 "acts as momentum), not '", name, "'");
+                 "acts as momentum), not '",
+                 name, "'");
   if (o.momentum > 0 && c.get_string("train.optimizer.name") == "sgd")
-    KRAB_CHECK_ARG(c.get_float("train.optimizer.momentum") == 0,
-                   "comm.momentum_correction ", o.momentum, " with train.optimizer.momentum ",
+    KRAB_CHECK_ARG(c.get_float("train.optimizer.momentum") == 0, "comm.momentum_correction ",
+                   o.momentum, " with train.optimizer.momentum ",
                    c.get_float("train.optimizer.momentum"),
                    " would apply momentum twice; set train.optimizer.momentum: 0");
 }
@@ -60,8 +61,8 @@ CompressorKind parse_compressor(const std::string& name) {
   if (it == names.end()) {
     std::string all = "none";
     for (const auto& n : names) all += ", " + n;
-    throw InvalidArgument(str_cat("comm.compression: unknown compressor '", name,
-                                  "' (choose one of ", all, ")"));
+    throw InvalidArgument(
+        str_cat("comm.compression: unknown compressor '", name, "' (choose one of ", all, ")"));
   }
   return static_cast<CompressorKind>(1 + (it - names.begin()));
 }
@@ -80,8 +81,8 @@ void validate(const CompressionOptions& o) {
   if (o.kind == CompressorKind::kNone) return;
   const std::string& name = kind_name(o.kind);
   if (is_sparse(o.kind))
-    KRAB_CHECK_ARG(o.ratio > 0 && o.ratio <= 1, "comm.ratio must be in (0, 1] for ", name,
-                   ", got ", o.ratio);
+    KRAB_CHECK_ARG(o.ratio > 0 && o.ratio <= 1, "comm.ratio must be in (0, 1] for ", name, ", got ",
+                   o.ratio);
   if (o.kind == CompressorKind::kPowerSgd)
     KRAB_CHECK_ARG(o.rank >= 1, "comm.rank must be >= 1 for powersgd, got ", o.rank);
   if (is_chunked(o.kind))

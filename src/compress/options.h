@@ -24,16 +24,16 @@ enum class Rotation { kNone, kHadamard };
 
 struct CompressionOptions {
   CompressorKind kind = CompressorKind::kNone;
-  double ratio = 0.01;        // topk, randomk: fraction of values sent, in (0, 1]
-  int64_t rank = 4;           // powersgd
-  int64_t chunk = 0;          // int8, onebit: values per scale (0: 256 for both)
+  double ratio = 0.01;                  // topk, randomk: fraction of values sent, in (0, 1]
+  int64_t rank = 4;                     // powersgd
+  int64_t chunk = 0;                    // int8, onebit: values per scale (0: 256 for both)
   Rotation rotation = Rotation::kNone;  // onebit: rotate each chunk before the sign
-  int64_t warmup_steps = 0;   // plain fp32 steps first
-  int64_t min_numel = 1024;   // smaller parameters go uncompressed
+  int64_t warmup_steps = 0;             // plain fp32 steps first
+  int64_t min_numel = 1024;             // smaller parameters go uncompressed
   bool error_feedback = true;
-  double momentum = 0;        // momentum correction factor, in [0, 1) (0 = off)
-  double clip_norm = 0;       // local gradient clipping of the compressed part (0 = off)
-  uint64_t seed = 0;          // random-k positions, stochastic rounding, PowerSGD's first Q
+  double momentum = 0;   // momentum correction factor, in [0, 1) (0 = off)
+  double clip_norm = 0;  // local gradient clipping of the compressed part (0 = off)
+  uint64_t seed = 0;     // random-k positions, stochastic rounding, PowerSGD's first Q
 
   // What a job's config asks for: comm.compression, comm.ratio, comm.rank, comm.chunk,
   // comm.rotation (its default, hadamard, is onebit's; other compressors take it only when the

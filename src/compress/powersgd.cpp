@@ -49,9 +49,9 @@ class PowerSgd : public Compressor {
 
  private:
   struct State {
-    std::vector<at::Tensor> q;   // per segment: cols x rank, kept across steps
-    std::vector<at::Tensor> p;   // per segment, this step: the orthonormalised average P
-    at::Tensor q_flat;           // this step's Q = Mᵀ P, every segment's, before averaging
+    std::vector<at::Tensor> q;  // per segment: cols x rank, kept across steps
+    std::vector<at::Tensor> p;  // per segment, this step: the orthonormalised average P
+    at::Tensor q_flat;          // this step's Q = Mᵀ P, every segment's, before averaging
   };
 
   static at::Tensor matrix(const at::Tensor& x, const Segment& s) {

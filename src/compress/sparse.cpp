@@ -51,8 +51,8 @@ class TopK : public Compressor {
       at::Tensor xb = x.narrow(0, b.start, b.len);
       at::Tensor idx = std::get<1>(xb.abs().topk(b.k, 0, /*largest=*/true, /*sorted=*/false));
       idx = std::get<0>(idx.sort());
-      encode_block(b, xb.index_select(0, idx).contiguous(), idx,
-                   payload.data_ptr<uint8_t>() + b.at, sent.data_ptr<float>() + b.start);
+      encode_block(b, xb.index_select(0, idx).contiguous(), idx, payload.data_ptr<uint8_t>() + b.at,
+                   sent.data_ptr<float>() + b.start);
       positions.push_back(idx + b.start);
     }
     return {payload, positions.empty() ? torch::empty({0}, torch::kLong) : torch::cat(positions)};

@@ -160,11 +160,12 @@ std::vector<KeySpec> build_registry() {
       float_key("train.optimizer.momentum", "0.9", "Momentum of `sgd` (0 = plain SGD).", 0, 1),
       float_key("train.optimizer.weight_decay", "0",
                 "Weight decay: an L2 penalty for `sgd` and `adam`, decoupled for `adamw`.", 0),
-      string_key("train.lr_schedule", "constant",
-                 "Learning-rate schedule: `constant`, `cosine` (half a cosine from the rate towards "
-                 "0, reached just after the last step) or `linear` (likewise, in a straight "
-                 "line); see `train.warmup_steps`.",
-                 {"constant", "cosine", "linear"}),
+      string_key(
+          "train.lr_schedule", "constant",
+          "Learning-rate schedule: `constant`, `cosine` (half a cosine from the rate towards "
+          "0, reached just after the last step) or `linear` (likewise, in a straight "
+          "line); see `train.warmup_steps`.",
+          {"constant", "cosine", "linear"}),
       int_key("train.warmup_steps", "0",
               "Steps over which the learning rate ramps up linearly to `train.optimizer.lr` "
               "before the schedule starts; 0 = none.",
@@ -173,7 +174,8 @@ std::vector<KeySpec> build_registry() {
               "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
       int_key("train.grad_accum", "1",
               "Batches whose gradients are accumulated before each optimizer step.", 1),
-      int_key("train.threads_per_worker", "1", "CPU threads each worker's tensor ops may use (LibTorch's intra-op pool; krab's "
+      int_key("train.threads_per_worker", "1",
+              "CPU threads each worker's tensor ops may use (LibTorch's intra-op pool; krab's "
               "launcher also sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to it unless they "
               "are set).",
               1),
@@ -220,14 +222,15 @@ std::vector<KeySpec> build_registry() {
       string_key("comm.iface", "",
                  "Network interface (e.g. `eth0`) or local address Gloo binds to; empty picks "
                  "the address that routes to the rendezvous host."),
-      string_key("comm.compression", "none",
-                 "Gradient compression (see compress/compressor.h): `none` (fp32 all-reduce), "
-                 "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
-                 "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
-                 "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
-                 "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
-                 "`sync.mode: sync`.",
-                 {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd"}),
+      string_key(
+          "comm.compression", "none",
+          "Gradient compression (see compress/compressor.h): `none` (fp32 all-reduce), "
+          "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
+          "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
+          "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
+          "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
+          "`sync.mode: sync`.",
+          {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd"}),
       float_key("comm.ratio", "0.01",
                 "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
       int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),
@@ -325,17 +328,18 @@ std::vector<KeySpec> build_registry() {
               "it is the fewest clients that must be available and the expected cohort size: a "
               "smaller Poisson cohort still releases its noised sum.",
               1),
-      int_key("federated.local_epochs", "1", "Passes each client makes over its own data per round.",
-              1),
+      int_key("federated.local_epochs", "1",
+              "Passes each client makes over its own data per round.", 1),
       int_key("federated.local_steps", "0",
               "Caps each client's optimizer steps per round; 0 = `federated.local_epochs` "
               "passes.",
               0),
-      string_key("federated.partition", "iid",
-                 "`fl-sim`: how the training split is divided among clients: `iid`, `classes` "
-                 "(`federated.classes_per_client` label shards each, FedAvg's pathological "
-                 "non-IID split) or `dirichlet` (label proportions ~ Dirichlet(`federated.alpha`)).",
-                 {"iid", "classes", "dirichlet"}),
+      string_key(
+          "federated.partition", "iid",
+          "`fl-sim`: how the training split is divided among clients: `iid`, `classes` "
+          "(`federated.classes_per_client` label shards each, FedAvg's pathological "
+          "non-IID split) or `dirichlet` (label proportions ~ Dirichlet(`federated.alpha`)).",
+          {"iid", "classes", "dirichlet"}),
       float_key("federated.alpha", "0.5",
                 "`dirichlet` partition concentration: small is skewed, large is near IID.", 1e-6),
       int_key("federated.classes_per_client", "2", "`classes` partition: label shards per client.",
@@ -453,8 +457,9 @@ constexpr SectionDoc kSections[] = {
     {"parallel", "How the work is split across workers."},
     {"comm", "How workers talk to each other."},
     {"sync", "How often workers agree (synchronisation modes)."},
-    {"federated", "Federated learning (`fl-sim`, `fl-server`, `fl-client`): rounds, strategy, "
-                  "robustness, secure aggregation, differential privacy."},
+    {"federated",
+     "Federated learning (`fl-sim`, `fl-server`, `fl-client`): rounds, strategy, "
+     "robustness, secure aggregation, differential privacy."},
     {"checkpoint", "Saving and resuming."},
 };
 

@@ -75,14 +75,14 @@ std::string str_cat(const Args&... args) {
 
 }  // namespace krab
 
-#define KRAB_CHECK_ARG(cond, ...)                            \
-  do {                                                       \
+#define KRAB_CHECK_ARG(cond, ...)                                             \
+  do {                                                                        \
     if (!(cond)) throw ::krab::InvalidArgument(::krab::str_cat(__VA_ARGS__)); \
   } while (0)
 
-#define KRAB_CHECK(cond, ...)                                                       \
-  do {                                                                              \
-    if (!(cond))                                                                    \
-      throw ::krab::Error(::krab::str_cat("internal error at ", __FILE__, ":", __LINE__, \
-                                          ": ", #cond, " ", ##__VA_ARGS__));        \
+#define KRAB_CHECK(cond, ...)                                                                  \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      throw ::krab::Error(::krab::str_cat("internal error at ", __FILE__, ":", __LINE__, ": ", \
+                                          #cond, " ", ##__VA_ARGS__));                         \
   } while (0)

@@ -21,10 +21,18 @@ inline std::string printable(std::string_view bytes, size_t max_bytes = 200) {
   for (size_t i = 0; i < bytes.size() && i < max_bytes; ++i) {
     const auto c = static_cast<unsigned char>(bytes[i]);
     switch (c) {
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\\': out += "\\\\"; break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
       default:
         if (c >= 0x20 && c < 0x7f) {
           out += static_cast<char>(c);

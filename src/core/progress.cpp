@@ -9,8 +9,11 @@
 namespace krab::core {
 
 ProgressBar::ProgressBar(std::string label, int64_t total, std::FILE* out)
-    : label_(std::move(label)), total_(std::max<int64_t>(total, 1)), out_(out),
-      tty_(::isatty(::fileno(out)) != 0), start_(std::chrono::steady_clock::now()) {}
+    : label_(std::move(label)),
+      total_(std::max<int64_t>(total, 1)),
+      out_(out),
+      tty_(::isatty(::fileno(out)) != 0),
+      start_(std::chrono::steady_clock::now()) {}
 
 std::string ProgressBar::format_duration(double seconds) {
   if (seconds < 0 || seconds > 1e7) return "--:--";
@@ -89,11 +92,11 @@ void ProgressBar::draw(int64_t done, const std::string& fields, bool final) {
     eta = secs / static_cast<double>(done - first_done_) * static_cast<double>(total_ - done);
   }
   const double elapsed = std::chrono::duration<double>(now - start_).count();
-  const std::string time = final ? "took " + format_duration(elapsed)
-                                 : "ETA " + format_duration(eta);
+  const std::string time =
+      final ? "took " + format_duration(elapsed) : "ETA " + format_duration(eta);
   // A log file has no width: only a terminal's line is fitted.
-  const std::string text = compose(label_, done, total_, fields, time,
-                                   tty_ ? terminal_columns(out_) : 1 << 20);
+  const std::string text =
+      compose(label_, done, total_, fields, time, tty_ ? terminal_columns(out_) : 1 << 20);
   std::fprintf(out_, "%s%s%s", tty_ ? "\r" : "", text.c_str(), tty_ ? "\033[K" : "\n");
   std::fflush(out_);
 }

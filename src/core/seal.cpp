@@ -62,17 +62,20 @@ std::string seal(std::string bytes, const std::string& key) {
 std::string unseal(std::string bytes, const std::string& key, const std::string& source) {
   if (key.empty()) {
     if (sealed(bytes))
-      throw CorruptData(str_cat("'", source, "' is sealed with a key (HMAC); give this run its "
+      throw CorruptData(str_cat("'", source,
+                                "' is sealed with a key (HMAC); give this run its "
                                 "checkpoint.hmac_key_file to read it"));
     return bytes;
   }
   if (!sealed(bytes))
-    throw CorruptData(str_cat("'", source, "' carries no seal, and checkpoint.hmac_key_file is "
+    throw CorruptData(str_cat("'", source,
+                              "' carries no seal, and checkpoint.hmac_key_file is "
                               "set: refusing a file that may have been replaced"));
   const size_t body = bytes.size() - kSealBytes;
   const std::string want = mac(key, bytes.data(), body);
   if (CRYPTO_memcmp(want.data(), bytes.data() + body + kTagBytes, kMacBytes) != 0)
-    throw CorruptData(str_cat("'", source, "' fails its seal (HMAC): it was changed, or written "
+    throw CorruptData(str_cat("'", source,
+                              "' fails its seal (HMAC): it was changed, or written "
                               "with another key"));
   bytes.resize(body);
   return bytes;

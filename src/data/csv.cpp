@@ -42,8 +42,7 @@ struct CsvHeader {
   int64_t label = -1;
 };
 
-CsvHeader read_header(std::istream& in, const std::string& path,
-                      const std::string& label_column) {
+CsvHeader read_header(std::istream& in, const std::string& path, const std::string& label_column) {
   std::string line;
   KRAB_CHECK_ARG(static_cast<bool>(std::getline(in, line)), "CSV file '", path, "' is empty");
   if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // UTF-8 byte order mark (Excel)

@@ -147,8 +147,8 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
 // test_fraction outside [0, 1), fewer than 2 rows, or no feature column. CorruptData naming the
 // file, line and column: a row with the wrong number of fields, an empty or non-numeric value,
 // a label that is not a non-negative integer.
-DataSplits load_csv(const std::string& path, const std::string& label_column,
-                    double test_fraction, bool normalize);
+DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
+                    bool normalize);
 
 // What load_tensors needs besides data.path (the data.* keys of the same names).
 struct TensorsOptions {

@@ -109,8 +109,8 @@ Image convert_channels(Image in, int64_t channels) {
   } else {
     // BT.601 luma, rounded: what libjpeg and PIL use for RGB -> L.
     for (int64_t i = 0; i < n; ++i)
-      q[i] = static_cast<uint8_t>((299 * p[3 * i] + 587 * p[3 * i + 1] + 114 * p[3 * i + 2] +
-                                   500) / 1000);
+      q[i] = static_cast<uint8_t>((299 * p[3 * i] + 587 * p[3 * i + 1] + 114 * p[3 * i + 2] + 500) /
+                                  1000);
   }
   return out;
 }
@@ -137,8 +137,10 @@ std::vector<Tap> taps(int64_t src, int64_t dst) {
 }  // namespace
 
 Image decode_image(const std::string& bytes, const std::string& name, int64_t channels) {
-  KRAB_CHECK_ARG(channels == 0 || channels == 1 || channels == 3, "image channels must be 0, 1 "
-                 "or 3, got ", channels);
+  KRAB_CHECK_ARG(channels == 0 || channels == 1 || channels == 3,
+                 "image channels must be 0, 1 "
+                 "or 3, got ",
+                 channels);
   if (is_png(bytes)) return convert_channels(decode_png(bytes, name), channels);
   if (is_jpeg(bytes)) return convert_channels(decode_jpeg(bytes, name), channels);
   unreadable(name, bytes.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");

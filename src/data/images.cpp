@@ -60,8 +60,8 @@ std::vector<float> per_channel(const std::vector<double>& v, int64_t channels, c
 // the caller to skip or name; anything else (out of memory) is kept to be rethrown, since a
 // background thread must not let an exception escape.
 void decode_into(const ImageFolder& folder, int64_t i, const ImageOptions& o, int64_t channels,
-                 const std::vector<float>& mean, const std::vector<float>& std,
-                 at::Tensor& dst, std::string& error, std::exception_ptr& fatal) {
+                 const std::vector<float>& mean, const std::vector<float>& std, at::Tensor& dst,
+                 std::string& error, std::exception_ptr& fatal) {
   try {
     at::Tensor x = image_to_tensor(decode_image_file(folder.files[i], channels), o.height, o.width);
     for (int64_t c = 0; c < channels; ++c) x[c].sub_(mean[c]).div_(std[c]);
@@ -155,8 +155,7 @@ std::pair<int64_t, int64_t> parse_image_size(const std::string& text) {
   } catch (const InvalidArgument&) {
     v.clear();
   }
-  const bool ok = (v.size() == 1 || v.size() == 2) &&
-                  std::all_of(v.begin(), v.end(), [](double d) {
+  const bool ok = (v.size() == 1 || v.size() == 2) && std::all_of(v.begin(), v.end(), [](double d) {
                     return d >= 1 && d <= 65536 && d == std::floor(d);
                   });
   KRAB_CHECK_ARG(ok, "data.size: '", text,
@@ -218,8 +217,8 @@ DataSplits load_images(const std::string& root, const ImageOptions& o, int64_t* 
   DataSplits splits;
   splits.train = std::move(decoded.data);
   if (!o.test_path.empty()) {
-    DecodedImages test = decode_image_folder(scan_image_folder(o.test_path, train.classes), o,
-                                             channels);
+    DecodedImages test =
+        decode_image_folder(scan_image_folder(o.test_path, train.classes), o, channels);
     skipped_total += test.skipped;
     splits.test = std::move(test.data);
   }

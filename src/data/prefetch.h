@@ -82,7 +82,7 @@ class BatchPrefetcher {
   std::mutex mu_;
   std::condition_variable cv_;  // a batch is queued or done, or stop_ was set
   bool stop_ = false;
-  std::map<int64_t, std::shared_ptr<Pending>> pending_;  // by step
+  std::map<int64_t, std::shared_ptr<Pending>> pending_;             // by step
   std::deque<std::pair<int64_t, std::shared_ptr<Pending>>> queue_;  // not yet started
   std::vector<std::thread> threads_;
 };

@@ -36,7 +36,9 @@ std::vector<int64_t> windowed_permutation(const ShardLayout& layout, int64_t dat
 
 GlobalBatchSampler::GlobalBatchSampler(int64_t dataset_size, int64_t global_batch, uint64_t seed,
                                        ShardLayout layout)
-    : dataset_size_(dataset_size), global_batch_(global_batch), seed_(seed),
+    : dataset_size_(dataset_size),
+      global_batch_(global_batch),
+      seed_(seed),
       layout_(std::move(layout)) {
   KRAB_CHECK_ARG(dataset_size >= 1, "dataset is empty (size ", dataset_size, ")");
   KRAB_CHECK_ARG(global_batch >= 1, "global batch size must be at least 1, got ", global_batch);
@@ -85,9 +87,8 @@ std::vector<int64_t> GlobalBatchSampler::indices(int64_t step, int rank, int wor
 
 std::vector<int64_t> GlobalBatchSampler::slice(int64_t step, BatchSlice part) const {
   KRAB_CHECK_ARG(step >= 0, "step must be >= 0, got ", step);
-  KRAB_CHECK_ARG(part.begin >= 0 && part.begin <= part.end && part.end <= global_batch_,
-                 "slice [", part.begin, ", ", part.end, ") outside the global batch of ",
-                 global_batch_);
+  KRAB_CHECK_ARG(part.begin >= 0 && part.begin <= part.end && part.end <= global_batch_, "slice [",
+                 part.begin, ", ", part.end, ") outside the global batch of ", global_batch_);
   const std::vector<int64_t>& perm = permutation(epoch_of(step));
   const int64_t base = (step % steps_per_epoch()) * global_batch_;
   return std::vector<int64_t>(perm.begin() + base + part.begin, perm.begin() + base + part.end);

@@ -36,8 +36,8 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
   const int64_t windows = static_cast<int64_t>(tokens.size()) / window;
   const char* unit = tokenizer.unit();
   KRAB_CHECK_ARG(windows >= 2, "text file '", path, "' has ", tokens.size(), " ", unit,
-                 "; context ", context, " needs at least ", 2 * window, " (two windows of context + 1 ",
-                 unit, ")");
+                 "; context ", context, " needs at least ", 2 * window,
+                 " (two windows of context + 1 ", unit, ")");
 
   int64_t n_test = 0;
   if (test_fraction > 0.0) {
@@ -46,9 +46,9 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
   }
   const int64_t n_train = windows - n_test;
 
-  at::Tensor all = torch::from_blob(const_cast<int64_t*>(tokens.data()), {windows, window},
-                                    torch::kInt64)
-                       .clone();
+  at::Tensor all =
+      torch::from_blob(const_cast<int64_t*>(tokens.data()), {windows, window}, torch::kInt64)
+          .clone();
   at::Tensor inputs = all.narrow(1, 0, context);
   at::Tensor targets = all.narrow(1, 1, context);
 

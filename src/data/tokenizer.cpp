@@ -55,8 +55,8 @@ Captured run_capture(const std::vector<std::string>& argv, const std::string& in
   if (rc != 0) {
     close(in[1]);
     close(out[0]);
-    throw InvalidArgument(str_cat("cannot run ", argv[0], " (Debian package sentencepiece): ",
-                                  std::strerror(rc)));
+    throw InvalidArgument(
+        str_cat("cannot run ", argv[0], " (Debian package sentencepiece): ", std::strerror(rc)));
   }
   // A writer thread feeds the input while this thread drains the output, so neither pipe can
   // fill up and stall the other.
@@ -96,12 +96,11 @@ class SentencePieceTokenizer : public Tokenizer {
     const Captured vocab = run_capture({"spm_export_vocab", "--model=" + path}, "");
     if (vocab.status != 0) {
       std::string why = vocab.out.substr(0, vocab.out.find('\n'));
-      throw InvalidArgument(str_cat(key, ": cannot load SentencePiece model '", path, "': ",
-                                    why.empty() ? "spm_export_vocab failed" : why));
+      throw InvalidArgument(str_cat(key, ": cannot load SentencePiece model '", path,
+                                    "': ", why.empty() ? "spm_export_vocab failed" : why));
     }
     for (char ch : vocab.out) vocab_ += ch == '\n';
-    KRAB_CHECK_ARG(vocab_ >= 2, key, ": SentencePiece model '", path, "' has ", vocab_,
-                   " pieces");
+    KRAB_CHECK_ARG(vocab_ >= 2, key, ": SentencePiece model '", path, "' has ", vocab_, " pieces");
   }
   int64_t vocab_size() const override { return vocab_; }
   // One output line per input line, its ids separated by spaces.

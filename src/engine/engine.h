@@ -21,9 +21,8 @@
 // This header sits below train/, parallel/ and sync/: the engines implement it, train/ drives it.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>

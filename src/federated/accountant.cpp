@@ -149,8 +149,9 @@ double rdp_sampled_gaussian(double noise_multiplier, double sampling_rate, doubl
   const double q = sampling_rate, sigma = noise_multiplier;
   // The un-subsampled bound alpha / (2 sigma^2) caps every term of the series; where it is not a
   // finite double (sigma^2 underflows), no epsilon can be reported, only a refusal.
-  KRAB_CHECK_ARG(std::isfinite(order / (2 * sigma * sigma)), "noise multiplier (--noise-multiplier) ",
-                 sigma, " is too small to account for: epsilon would be infinite");
+  KRAB_CHECK_ARG(std::isfinite(order / (2 * sigma * sigma)),
+                 "noise multiplier (--noise-multiplier) ", sigma,
+                 " is too small to account for: epsilon would be infinite");
   if (q == 0) return 0;
   if (q == 1) return order / (2 * sigma * sigma);
   // Same integer test as the references (float(alpha).is_integer()).

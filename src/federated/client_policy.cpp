@@ -12,8 +12,8 @@ void check_fit(const ClientPolicy& p, const FitInstruction& ins) {
                  "is not securely aggregated (--require-secure-aggregation)");
   if (ins.secure) {
     const size_t t = ins.secagg_threshold, n = ins.secagg_clients;
-    KRAB_CHECK_ARG(t >= 2 && 2 * t > n, who, "uses a secure-aggregation threshold t = ", t,
-                   " for ", n, " clients; a safe protocol needs t >= 2 and 2t > n");
+    KRAB_CHECK_ARG(t >= 2 && 2 * t > n, who, "uses a secure-aggregation threshold t = ", t, " for ",
+                   n, " clients; a safe protocol needs t >= 2 and 2t > n");
   }
   if (p.min_local_noise > 0) {
     const double multiplier = ins.clip_norm > 0 ? ins.local_noise_std / ins.clip_norm : 0.0;

@@ -2,10 +2,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-
-#include <algorithm>
 
 #include "core/errors.h"
 #include "core/flat.h"

@@ -43,7 +43,8 @@ void for_each_piece(const Seed& seed, uint64_t round, size_t n, Fn&& fn) {
                                        static_cast<uint32_t>(piece * kPieceBlocks), seed.data());
     // Little-endian words whatever the host's byte order, so masks agree across machines.
     for (size_t i = 0; i < len; ++i)
-      words[i] = static_cast<uint32_t>(bytes[4 * i]) | static_cast<uint32_t>(bytes[4 * i + 1]) << 8 |
+      words[i] = static_cast<uint32_t>(bytes[4 * i]) |
+                 static_cast<uint32_t>(bytes[4 * i + 1]) << 8 |
                  static_cast<uint32_t>(bytes[4 * i + 2]) << 16 |
                  static_cast<uint32_t>(bytes[4 * i + 3]) << 24;
     fn(start, words, len);
@@ -80,8 +81,8 @@ void FixedPoint::validate(size_t num_summed) const {
   KRAB_CHECK_ARG(std::isfinite(clip) && clip > 0, "FixedPoint: clip = ", clip,
                  " must be finite and > 0");
   KRAB_CHECK_ARG(num_summed >= 1, "FixedPoint: num_summed must be >= 1");
-  KRAB_CHECK_ARG(fits(clip, scale, num_summed), "FixedPoint: ", num_summed,
-                 " values of clip ", clip, " at scale ", scale, " (", max_code(*this),
+  KRAB_CHECK_ARG(fits(clip, scale, num_summed), "FixedPoint: ", num_summed, " values of clip ",
+                 clip, " at scale ", scale, " (", max_code(*this),
                  " each) can overflow int32; use FixedPoint::for_clients(clip, ", num_summed, ")");
 }
 
@@ -179,8 +180,7 @@ Seed agree(const KeyPair& mine, const PublicKey& theirs, std::string_view contex
   crypto_generichash_update(&st, shared, sizeof shared);
   crypto_generichash_update(&st, lo.data(), lo.size());
   crypto_generichash_update(&st, hi.data(), hi.size());
-  crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(context.data()),
-                            context.size());
+  crypto_generichash_update(&st, reinterpret_cast<const uint8_t*>(context.data()), context.size());
   Seed seed;
   crypto_generichash_final(&st, seed.data(), seed.size());
   sodium_memzero(shared, sizeof shared);

@@ -53,11 +53,12 @@ data::DataSplits server_data(const core::Config& c) {
   if (name == "csv") {
     // A table's shape (features, classes) is in its rows, and the server holds none of the
     // clients': it needs its own held-out file with the same columns. All of it is test data.
-    KRAB_CHECK_ARG(!eval.empty(), "federated.eval_data: fl-server with data.name csv needs a "
+    KRAB_CHECK_ARG(!eval.empty(),
+                   "federated.eval_data: fl-server with data.name csv needs a "
                    "held-out CSV file of its own, with the clients' columns and every class "
                    "(the model's shape is read from it)");
-    data::DataSplits all = data::load_csv(eval, c.get_string("data.label_column"), 0.0,
-                                          c.get_bool("data.normalize"));
+    data::DataSplits all =
+        data::load_csv(eval, c.get_string("data.label_column"), 0.0, c.get_bool("data.normalize"));
     data::DataSplits d;
     d.input_shape = all.input_shape;
     d.num_classes = all.num_classes;
@@ -70,9 +71,9 @@ data::DataSplits server_data(const core::Config& c) {
 
 // What a client is told: everything but the server's own files.
 std::string client_config_yaml(core::Config c) {
-  for (const char* key : {"federated.tls_cert", "federated.tls_key", "federated.tls_client_ca",
-                          "federated.tokens", "federated.eval_data", "checkpoint.dir",
-                          "checkpoint.hmac_key_file", "data.path"})
+  for (const char* key :
+       {"federated.tls_cert", "federated.tls_key", "federated.tls_client_ca", "federated.tokens",
+        "federated.eval_data", "checkpoint.dir", "checkpoint.hmac_key_file", "data.path"})
     c.set(key, "");
   return c.to_yaml();
 }
@@ -188,7 +189,8 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["refused_calls"] = st.refused_calls;
   report["refusals"] = st.refusals;
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, core::dump_json(report));
+  if (!options.report_path.empty())
+    core::write_file_atomic(options.report_path, core::dump_json(report));
   std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
   require_a_successful_round(runner);
   return report;

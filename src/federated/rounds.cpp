@@ -141,10 +141,10 @@ void RoundLog::record(const RoundRecord& rec) {
   if (rec.test_accuracy >= 0) accuracy_ = rec.test_accuracy;
   if (rec.epsilon >= 0) epsilon_ = rec.epsilon;
   if (bar_) {
-    std::string text = str_cat(
-        "acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
-        " loss ", rec.ok ? std::to_string(rec.mean_loss).substr(0, 6) : std::string("-"),
-        " clients ", rec.counted.size(), "/", rec.cohort.size());
+    std::string text =
+        str_cat("acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
+                " loss ", rec.ok ? std::to_string(rec.mean_loss).substr(0, 6) : std::string("-"),
+                " clients ", rec.counted.size(), "/", rec.cohort.size());
     if (epsilon_ >= 0) text += str_cat(" eps ", format_epsilon(epsilon_));
     bar_->update(rec.round, text);
   }
@@ -251,8 +251,8 @@ std::string RoundRunner::check_examples(const std::string& client, int64_t n) co
   if (n <= 0) return str_cat("client '", client, "': reported ", n, " examples");
   if (options_.max_client_examples > 0 && n > options_.max_client_examples)
     return str_cat("client '", client, "': reported ", n,
-                   " examples, above federated.max_client_examples (",
-                   options_.max_client_examples, ")");
+                   " examples, above federated.max_client_examples (", options_.max_client_examples,
+                   ")");
   return "";
 }
 
@@ -339,7 +339,7 @@ size_t RoundRunner::secagg_threshold(size_t cohort) const {
 }
 
 std::vector<Participant*> RoundRunner::draw_cohort(const std::vector<Participant*>& available,
-                                                  RoundRecord& rec) {
+                                                   RoundRecord& rec) {
   std::vector<std::string> ids;
   for (auto* p : available) ids.push_back(p->id());
   rec.available = static_cast<int64_t>(ids.size());

@@ -138,7 +138,7 @@ struct FederatedOptions {
   StrategyOptions strategy_options;
   std::string aggregator = "mean";
   AggregatorOptions aggregator_options;
-  double max_update_norm = 0;  // 0 = no bound
+  double max_update_norm = 0;       // 0 = no bound
   int64_t max_client_examples = 0;  // 0 = no bound on a client's self-reported example count
   bool secure = false;
   double secagg_threshold = 0.66;  // of the cohort size
@@ -263,7 +263,7 @@ class RoundRunner {
   std::unique_ptr<Strategy> strategy_;
   std::unique_ptr<Aggregator> aggregator_;
   int64_t rounds_done_ = 0;
-  RdpAccountant accountant_;                           // central DP
+  RdpAccountant accountant_;                          // central DP
   std::map<std::string, int64_t> dp_participations_;  // local DP: rounds each client was asked
   int64_t dp_worst_participations_ = 0;
   std::vector<RoundRecord> history_;

@@ -67,9 +67,9 @@ EncryptedShare encrypt_share(uint64_t from, uint64_t to, uint64_t round, const S
   const auto aad = share_aad(from, to, round);
   e.ciphertext.resize(plain.size() + crypto_aead_xchacha20poly1305_ietf_ABYTES);
   unsigned long long clen = 0;
-  crypto_aead_xchacha20poly1305_ietf_encrypt(e.ciphertext.data(), &clen, plain.data(),
-                                             plain.size(), aad.data(), aad.size(), nullptr,
-                                             e.nonce.data(), key.data());
+  crypto_aead_xchacha20poly1305_ietf_encrypt(e.ciphertext.data(), &clen, plain.data(), plain.size(),
+                                             aad.data(), aad.size(), nullptr, e.nonce.data(),
+                                             key.data());
   e.ciphertext.resize(clen);
   sodium_memzero(plain.data(), plain.size());
   return e;
@@ -412,9 +412,10 @@ void Server::receive(const UnmaskResponse& msg) {
     std::sort(owners.begin(), owners.end());
     return owners == want;  // `want` is ascending and duplicate-free
   };
-  if (!covers(msg.self_mask_shares, request_.survivors) || !covers(msg.key_shares, request_.dropped))
-    throw CorruptData(str_cat("secagg server: client ", v,
-                              "'s unmask response does not match the request"));
+  if (!covers(msg.self_mask_shares, request_.survivors) ||
+      !covers(msg.key_shares, request_.dropped))
+    throw CorruptData(
+        str_cat("secagg server: client ", v, "'s unmask response does not match the request"));
   for (const OwnedShare& s : msg.self_mask_shares) b_shares_[s.owner].push_back(s.share);
   for (const OwnedShare& s : msg.key_shares) sk_shares_[s.owner].push_back(s.share);
   responders_.insert(v);

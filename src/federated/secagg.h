@@ -90,7 +90,9 @@ struct AdvertiseKeys {
   PublicKey s_pk{};  // pairwise mask seeds
   std::vector<uint8_t> to_bytes() const;
   static AdvertiseKeys from_bytes(const uint8_t* data, size_t size);
-  static AdvertiseKeys from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static AdvertiseKeys from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 struct Roster {
@@ -114,7 +116,9 @@ struct ShareKeys {
   std::vector<EncryptedShare> shares;  // one per other roster member
   std::vector<uint8_t> to_bytes() const;
   static ShareKeys from_bytes(const uint8_t* data, size_t size);
-  static ShareKeys from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static ShareKeys from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 // What the server forwards to one client: the ciphertexts addressed to it.
@@ -124,7 +128,9 @@ struct IncomingShares {
   std::vector<EncryptedShare> shares;
   std::vector<uint8_t> to_bytes() const;
   static IncomingShares from_bytes(const uint8_t* data, size_t size);
-  static IncomingShares from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static IncomingShares from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 struct MaskedInput {
@@ -134,7 +140,9 @@ struct MaskedInput {
   std::vector<uint32_t> y;
   std::vector<uint8_t> to_bytes() const;
   static MaskedInput from_bytes(const uint8_t* data, size_t size);
-  static MaskedInput from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static MaskedInput from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 struct UnmaskRequest {
@@ -143,7 +151,9 @@ struct UnmaskRequest {
   std::vector<uint64_t> dropped;    // U2 \ U3, ascending
   std::vector<uint8_t> to_bytes() const;
   static UnmaskRequest from_bytes(const uint8_t* data, size_t size);
-  static UnmaskRequest from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static UnmaskRequest from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 // The responder's share (x = its id) of a secret of client `owner`.
@@ -159,7 +169,9 @@ struct UnmaskResponse {
   std::vector<OwnedShare> key_shares;        // shares of s_sk_u, one per dropped u
   std::vector<uint8_t> to_bytes() const;
   static UnmaskResponse from_bytes(const uint8_t* data, size_t size);
-  static UnmaskResponse from_bytes(const std::vector<uint8_t>& b) { return from_bytes(b.data(), b.size()); }
+  static UnmaskResponse from_bytes(const std::vector<uint8_t>& b) {
+    return from_bytes(b.data(), b.size());
+  }
 };
 
 // ---- client ------------------------------------------------------------------------------
@@ -214,8 +226,8 @@ class Client {
   KeyPair c_, s_;
   Seed b_{};
   std::map<uint64_t, Peer> roster_;
-  std::map<uint64_t, Seed> enc_keys_;       // agree(c, c_pk_v), from round 1 for round 2
-  std::map<uint64_t, HeldShares> held_;     // by owner; U2 after round 2 (this client included)
+  std::map<uint64_t, Seed> enc_keys_;    // agree(c, c_pk_v), from round 1 for round 2
+  std::map<uint64_t, HeldShares> held_;  // by owner; U2 after round 2 (this client included)
 };
 
 // ---- server ------------------------------------------------------------------------------
@@ -270,15 +282,15 @@ class Server {
 
   Config config_;
   Stage stage_ = Stage::kAdvertise;
-  std::map<uint64_t, AdvertiseKeys> advertised_;                 // U1
+  std::map<uint64_t, AdvertiseKeys> advertised_;  // U1
   Roster roster_;
-  std::map<uint64_t, std::vector<EncryptedShare>> inbox_;        // by recipient
+  std::map<uint64_t, std::vector<EncryptedShare>> inbox_;  // by recipient
   std::set<uint64_t> u2_, delivered_;
   std::set<uint64_t> u3_;
-  std::vector<uint32_t> masked_sum_;                             // sum of y_u over U3
+  std::vector<uint32_t> masked_sum_;  // sum of y_u over U3
   UnmaskRequest request_;
   std::map<uint64_t, std::vector<shamir::Share>> b_shares_, sk_shares_;  // by owner
-  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;   // U3's, from round 2
+  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;            // U3's, from round 2
   std::set<uint64_t> responders_;
   Result result_;
   std::array<RoundTraffic, 4> traffic_{};

@@ -112,9 +112,8 @@ class Reader {
  private:
   void need(size_t k) const {
     if (k > n_ - pos_)
-      throw ::krab::CorruptData(::krab::str_cat(what_, ": truncated (needed ", k,
-                                                " bytes at byte ", pos_, ", have ", n_ - pos_,
-                                                ")"));
+      throw ::krab::CorruptData(::krab::str_cat(what_, ": truncated (needed ", k, " bytes at byte ",
+                                                pos_, ", have ", n_ - pos_, ")"));
   }
 
   const uint8_t* p_;

@@ -26,8 +26,8 @@ namespace {
 // cohort) make the server index out of bounds.
 void require_id(uint64_t assigned, uint64_t claimed, const char* message) {
   if (claimed != assigned)
-    throw CorruptData(str_cat(message, " claims client id ", claimed, "; this client's id is ",
-                              assigned));
+    throw CorruptData(
+        str_cat(message, " claims client id ", claimed, "; this client's id is ", assigned));
 }
 
 }  // namespace
@@ -53,8 +53,7 @@ class RoundRunner::SecureRound {
   std::string run_stages(double total_examples);
   // One stage: calls every live participant (in parallel if asked), feeds the replies to the
   // server and drops the ones that fail.
-  void stage(SecAggRequest::Stage st, const MakeRequest& make_request,
-             const TakeReply& take_reply);
+  void stage(SecAggRequest::Stage st, const MakeRequest& make_request, const TakeReply& take_reply);
   // A TakeReply that parses `Message`, checks its sender's id and hands it to the server.
   template <typename Message>
   TakeReply receive_as(const char* name);

@@ -63,7 +63,7 @@ void save_server_state(const std::string& path, RoundRunner& runner, const std::
   // Client names come from the tokens file and may not be UTF-8: replace such bytes rather
   // than throw (nlohmann's type_error.316) after a round that succeeded.
   archive.write("history", c10::IValue(history.dump(-1, ' ', false,
-                                                     nlohmann::json::error_handler_t::replace)));
+                                                    nlohmann::json::error_handler_t::replace)));
   archive.write("signature", c10::IValue(signature));
   std::vector<std::string> keys;
   for (const auto& [k, v] : runner.strategy().state()) {
@@ -123,8 +123,8 @@ bool load_server_state(const std::string& path, RoundRunner& runner, const std::
     // here what would make them throw, so a bad file leaves the runner as it was.
     if (!global.defined() || global.dim() != 1 || global.scalar_type() != at::kFloat ||
         global.numel() != runner.global().numel())
-      throw CorruptData(str_cat(path, ": the global model is not ", runner.global().numel(),
-                                " float32 values"));
+      throw CorruptData(
+          str_cat(path, ": the global model is not ", runner.global().numel(), " float32 values"));
     if (!rounds.defined() || rounds.numel() != 1 || rounds.scalar_type() != at::kLong ||
         (rounds_done = rounds.item<int64_t>()) < 0)
       throw CorruptData(str_cat(path, ": rounds_done is not a round count"));

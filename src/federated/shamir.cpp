@@ -99,8 +99,7 @@ std::vector<Share> split(const uint8_t* secret, size_t size, size_t threshold,
   return shares;
 }
 
-std::vector<Share> split(const std::vector<uint8_t>& secret, size_t threshold,
-                         size_t num_shares) {
+std::vector<Share> split(const std::vector<uint8_t>& secret, size_t threshold, size_t num_shares) {
   std::vector<uint64_t> xs(num_shares);
   for (size_t i = 0; i < num_shares; ++i) xs[i] = i + 1;
   return split(secret.data(), secret.size(), threshold, xs);
@@ -111,8 +110,8 @@ std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold)
   KRAB_CHECK_ARG(shares.size() >= threshold, "shamir::combine: ", shares.size(),
                  " shares given, the threshold is ", threshold);
   const uint32_t length = shares[0].secret_length;
-  KRAB_CHECK_ARG(length > 0 && length <= kMaxSecretBytes, "shamir::combine: secret length ",
-                 length, " out of range");
+  KRAB_CHECK_ARG(length > 0 && length <= kMaxSecretBytes, "shamir::combine: secret length ", length,
+                 " out of range");
   const size_t chunks = num_chunks(length);
   std::unordered_set<uint64_t> seen;
   for (const Share& s : shares) {
@@ -120,8 +119,8 @@ std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold)
     KRAB_CHECK_ARG(seen.insert(s.x).second, "shamir::combine: duplicate share x = ", s.x);
     KRAB_CHECK_ARG(s.secret_length == length && s.y.size() == chunks,
                    "shamir::combine: share x = ", s.x, " is for a ", s.secret_length,
-                   "-byte secret with ", s.y.size(), " values; share x = ", shares[0].x,
-                   " for a ", length, "-byte one with ", chunks);
+                   "-byte secret with ", s.y.size(), " values; share x = ", shares[0].x, " for a ",
+                   length, "-byte one with ", chunks);
     for (uint64_t v : s.y)
       KRAB_CHECK_ARG(v < kPrime, "shamir::combine: share x = ", s.x, " has a value >= p");
   }
@@ -142,7 +141,8 @@ std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold)
   std::vector<uint8_t> secret(length);
   for (size_t c = 0; c < chunks; ++c) {
     uint64_t chunk = 0;
-    for (size_t i = 0; i < threshold; ++i) chunk = field_add(chunk, field_mul(w[i], shares[i].y[c]));
+    for (size_t i = 0; i < threshold; ++i)
+      chunk = field_add(chunk, field_mul(w[i], shares[i].y[c]));
     const size_t begin = c * kChunkBytes, len = std::min(kChunkBytes, length - begin);
     // A genuine chunk fits its bytes; shares of different polynomials give a uniform field
     // element, which almost always does not.

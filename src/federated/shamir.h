@@ -31,9 +31,9 @@ inline constexpr size_t kChunkBytes = 7;
 inline constexpr size_t kMaxSecretBytes = size_t{1} << 20;
 
 struct Share {
-  uint64_t x = 0;               // the evaluation point, 1 <= x < kPrime
-  uint32_t secret_length = 0;   // bytes in the secret
-  std::vector<uint64_t> y;      // ceil(secret_length / 7) field elements, each < kPrime
+  uint64_t x = 0;              // the evaluation point, 1 <= x < kPrime
+  uint32_t secret_length = 0;  // bytes in the secret
+  std::vector<uint64_t> y;     // ceil(secret_length / 7) field elements, each < kPrime
 
   // Wire format (little-endian): "SHR1", x u64, secret_length u32, then the y values as u64;
   // 16 + 8 * ceil(secret_length / 7) bytes.

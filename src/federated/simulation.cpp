@@ -92,7 +92,6 @@ class SimClient : public Participant {
   std::unique_ptr<SecureClient> secure_;
 };
 
-
 // federated.partition and its knobs, for `clients` clients.
 data::PartitionSpec partition_spec(const core::Config& config, int64_t clients, uint64_t seed) {
   data::PartitionSpec ps;
@@ -215,7 +214,8 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["parameters"] = trainer.num_parameters();
   add_history(report, runner);
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!options.report_path.empty()) core::write_file_atomic(options.report_path, core::dump_json(report));
+  if (!options.report_path.empty())
+    core::write_file_atomic(options.report_path, core::dump_json(report));
   require_a_successful_round(runner);
   return report;
 }

@@ -66,8 +66,8 @@ std::string read_private_key(const std::string& path, const char* what) {
   const std::string pem = read_named(path, what);
   Bio bio = memory_bio(pem);
   // An empty passphrase callback: an encrypted key fails here instead of prompting.
-  Key key(PEM_read_bio_PrivateKey(bio.get(), nullptr, [](char*, int, int, void*) { return 0; },
-                                  nullptr));
+  Key key(PEM_read_bio_PrivateKey(
+      bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr));
   ERR_clear_error();
   KRAB_CHECK_ARG(key != nullptr, what, ": '", path,
                  "' is not an unencrypted PEM private key (-----BEGIN PRIVATE KEY-----)");
@@ -78,8 +78,8 @@ void check_key_matches(const std::string& cert_pem, const std::string& key_pem,
                        const std::string& cert_path, const std::string& key_path) {
   Cert cert = first_certificate(cert_pem);
   Bio bio = memory_bio(key_pem);
-  Key key(PEM_read_bio_PrivateKey(bio.get(), nullptr, [](char*, int, int, void*) { return 0; },
-                                  nullptr));
+  Key key(PEM_read_bio_PrivateKey(
+      bio.get(), nullptr, [](char*, int, int, void*) { return 0; }, nullptr));
   const bool match = cert && key && X509_check_private_key(cert.get(), key.get()) == 1;
   ERR_clear_error();
   KRAB_CHECK_ARG(match, "the key '", key_path, "' does not belong to the certificate '", cert_path,

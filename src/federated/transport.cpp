@@ -107,7 +107,8 @@ std::string token_digest(const std::string& entry) {
   if (entry.rfind(kDigestPrefix, 0) != 0) return sha256(entry);
   std::string out(32, '\0');
   for (size_t i = 0; i < 32; ++i)
-    out[i] = static_cast<char>(std::stoi(entry.substr(kDigestPrefix.size() + 2 * i, 2), nullptr, 16));
+    out[i] =
+        static_cast<char>(std::stoi(entry.substr(kDigestPrefix.size() + 2 * i, 2), nullptr, 16));
   return out;
 }
 
@@ -214,7 +215,7 @@ std::string new_session() {
 }  // namespace
 
 struct FederationServerState {
-  ServerTransportOptions options;     // options.tokens is emptied: only digests are kept
+  ServerTransportOptions options;              // options.tokens is emptied: only digests are kept
   std::map<std::string, TokenInfo> by_digest;  // sha256(token) -> client
   std::mutex mu;
   std::condition_variable cv;
@@ -276,14 +277,15 @@ struct FederationServerState {
     if (!options.client_ca_file.empty()) {
       std::string cn;
       if (auth != nullptr)
-        for (const auto& v : auth->FindPropertyValues("x509_common_name")) cn.assign(v.data(), v.size());
+        for (const auto& v : auth->FindPropertyValues("x509_common_name"))
+          cn.assign(v.data(), v.size());
       if (cn != t->second.client) {
         refuse(str_cat("the token of '", t->second.client, "' with the certificate of '",
                        core::printable(cn), "'"));
-        return {grpc::StatusCode::UNAUTHENTICATED,
-                str_cat("the token of '", t->second.client,
-                        "' needs a client certificate whose common name is '", t->second.client,
-                        "'")};
+        return {
+            grpc::StatusCode::UNAUTHENTICATED,
+            str_cat("the token of '", t->second.client,
+                    "' needs a client certificate whose common name is '", t->second.client, "'")};
       }
     }
     *name = t->second.client;
@@ -350,11 +352,12 @@ class Service final : public wire::Federation::Service {
     // gone quiet for the liveness period (it retries until then).
     if (slot.ready && !slot.session.empty() && now - slot.last_seen <= s_->options.liveness) {
       s_->refuse(str_cat("a second client with the token of '", name, "'"));
-      return {grpc::StatusCode::ALREADY_EXISTS,
-              str_cat("the token of '", name, "' is in use by a connected client (a token "
-                      "belongs to one client; a restarted client gets it back after ",
-                      std::chrono::duration<double>(s_->options.liveness).count(),
-                      " s of silence)")};
+      return {
+          grpc::StatusCode::ALREADY_EXISTS,
+          str_cat("the token of '", name,
+                  "' is in use by a connected client (a token "
+                  "belongs to one client; a restarted client gets it back after ",
+                  std::chrono::duration<double>(s_->options.liveness).count(), " s of silence)")};
     }
     const bool rejoin = static_cast<bool>(slot.participant);
     if (!slot.participant) {
@@ -645,8 +648,7 @@ FederationClient::FederationClient(ClientTransportOptions options)
   if (!options.cert_file.empty()) {
     ssl.pem_cert_chain = read_certificates(options.cert_file, "--cert");
     ssl.pem_private_key = read_private_key(options.key_file, "--key");
-    check_key_matches(ssl.pem_cert_chain, ssl.pem_private_key, options.cert_file,
-                      options.key_file);
+    check_key_matches(ssl.pem_cert_chain, ssl.pem_private_key, options.cert_file, options.key_file);
   }
   KRAB_CHECK_ARG(!options.token.empty(), "--token is required");
   check_host_port(options.server, "--server", /*allow_zero=*/false);
@@ -732,7 +734,8 @@ RemoteTask decode_task(const std::string& bytes) {
 
 FitReply decode_fit_result(const std::string& bytes, bool secure, const std::string& who) {
   wire::TaskResult r;
-  if (!r.ParseFromString(bytes)) throw CorruptData(str_cat(who, ": the task result does not parse"));
+  if (!r.ParseFromString(bytes))
+    throw CorruptData(str_cat(who, ": the task result does not parse"));
   return fit_reply_from_wire(r, secure, who);
 }
 

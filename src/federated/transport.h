@@ -17,10 +17,11 @@
 // concurrent calls, and gRPC's buffers share one memory quota. A token belongs to one client at
 // a time: Ready hands out a session that GetTask and
 // Submit must carry, and a second Ready with a token whose holder is still polling is refused
-// (TokenInUse), so a copied token can neither join twice nor take the holder's tasks. A message above `max_message_bytes` is refused by gRPC (RESOURCE_EXHAUSTED) before
-// any of krab's code sees it; a task result that does not parse, has the wrong task id or an
-// update of the wrong size drops that client from the round and is logged with its name. In
-// every case the server goes on serving the other clients.
+// (TokenInUse), so a copied token can neither join twice nor take the holder's tasks. A message
+// above `max_message_bytes` is refused by gRPC (RESOURCE_EXHAUSTED) before any of krab's code sees
+// it; a task result that does not parse, has the wrong task id or an update of the wrong size drops
+// that client from the round and is logged with its name. In every case the server goes on serving
+// the other clients.
 //
 // Liveness. A Participant whose client has not polled for `liveness_s` is not offered to new
 // rounds; a task not answered by the round deadline throws Timeout (the round counts the client

@@ -33,7 +33,8 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   if (spec.name == "mlp") return detail::make_mlp(spec);
   if (spec.name == "cnn") return detail::make_cnn(spec);
   if (spec.name == "gpt") return detail::make_gpt(spec);
-  throw InvalidArgument(str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+  throw InvalidArgument(
+      str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

@@ -49,17 +49,17 @@
 namespace krab::models {
 
 struct ModelSpec {
-  std::string name;                  // mlp | cnn | gpt | torchscript
-  std::vector<int64_t> input_shape;  // per example, from data::DataSplits::input_shape
-  int64_t num_classes = 10;          // classes, or the vocabulary size for gpt
-  int64_t hidden = 128;              // mlp hidden width
-  int64_t layers = 2;                // gpt blocks
-  int64_t width = 128;               // gpt embedding width
-  int64_t heads = 4;                 // gpt attention heads; must divide width
-  int64_t context = 64;              // gpt longest sequence (position embedding size)
-  std::string path;                  // torchscript: the saved module (model.path)
+  std::string name;                    // mlp | cnn | gpt | torchscript
+  std::vector<int64_t> input_shape;    // per example, from data::DataSplits::input_shape
+  int64_t num_classes = 10;            // classes, or the vocabulary size for gpt
+  int64_t hidden = 128;                // mlp hidden width
+  int64_t layers = 2;                  // gpt blocks
+  int64_t width = 128;                 // gpt embedding width
+  int64_t heads = 4;                   // gpt attention heads; must divide width
+  int64_t context = 64;                // gpt longest sequence (position embedding size)
+  std::string path;                    // torchscript: the saved module (model.path)
   std::string loss = "cross_entropy";  // torchscript: train.loss (built-ins: cross_entropy)
-  bool freeze_batchnorm = false;     // torchscript: batch norm stays in eval mode in training
+  bool freeze_batchnorm = false;       // torchscript: batch norm stays in eval mode in training
 };
 
 class Model : public torch::nn::Module {

@@ -97,8 +97,8 @@ at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> ar
   try {
     out = module_.get_method(method)(std::move(args));
   } catch (const c10::Error& e) {
-    throw InvalidArgument(str_cat("model.path: '", path_, "': ", method, " failed: ",
-                                  first_line(e.what_without_backtrace())));
+    throw InvalidArgument(str_cat("model.path: '", path_, "': ", method,
+                                  " failed: ", first_line(e.what_without_backtrace())));
   }
   KRAB_CHECK_ARG(out.isTensor(), "model.path: '", path_, "': ", method, " returned a ",
                  out.tagKind(), ", not a Tensor");
@@ -114,8 +114,8 @@ at::Tensor TorchScriptModel::predict(const at::Tensor& inputs) {
 at::Tensor TorchScriptModel::training_loss(const at::Tensor& inputs, const at::Tensor& targets) {
   if (!has_training_loss_) return loss(forward(inputs), targets);
   at::Tensor l = run("training_loss", {inputs, targets});
-  KRAB_CHECK_ARG(l.numel() == 1, "model.path: '", path_,
-                 "': training_loss returned shape ", shape_of(l), ", not a scalar");
+  KRAB_CHECK_ARG(l.numel() == 1, "model.path: '", path_, "': training_loss returned shape ",
+                 shape_of(l), ", not a scalar");
   return l.reshape({});
 }
 
@@ -166,9 +166,9 @@ void TorchScriptModel::check_fits(const at::Tensor& inputs, const at::Tensor& ta
     check_class_shapes(outputs, targets);  // before the range: C is outputs' last dimension
     const int64_t classes = outputs.size(-1);
     const int64_t lo = all_targets.min().item<int64_t>(), hi = all_targets.max().item<int64_t>();
-    KRAB_CHECK_ARG(lo >= 0 && hi < classes, "model.path: '", path_, "': forward(x) gives ",
-                   classes, " classes but the data's labels go from ", lo, " to ", hi,
-                   " (train.loss ", loss_, " needs labels in [0, ", classes, "))");
+    KRAB_CHECK_ARG(lo >= 0 && hi < classes, "model.path: '", path_, "': forward(x) gives ", classes,
+                   " classes but the data's labels go from ", lo, " to ", hi, " (train.loss ",
+                   loss_, " needs labels in [0, ", classes, "))");
   }
   loss(outputs, targets);  // throws naming both shapes when they do not fit
 }

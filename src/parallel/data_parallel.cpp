@@ -17,8 +17,8 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
   KRAB_CHECK_ARG(!params_.empty(), "DataParallel: the module has no trainable parameters");
   std::vector<int64_t> numel;
   for (auto& p : params_) {
-    KRAB_CHECK_ARG(p.scalar_type() == at::kFloat,
-                   "DataParallel: parameters must be float32, got ", p.scalar_type());
+    KRAB_CHECK_ARG(p.scalar_type() == at::kFloat, "DataParallel: parameters must be float32, got ",
+                   p.scalar_type());
     numel.push_back(p.numel());
   }
   const auto cap = static_cast<int64_t>(options_.bucket_mb * 1024 * 1024);
@@ -99,8 +99,10 @@ void DataParallel::on_grad_ready(int64_t param) {
   const int64_t b = plan_.bucket_of[param];
   const at::Tensor& grad = params_[param].grad();
   at::Tensor slot = buffers_[b].narrow(0, plan_.offset_of[param], params_[param].numel());
-  if (grad.defined()) slot.copy_(grad.reshape({-1}));
-  else slot.zero_();
+  if (grad.defined())
+    slot.copy_(grad.reshape({-1}));
+  else
+    slot.zero_();
   if (--pending_[b] == 0) {
     ready_[b] = 1;
     launch_ready_buckets();
@@ -138,8 +140,10 @@ void DataParallel::finish() {
     for (int64_t i : plan_.buckets[b]) {
       at::Tensor& p = params_[i];
       at::Tensor avg = buffers_[b].narrow(0, plan_.offset_of[i], p.numel()).view(p.sizes());
-      if (p.grad().defined()) p.mutable_grad().copy_(avg);
-      else p.mutable_grad() = avg.clone();
+      if (p.grad().defined())
+        p.mutable_grad().copy_(avg);
+      else
+        p.mutable_grad() = avg.clone();
     }
   }
   ++step_;

@@ -84,10 +84,10 @@ class DataParallel {
   std::unique_ptr<CommHook> hook_;
   std::vector<at::Tensor> params_;
   BucketPlan plan_;
-  std::vector<at::Tensor> buffers_;        // one flat fp32 buffer per bucket
-  std::vector<int64_t> pending_;           // gradients still missing per bucket
-  std::vector<char> ready_;                // bucket fully filled
-  std::vector<char> filled_;               // parameter copied this step
+  std::vector<at::Tensor> buffers_;  // one flat fp32 buffer per bucket
+  std::vector<int64_t> pending_;     // gradients still missing per bucket
+  std::vector<char> ready_;          // bucket fully filled
+  std::vector<char> filled_;         // parameter copied this step
   std::vector<comm::WorkPtr> works_;
   int64_t next_launch_ = 0;
   bool sync_ = true;

@@ -19,8 +19,8 @@ DataParallelEngine::~DataParallelEngine() = default;
 
 std::optional<engine::StepPlan> DataParallelEngine::next_step() {
   if (next_ >= options_.total_steps) return std::nullopt;
-  return engine::StepPlan{next_++, data::equal_slice(options_.global_micro_batch, comm_->rank(),
-                                                     comm_->size())};
+  return engine::StepPlan{
+      next_++, data::equal_slice(options_.global_micro_batch, comm_->rank(), comm_->size())};
 }
 
 void DataParallelEngine::apply(double lr) {

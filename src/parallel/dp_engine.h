@@ -35,9 +35,9 @@ struct DataParallelEngineOptions {
 class DataParallelEngine : public engine::Engine {
  public:
   // Broadcasts rank 0's parameters and buffers (DataParallel), then builds the optimizer.
-  DataParallelEngine(std::shared_ptr<models::Model> model,
-                     std::unique_ptr<comm::Communicator> comm, DataParallelEngineOptions options,
-                     std::unique_ptr<CommHook> hook, const OptimizerFactory& make_optimizer);
+  DataParallelEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
+                     DataParallelEngineOptions options, std::unique_ptr<CommHook> hook,
+                     const OptimizerFactory& make_optimizer);
   ~DataParallelEngine() override;
 
   std::string name() const override { return "sync"; }

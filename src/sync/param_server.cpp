@@ -130,8 +130,8 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
     case grpc::StatusCode::UNAUTHENTICATED:
       throw InvalidArgument(str_cat(who, " refused the call: ", st.error_message()));
     case grpc::StatusCode::DEADLINE_EXCEEDED:
-      throw Timeout(str_cat(who, " did not answer within ", timeout.count() / 1000.0,
-                            " s (comm.timeout_s)"));
+      throw Timeout(
+          str_cat(who, " did not answer within ", timeout.count() / 1000.0, " s (comm.timeout_s)"));
     case grpc::StatusCode::UNAVAILABLE:
       throw PeerLost(str_cat(who, " is unreachable: ", st.error_message()));
     default:
@@ -222,7 +222,8 @@ class Service final : public wire::ParameterServer::Service {
 
 void check_shard_fits(int64_t numel, int servers) {
   KRAB_CHECK_ARG(servers >= 1, "sync.servers must be >= 1 for sync.mode 'async', got ", servers);
-  const int64_t largest = shard_range(numel, servers - 1, servers).numel * 4;  // the last is largest
+  const int64_t largest =
+      shard_range(numel, servers - 1, servers).numel * 4;  // the last is largest
   KRAB_CHECK_ARG(largest <= kMaxShardBytes, "sync.servers: a shard of ", largest,
                  " bytes does not fit one message (2 GiB); use more servers");
 }
@@ -248,8 +249,8 @@ ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port, Access acc
                            &impl_->port);
   builder.RegisterService(impl_->service.get());
   impl_->server = builder.BuildAndStart();
-  KRAB_CHECK_ARG(impl_->server && impl_->port > 0, "parameter server: cannot listen on port ",
-                 port, " (in use?)");
+  KRAB_CHECK_ARG(impl_->server && impl_->port > 0, "parameter server: cannot listen on port ", port,
+                 " (in use?)");
 }
 
 ParamServer::~ParamServer() {
@@ -296,9 +297,7 @@ PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total
 
 PsClient::~PsClient() = default;
 
-PullResult PsClient::pull(at::Tensor& params) {
-  return call_all(nullptr, false, nullptr, &params);
-}
+PullResult PsClient::pull(at::Tensor& params) { return call_all(nullptr, false, nullptr, &params); }
 
 PullResult PsClient::push_pull(const at::Tensor& grad, at::Tensor& params) {
   return call_all(&grad, false, nullptr, &params);
@@ -316,9 +315,9 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(impl_->stubs.size());
   if (grad) {
-    KRAB_CHECK(grad->numel() == impl_->total && grad->is_contiguous() &&
-                   grad->scalar_type() == at::kFloat,
-               "gradient must be ", impl_->total, " contiguous floats");
+    KRAB_CHECK(
+        grad->numel() == impl_->total && grad->is_contiguous() && grad->scalar_type() == at::kFloat,
+        "gradient must be ", impl_->total, " contiguous floats");
     ++clock_;
   }
   if (params)
@@ -345,19 +344,17 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
     bytes_sent_ += q.ByteSizeLong();
     ctxs[i].set_deadline(std::chrono::system_clock::now() + impl_->timeout);
     if (!impl_->secret.empty()) ctxs[i].AddMetadata(kSecretKey, impl_->secret);
-    impl_->stubs[i]->async()->Step(&ctxs[i], &reqs[i], &replies[i],
-                                   [&, i](grpc::Status st) {
-                                     std::lock_guard<std::mutex> lock(mu);
-                                     statuses[i] = std::move(st);
-                                     if (--pending == 0) cv.notify_all();
-                                   });
+    impl_->stubs[i]->async()->Step(&ctxs[i], &reqs[i], &replies[i], [&, i](grpc::Status st) {
+      std::lock_guard<std::mutex> lock(mu);
+      statuses[i] = std::move(st);
+      if (--pending == 0) cv.notify_all();
+    });
   }
   {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return pending == 0; });
   }
-  wait_seconds_ +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < n; ++i)
     if (!statuses[i].ok()) throw_status(statuses[i], i, impl_->addresses[i], impl_->timeout);
   PullResult result;
@@ -371,9 +368,8 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
   if (result.stop || !params) return result;
   for (int i = 0; i < n; ++i) {
     const auto& v = replies[i].values();
-    KRAB_CHECK(static_cast<int64_t>(v.size()) == impl_->ranges[i].numel * 4,
-               "parameter server ", i, " sent ", v.size(), " bytes, expected ",
-               impl_->ranges[i].numel * 4);
+    KRAB_CHECK(static_cast<int64_t>(v.size()) == impl_->ranges[i].numel * 4, "parameter server ", i,
+               " sent ", v.size(), " bytes, expected ", impl_->ranges[i].numel * 4);
     std::memcpy(static_cast<char*>(params->data_ptr()) + impl_->ranges[i].offset * 4, v.data(),
                 v.size());
   }

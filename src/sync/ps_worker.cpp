@@ -27,9 +27,9 @@ std::optional<engine::StepPlan> PsWorkerEngine::next_step() {
   if (next_.stop) return std::nullopt;
   KRAB_CHECK(next_.ticket >= 0, "parameter server 0 gave no data ticket");
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
-  return engine::StepPlan{next_.ticket / world_size_,
-                          data::equal_slice(global_micro_batch_, next_.ticket % world_size_,
-                                            world_size_)};
+  return engine::StepPlan{
+      next_.ticket / world_size_,
+      data::equal_slice(global_micro_batch_, next_.ticket % world_size_, world_size_)};
 }
 
 void PsWorkerEngine::reduce_gradients() {

@@ -16,8 +16,8 @@ namespace krab::sync {
 class PsWorkerEngine : public engine::Engine {
  public:
   // Pulls the initial parameters into `model`.
-  PsWorkerEngine(std::shared_ptr<models::Model> model, std::unique_ptr<PsClient> client,
-                 int rank, int world_size, int64_t global_micro_batch);
+  PsWorkerEngine(std::shared_ptr<models::Model> model, std::unique_ptr<PsClient> client, int rank,
+                 int world_size, int64_t global_micro_batch);
 
   std::string name() const override { return "async"; }
   models::Model& model() override { return *model_; }

@@ -18,10 +18,14 @@ ShardRange shard_range(int64_t total, int shard, int servers) {
 
 const char* status_name(WorkerState::Status s) {
   switch (s) {
-    case WorkerState::Status::kUnseen: return "unseen";
-    case WorkerState::Status::kRunning: return "running";
-    case WorkerState::Status::kFinished: return "finished";
-    case WorkerState::Status::kDead: return "dead";
+    case WorkerState::Status::kUnseen:
+      return "unseen";
+    case WorkerState::Status::kRunning:
+      return "running";
+    case WorkerState::Status::kFinished:
+      return "finished";
+    case WorkerState::Status::kDead:
+      return "dead";
   }
   return "?";
 }
@@ -155,8 +159,8 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
   if (s.grad != nullptr) {
     push_locked(s);
   } else {
-    KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock,
-                   " at clock ", me.clock);
+    KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock, " at clock ",
+                   me.clock);
   }
   if (s.leave) {
     leave_locked(s);
@@ -175,8 +179,8 @@ void ShardState::push_locked(const Step& s) {
   WorkerState& me = workers_[w];
   KRAB_CHECK_ARG(s.grad_numel == numel(), "worker ", w, " pushed ", s.grad_numel,
                  " gradient values; this shard holds ", numel());
-  KRAB_CHECK_ARG(s.clock == me.clock + 1, "worker ", w, " pushed clock ", s.clock,
-                 " after clock ", me.clock, " (a step was lost or repeated)");
+  KRAB_CHECK_ARG(s.clock == me.clock + 1, "worker ", w, " pushed clock ", s.clock, " after clock ",
+                 me.clock, " (a step was lost or repeated)");
   const at::Tensor g = torch::from_blob(const_cast<float*>(s.grad), {s.grad_numel});
   const int64_t step_index = s.clock - 1;
   if (opt_.max_staleness == 0) {
@@ -214,8 +218,7 @@ void ShardState::push_stale_locked(const Step& s, const at::Tensor& g) {
   // The version comes off the wire: one this shard never had is refused, not subtracted
   // (INT64_MIN would overflow the difference).
   KRAB_CHECK_ARG(s.base_version >= 0 && s.base_version <= version_, "worker ", w,
-                 " pushed a gradient of version ", s.base_version, "; this shard is at ",
-                 version_);
+                 " pushed a gradient of version ", s.base_version, "; this shard is at ", version_);
   const int64_t staleness = version_ - s.base_version;
   staleness_sum_ += staleness;
   max_staleness_seen_ = std::max(max_staleness_seen_, staleness);
@@ -224,8 +227,7 @@ void ShardState::push_stale_locked(const Step& s, const at::Tensor& g) {
     const double seen = static_cast<double>(pushes_ - pushes_at_pull_[w]);
     // Slow enough that equal workers' jitter (2, 3 or 4 pushes between steps at W = 4)
     // does not flip the rounded count; a change of pace shows within ~10 steps.
-    others_per_step_[w] =
-        others_per_step_[w] < 0 ? seen : 0.9 * others_per_step_[w] + 0.1 * seen;
+    others_per_step_[w] = others_per_step_[w] < 0 ? seen : 0.9 * others_per_step_[w] + 0.1 * seen;
   }
   if (predicted_[w] >= 0) {
     const int64_t miss = std::abs(staleness - predicted_[w]);
@@ -316,8 +318,8 @@ ShardStats ShardState::stats() const {
   s.pushes = pushes_;
   s.dropped = dropped_;
   s.max_staleness_seen = max_staleness_seen_;
-  s.mean_staleness = pushes_ > 0 && opt_.max_staleness != 0
-                         ? static_cast<double>(staleness_sum_) / pushes_ : 0;
+  s.mean_staleness =
+      pushes_ > 0 && opt_.max_staleness != 0 ? static_cast<double>(staleness_sum_) / pushes_ : 0;
   s.max_lead = max_lead_;
   int64_t predictions = 0;
   for (const WorkerState& w : workers_) {

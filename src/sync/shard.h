@@ -119,17 +119,17 @@ struct WorkerState {
 const char* status_name(WorkerState::Status s);
 
 struct ShardStats {
-  int64_t version = 0;      // optimizer steps applied
-  int64_t pushes = 0;       // gradients received
-  int64_t dropped = 0;      // s = 0: gradients for a round already applied (a worker counted
-                            // out that came back late)
+  int64_t version = 0;             // optimizer steps applied
+  int64_t pushes = 0;              // gradients received
+  int64_t dropped = 0;             // s = 0: gradients for a round already applied (a worker counted
+                                   // out that came back late)
   int64_t max_staleness_seen = 0;  // s != 0: updates between a gradient's pull and its push
   double mean_staleness = 0;
   // extrapolate: pushes whose staleness was the one predicted at their pull, and the mean
   // |staleness - predicted| (how well the pulls were aimed).
   int64_t predicted_exactly = 0;
   double mean_prediction_error = 0;
-  int64_t max_lead = 0;     // largest (clock of a pull) - (slowest live worker's clock)
+  int64_t max_lead = 0;             // largest (clock of a pull) - (slowest live worker's clock)
   double seconds_after_warmup = 0;  // from push warmup_pushes to the last push
   int64_t pushes_after_warmup = 0;
   std::vector<WorkerState> workers;
@@ -153,9 +153,9 @@ class ShardState {
   };
   struct Reply {
     int64_t version = 0;
-    std::string values;  // numel() floats as bytes; empty after leave or with stop
-    bool stop = false;   // total_pushes reached: the worker should leave
-    int64_t ticket = -1; // with issue_tickets: the next data slice this worker computes
+    std::string values;   // numel() floats as bytes; empty after leave or with stop
+    bool stop = false;    // total_pushes reached: the worker should leave
+    int64_t ticket = -1;  // with issue_tickets: the next data slice this worker computes
   };
 
   // Push then pull (see the header comment). `cancelled` is polled while waiting (the caller
@@ -207,7 +207,7 @@ class ShardState {
   int64_t pushes_ = 0;
   int64_t dropped_ = 0;
   int64_t staleness_sum_ = 0, max_staleness_seen_ = 0, max_lead_ = 0;
-  at::Tensor round_sum_;  // s = 0, or K > 1
+  at::Tensor round_sum_;    // s = 0, or K > 1
   at::Tensor last_update_;  // extrapolate: the last update, param after - param before
   int64_t round_count_ = 0;
   int64_t next_ticket_ = 0;

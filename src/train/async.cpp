@@ -78,8 +78,8 @@ sync::ShardOptions shard_options(const ServerJob& job, int shard) {
   so.aggregate = aggregate == 0 ? W : static_cast<int>(aggregate);
   so.staleness_damping = c.get_bool("sync.staleness_damping");
   so.extrapolate = c.get_bool("sync.extrapolate") && so.max_staleness != 0;  // s = 0: not stale
-  so.worker_timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(c.get_float("sync.worker_timeout_s") * 1000));
+  so.worker_timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(c.get_float("sync.worker_timeout_s") * 1000));
   const TrainOptions o = job.o;
   const int64_t steps = job.steps;
   so.lr_at = [o, steps](int64_t t) {
@@ -101,8 +101,8 @@ void draw_progress_until_done(const ServerJob& job, sync::ShardState& state, boo
         const std::string staleness =
             str_cat("staleness max ", static_cast<int64_t>(g.at("max_staleness_seen")));
         if (final)
-          return str_cat(rate > 0 ? human(rate) + " samples/s" : "samples/s not measured",
-                         " | ", staleness);
+          return str_cat(rate > 0 ? human(rate) + " samples/s" : "samples/s not measured", " | ",
+                         staleness);
         return str_cat(human(rate), " samples/s | ", staleness,
                        dead ? str_cat(" | ", dead, " worker(s) counted out") : std::string());
       });
@@ -120,8 +120,8 @@ void draw_progress_until_done(const ServerJob& job, sync::ShardState& state, boo
     events.gauge("workers_counted_out", dead, done);
     return done;
   };
-  while (!state.wait_done(std::chrono::milliseconds(500))) events.step(publish(state.stats()),
-                                                                       job.steps);
+  while (!state.wait_done(std::chrono::milliseconds(500)))
+    events.step(publish(state.stats()), job.steps);
   publish(state.stats());
   if (show) sink->finish();
 }
@@ -141,10 +141,10 @@ Collected collect_shards(const ServerJob& job, const sync::ParamServer& server,
   std::vector<at::Tensor> parts{state.values()};
   for (int i = 1; i < job.servers; ++i) {
     const auto v = store.get(server_key(i));
-    sync::FinalShard f = sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(job.c),
-                                            rendezvous.secret);
-    KRAB_CHECK(f.values.numel() == sync::shard_range(job.numel, i, job.servers).numel, "shard ",
-               i, " size");
+    sync::FinalShard f =
+        sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(job.c), rendezvous.secret);
+    KRAB_CHECK(f.values.numel() == sync::shard_range(job.numel, i, job.servers).numel, "shard ", i,
+               " size");
     parts.push_back(f.values);
     out.bytes_in += f.bytes_received;
     out.bytes_out += f.bytes_sent;
@@ -175,8 +175,10 @@ WorkerTotals worker_totals(const sync::ShardStats& st, int workers) {
       t.train_seconds = std::max(t.train_seconds, ws.summary.seconds);
     } else {
       ++t.lost;
-      std::fprintf(stderr, "krab: worker %d was counted out at step %lld; training went on "
-                   "without it\n", w, static_cast<long long>(ws.clock));
+      std::fprintf(stderr,
+                   "krab: worker %d was counted out at step %lld; training went on "
+                   "without it\n",
+                   w, static_cast<long long>(ws.clock));
     }
     t.per_worker.push_back({{"rank", w},
                             {"status", sync::status_name(ws.status)},
@@ -236,9 +238,8 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
   out.epochs = static_cast<double>(st.pushes * job.o.micro_batches) / job.workers /
                job.sampler->steps_per_epoch();
   out.measured_steps = st.pushes_after_warmup;
-  out.samples_per_sec = st.seconds_after_warmup > 0
-                            ? st.pushes_after_warmup * per_push / st.seconds_after_warmup
-                            : 0;
+  out.samples_per_sec =
+      st.seconds_after_warmup > 0 ? st.pushes_after_warmup * per_push / st.seconds_after_warmup : 0;
   out.wall_seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
   out.final_loss = t.final_loss;
   out.train_seconds = t.train_seconds;
@@ -260,9 +261,10 @@ void check_async_options(const core::Config& c) {
   if (c.get_string("sync.mode") != "async") return;
   KRAB_CHECK_ARG(c.get_int("sync.servers") >= 1,
                  "sync.servers must be >= 1 for sync.mode 'async' (the parameter servers that "
-                 "apply the gradients), got ", c.get_int("sync.servers"));
-  KRAB_CHECK_ARG(c.get_string("comm.backend") == "gloo",
-                 "comm.backend '", c.get_string("comm.backend"),
+                 "apply the gradients), got ",
+                 c.get_int("sync.servers"));
+  KRAB_CHECK_ARG(c.get_string("comm.backend") == "gloo", "comm.backend '",
+                 c.get_string("comm.backend"),
                  "': sync.mode 'async' talks to its parameter servers over gRPC and is started "
                  "by krab's own launcher; use comm.backend: gloo");
   KRAB_CHECK_ARG(c.get_int("checkpoint.every_steps") == 0 && !c.get_bool("checkpoint.resume"),
@@ -284,8 +286,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   // One node (a loopback or file rendezvous): on loopback only. Otherwise the workers of the
   // other nodes must reach it, and the job secret keeps out everyone else (sync/param_server.h).
   sync::Access access;
-  access.host = rendezvous.file.empty() && !comm::is_loopback(rendezvous.host) ? "0.0.0.0"
-                                                                               : "127.0.0.1";
+  access.host =
+      rendezvous.file.empty() && !comm::is_loopback(rendezvous.host) ? "0.0.0.0" : "127.0.0.1";
   access.secret = rendezvous.secret;
   sync::ParamServer server(state, 0, access);
   auto store = comm::connect_store(rendezvous, comm_timeout(c));

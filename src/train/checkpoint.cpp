@@ -60,7 +60,8 @@ std::string first_signature_difference(const std::string& saved, const std::stri
     std::string item;
     while (std::getline(in, item, ';')) {
       const auto colon = item.rfind(':');
-      out.emplace_back(item.substr(0, colon), colon == std::string::npos ? "" : item.substr(colon + 1));
+      out.emplace_back(item.substr(0, colon),
+                       colon == std::string::npos ? "" : item.substr(colon + 1));
     }
     return out;
   };
@@ -104,8 +105,8 @@ uint64_t check_frame(const std::string& bytes, const std::string& source) {
 template <typename Read>
 void reading_archive(const std::string& source, Read&& read) {
   const auto corrupt = [&source](const char* why) {
-    return CorruptData(str_cat("checkpoint '", source, "' is not a valid krab checkpoint: ",
-                               core::printable(why)));
+    return CorruptData(str_cat("checkpoint '", source,
+                               "' is not a valid krab checkpoint: ", core::printable(why)));
   };
   try {
     read();
@@ -151,7 +152,8 @@ void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
   if (meta.global_batch != expect.global_batch)
     throw InvalidArgument(str_cat("checkpoint '", source, "' was trained with global batch ",
                                   meta.global_batch, "; this job's global batch is ",
-                                  expect.global_batch, " (workers x data.batch_size x "
+                                  expect.global_batch,
+                                  " (workers x data.batch_size x "
                                   "train.grad_accum must match to resume)"));
 }
 
@@ -190,7 +192,8 @@ void restore_state(torch::serialize::InputArchive& archive, const std::string& s
 
 std::string model_signature(const torch::nn::Module& module) {
   std::ostringstream os;
-  for (const auto& item : module.named_parameters()) os << item.key() << ":" << item.value().sizes() << ";";
+  for (const auto& item : module.named_parameters())
+    os << item.key() << ":" << item.value().sizes() << ";";
   return os.str();
 }
 

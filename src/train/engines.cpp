@@ -46,9 +46,9 @@ std::unique_ptr<engine::Engine> make_ps_worker(const core::Config& c, const Trai
     const auto v = store->get(str_cat("krab/ps/", i));  // waits for the server to publish
     addresses.emplace_back(v.begin(), v.end());
   }
-  auto client = std::make_unique<sync::PsClient>(
-      addresses, world.rank, models::parameter_count(*model), comm_timeout(c),
-      world.rendezvous.secret);
+  auto client =
+      std::make_unique<sync::PsClient>(addresses, world.rank, models::parameter_count(*model),
+                                       comm_timeout(c), world.rendezvous.secret);
   return std::make_unique<sync::PsWorkerEngine>(std::move(model), std::move(client), world.rank,
                                                 world.size, o.batch * world.size);
 }

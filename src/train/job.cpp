@@ -49,21 +49,21 @@ data::DataSplits load_data(const core::Config& c, DataResidency residency) {
   if (name == "fashion-mnist")
     return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
   if (name == "synthetic")
-    return data::make_synthetic(c.get_int("data.synthetic_samples"),
-                                c.get_int("data.synthetic_features"),
-                                c.get_int("data.synthetic_classes"),
-                                c.get_float("data.test_fraction"),
-                                static_cast<uint64_t>(c.get_int("train.seed")));
+    return data::make_synthetic(
+        c.get_int("data.synthetic_samples"), c.get_int("data.synthetic_features"),
+        c.get_int("data.synthetic_classes"), c.get_float("data.test_fraction"),
+        static_cast<uint64_t>(c.get_int("train.seed")));
   const std::string& sp_model = c.get_string("data.tokenizer.sentencepiece");
-  KRAB_CHECK_ARG(sp_model.empty() || name == "text", "data.tokenizer.sentencepiece is for "
-                 "data.name 'text', not '", name, "'");
+  KRAB_CHECK_ARG(sp_model.empty() || name == "text",
+                 "data.tokenizer.sentencepiece is for "
+                 "data.name 'text', not '",
+                 name, "'");
   if (name == "text")
-    return data::load_text(c.get_string("data.path"), c.get_int("model.context"),
-                           c.get_float("data.test_fraction"),
-                           *(sp_model.empty()
-                                 ? data::byte_tokenizer()
-                                 : data::sentencepiece_tokenizer(sp_model,
-                                                                 "data.tokenizer.sentencepiece")));
+    return data::load_text(
+        c.get_string("data.path"), c.get_int("model.context"), c.get_float("data.test_fraction"),
+        *(sp_model.empty()
+              ? data::byte_tokenizer()
+              : data::sentencepiece_tokenizer(sp_model, "data.tokenizer.sentencepiece")));
   if (name == "csv")
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
@@ -135,8 +135,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
   if (name == "sgd")
     return std::make_unique<torch::optim::SGD>(
         params, torch::optim::SGDOptions(lr)
-                            .momentum(c.get_float("train.optimizer.momentum"))
-                            .weight_decay(wd));
+                    .momentum(c.get_float("train.optimizer.momentum"))
+                    .weight_decay(wd));
   if (name == "adam")
     return std::make_unique<torch::optim::Adam>(params,
                                                 torch::optim::AdamOptions(lr).weight_decay(wd));
@@ -146,8 +146,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
   throw InvalidArgument(str_cat("train.optimizer.name: unknown optimizer '", name, "'"));
 }
 
-int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
-                    int64_t accum) {
+int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler, int64_t accum) {
   if (c.get_int("train.steps") > 0) return c.get_int("train.steps");
   return c.get_int("train.epochs") * (sampler.steps_per_epoch() / accum);
 }
@@ -183,8 +182,8 @@ void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   models::TorchScriptModel* ts = models::as_torchscript(model);
   const data::Dataset& train = d.training();
   if (ts == nullptr || train.size() == 0) return;  // built-in models are shaped for the data
-  const std::vector<int64_t> first = train.size() >= 2 ? std::vector<int64_t>{0, 1}
-                                                       : std::vector<int64_t>{0};
+  const std::vector<int64_t> first =
+      train.size() >= 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0};
   auto [x, y] = train.get(first);
   // Every label, for their range: a split read from shards keeps them on disk, but its loader
   // read them all and kept the largest (and refused negative ones).

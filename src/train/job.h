@@ -48,8 +48,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(const core::Config& c,
                                                         std::vector<at::Tensor> params);
 
 // train.steps, or train.epochs in optimizer steps of `accum` micro-batches.
-int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler,
-                    int64_t accum);
+int64_t total_steps(const core::Config& c, const data::GlobalBatchSampler& sampler, int64_t accum);
 
 // checkpoint.dir with {name} replaced.
 std::string run_directory(const core::Config& config);

@@ -15,10 +15,10 @@ enum class SyncMode { kSync, kLocalSgd, kAsync };
 
 struct TrainOptions {
   SyncMode sync_mode = SyncMode::kSync;
-  int64_t batch = 0;        // data.batch_size: examples per worker and micro-batch
+  int64_t batch = 0;          // data.batch_size: examples per worker and micro-batch
   int64_t micro_batches = 1;  // train.grad_accum
   int64_t seed = 0;
-  int threads = 1;          // train.threads_per_worker
+  int threads = 1;  // train.threads_per_worker
   Schedule schedule = Schedule::kConstant;
   double base_lr = 0;
   int64_t lr_warmup_steps = 0;  // train.warmup_steps
@@ -27,8 +27,8 @@ struct TrainOptions {
   bool resume = false;
   int64_t eval_every = 0;
   int64_t log_every = 0;
-  int64_t local_sgd_period = 1;      // sync.period
-  int64_t local_sgd_warmup = 0;      // sync.warmup_steps
+  int64_t local_sgd_period = 1;  // sync.period
+  int64_t local_sgd_warmup = 0;  // sync.warmup_steps
 
   static TrainOptions from_config(const core::Config& c);
 };

@@ -98,9 +98,9 @@ ProgressSink::Format loss_and_rate_fields() {
       return it == g.end() ? 0.0 : it->second;
     };
     const double rate = get("samples_per_sec");
-    return str_cat("loss ", human(get("loss.smooth")), " | ",
-                   final && rate <= 0 ? std::string("samples/s not measured")
-                                      : human(rate) + " samples/s");
+    return str_cat(
+        "loss ", human(get("loss.smooth")), " | ",
+        final && rate <= 0 ? std::string("samples/s not measured") : human(rate) + " samples/s");
   };
 }
 

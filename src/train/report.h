@@ -3,11 +3,10 @@
 // and the evaluations/traffic the report keeps.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/events.h"
@@ -26,7 +25,7 @@ struct RunOutcome {
   int64_t measured_steps = 0;  // steps after the measurement warm-up
   double wall_seconds = 0;
   double final_loss = 0;
-  double test_accuracy = -1;   // < 0: no test split
+  double test_accuracy = -1;  // < 0: no test split
   double train_seconds = 0;
   nlohmann::json evals = nlohmann::json::array();  // [{step, seconds, test_accuracy}]
   uint64_t bytes_sent = 0, bytes_sent_steps = 0;

@@ -46,8 +46,8 @@ double evaluate(models::Model& model, const data::TensorDataset& test, comm::Com
   const int64_t n = test.size();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
   const auto [correct, total] = count_correct(model, test, lo, hi);
-  auto counts = torch::tensor({static_cast<double>(correct), static_cast<double>(total)},
-                              torch::kFloat64);
+  auto counts =
+      torch::tensor({static_cast<double>(correct), static_cast<double>(total)}, torch::kFloat64);
   comm.allreduce(counts)->wait();
   return counts[1].item<double>() > 0 ? counts[0].item<double>() / counts[1].item<double>() : 0;
 }
@@ -116,7 +116,7 @@ struct Trainer::Loop {
   uint64_t setup_bytes = 0;
   double last_loss = 0;
   std::optional<Straggler> straggler;  // train.slow_rank's artificial delay
-  int64_t computed = 0;  // steps this rank computed
+  int64_t computed = 0;                // steps this rank computed
   int64_t next_eval = 0;
   std::vector<Snapshot> snapshots;
 };
@@ -216,8 +216,9 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
     // A NaN or an infinity would reach every replica through the all-reduce and leave a model
     // of NaNs: stop here, where the step and the rank are known.
     if (!std::isfinite(value))
-      throw Error(str_cat("rank ", world.rank, ": the loss is ", value, " at step ",
-                          plan.step + 1, " (micro-batch ", m, "); training diverged or the "
+      throw Error(str_cat("rank ", world.rank, ": the loss is ", value, " at step ", plan.step + 1,
+                          " (micro-batch ", m,
+                          "); training diverged or the "
                           "data holds a NaN (try a smaller train.optimizer.lr)"));
     (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
     step_loss += value / accum;
@@ -252,8 +253,7 @@ void Trainer::Loop::maybe_checkpoint(int64_t done) {
 
 // EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
 void Trainer::Loop::maybe_evaluate(int64_t done) {
-  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
-      !d.test)
+  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps || !d.test)
     return;
   const auto t_eval = Clock::now();
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
@@ -296,10 +296,10 @@ nlohmann::json Trainer::Loop::finish_group() {
   const double train_secs = seconds_between(t_warm, t_end) - (eval_secs - eval_before_warm);
   RunOutcome out;
   out.measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
-  out.samples_per_sec = train_secs > 0 && out.measured_steps > 0
-                            ? out.measured_steps * o.batch * world.size * o.micro_batches /
-                                  train_secs
-                            : 0;
+  out.samples_per_sec =
+      train_secs > 0 && out.measured_steps > 0
+          ? out.measured_steps * o.batch * world.size * o.micro_batches / train_secs
+          : 0;
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
   const comm::TrafficStats traffic = group->traffic();
@@ -343,9 +343,8 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
   save_model_pt(out.checkpoint, *state.model);
   out.state = save_checkpoint(
-      run_dir,
-      core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer), seal_key), steps,
-      o.checkpoint_keep);
+      run_dir, core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer), seal_key),
+      steps, o.checkpoint_keep);
   out.workers = world.size;
   out.global_batch = o.batch * world.size * o.micro_batches;
   out.steps = steps;
@@ -424,8 +423,8 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   check_compression_options(job);  // the job as written: its keys are what errors name
   check_async_options(c);
   // The synchronous trainer reads shards lazily; the parameter-server mode holds all the data.
-  auto d = load_data(c, c.get_string("sync.mode") == "async" ? DataResidency::kInMemory
-                                                             : DataResidency::kLazy);
+  auto d = load_data(
+      c, c.get_string("sync.mode") == "async" ? DataResidency::kInMemory : DataResidency::kLazy);
   const int64_t global = workers * c.get_int("data.batch_size");
   KRAB_CHECK_ARG(global <= d.training().size(), "data.batch_size ", c.get_int("data.batch_size"),
                  " x ", workers, " workers = global batch ", global,

@@ -11,9 +11,8 @@
 // reproduce one worker with the W-times larger batch up to float reduction order.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "comm/factory.h"

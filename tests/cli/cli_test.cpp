@@ -8,10 +8,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/cli_support.h"
 #include "comm/store.h"
@@ -53,16 +52,18 @@ parallel: {workers: 4, bucket_mb: 0.5}
 )");
   auto multi = run(krab("train job.yaml --set checkpoint.dir=w4"));
   ASSERT_EQ(multi.code, 0) << multi.output;
-  auto single = run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
-                         "--set data.batch_size=64"));
+  auto single =
+      run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
+               "--set data.batch_size=64"));
   ASSERT_EQ(single.code, 0) << single.output;
   auto a = load_model_pt((dir_ / "w4/model.pt").string());
   auto b = load_model_pt((dir_ / "w1/model.pt").string());
   ASSERT_TRUE(a.count("conv1.weight"));
   EXPECT_LE(max_rel_diff(a, b), 1e-5);
   // And training moved the parameters at all (the comparison is not vacuous).
-  auto c = run(krab("train job.yaml --set checkpoint.dir=w0 --set parallel.workers=1 "
-                    "--set data.batch_size=64 --set train.optimizer.lr=0"));
+  auto c =
+      run(krab("train job.yaml --set checkpoint.dir=w0 --set parallel.workers=1 "
+               "--set data.batch_size=64 --set train.optimizer.lr=0"));
   ASSERT_EQ(c.code, 0) << c.output;
   EXPECT_GT(max_rel_diff(a, load_model_pt((dir_ / "w0/model.pt").string())), 1e-3);
 }
@@ -70,11 +71,13 @@ parallel: {workers: 4, bucket_mb: 0.5}
 // Two accumulated micro-batches of 32 are one batch of 64: same examples, loss averaged.
 TEST_F(Cli, GradientAccumulationMatchesTheLargerBatch) {
   write("job.yaml", kSmallJob);
-  auto accum = run(krab("train job.yaml --set checkpoint.dir=a --set train.grad_accum=2 "
-                        "--set parallel.workers=1"));
+  auto accum =
+      run(krab("train job.yaml --set checkpoint.dir=a --set train.grad_accum=2 "
+               "--set parallel.workers=1"));
   ASSERT_EQ(accum.code, 0) << accum.output;
-  auto big = run(krab("train job.yaml --set checkpoint.dir=b --set data.batch_size=64 "
-                      "--set parallel.workers=1"));
+  auto big =
+      run(krab("train job.yaml --set checkpoint.dir=b --set data.batch_size=64 "
+               "--set parallel.workers=1"));
   ASSERT_EQ(big.code, 0) << big.output;
   EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "a/model.pt").string()),
                          load_model_pt((dir_ / "b/model.pt").string())),
@@ -115,7 +118,8 @@ TEST_F(Cli, ReportHasTheDocumentedFieldsAndTrafficMatchesTheRing) {
 TEST_F(Cli, ModelPtIsReadableByPythonTorch) {
   write("job.yaml", kSmallJob);
   ASSERT_EQ(run(krab("train job.yaml --set train.steps=2")).code, 0);
-  auto py = run(std::string(KRAB_PYTHON) + " -c \"import torch; d=torch.load('" + (dir_ / "runs/job/model.pt").string() +
+  auto py = run(std::string(KRAB_PYTHON) + " -c \"import torch; d=torch.load('" +
+                (dir_ / "runs/job/model.pt").string() +
                 "'); print(sorted(d.keys())[0], tuple(d['fc1.weight'].shape))\"");
   ASSERT_EQ(py.code, 0) << py.output;
   EXPECT_NE(py.output.find("fc1.bias (32, 32)"), std::string::npos) << py.output;
@@ -131,18 +135,19 @@ TEST_F(Cli, TorchrunAndSlurmEnvironmentsMatchTheOwnLauncher) {
   auto pair = [&](const std::string& env, const std::string& rank_var, const std::string& out) {
     const std::string job = " train job.yaml --set checkpoint.dir=" + out;
     return run("cd " + dir_.string() + " && (" + env + " " + rank_var + "=0 " + kKrab + job +
-               " & " + env + " " + rank_var + "=1 " + kKrab + job + "-rank1; r1=$?; wait $!; "
+               " & " + env + " " + rank_var + "=1 " + kKrab + job +
+               "-rank1; r1=$?; wait $!; "
                "r0=$?; test $r0 -eq 0 -a $r1 -eq 0)");
   };
   const auto own_model = load_model_pt((dir_ / "own/model.pt").string());
-  auto tr = pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
-                     " WORLD_SIZE=2",
-                 "RANK", "tr");
+  auto tr =
+      pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " WORLD_SIZE=2",
+           "RANK", "tr");
   ASSERT_EQ(tr.code, 0) << tr.output;
   EXPECT_EQ(max_rel_diff(own_model, load_model_pt((dir_ / "tr/model.pt").string())), 0.0);
-  auto sl = pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) +
-                     " SLURM_NTASKS=2",
-                 "SLURM_PROCID", "sl");
+  auto sl =
+      pair("MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port()) + " SLURM_NTASKS=2",
+           "SLURM_PROCID", "sl");
   ASSERT_EQ(sl.code, 0) << sl.output;
   EXPECT_EQ(max_rel_diff(own_model, load_model_pt((dir_ / "sl/model.pt").string())), 0.0);
 }
@@ -180,8 +185,8 @@ TEST_F(Cli, BadInputIsRefusedWithExitTwo) {
   expect_refused(run(krab("train ok.yaml --set parallel.workers=-1")), 2, "parallel.workers");
   expect_refused(run(krab("train ok.yaml --set data.batch_size=4000")), 2,
                  "larger than the training data");
-  expect_refused(run(krab("train ok.yaml --set data.name=fashion-mnist --set data.path=nope")),
-                 2, "nope");
+  expect_refused(run(krab("train ok.yaml --set data.name=fashion-mnist --set data.path=nope")), 2,
+                 "nope");
   expect_refused(run(krab("train missing.yaml")), 2, "missing.yaml");
   expect_refused(run(krab("train ok.yaml --bogus")), 2, "bogus");
   EXPECT_FALSE(fs::exists(dir_ / "r.json"));
@@ -203,11 +208,13 @@ TEST_F(Cli, BadCompressionSettingsAreRefusedWithExitTwo) {
   // onebit's default rotation needs a power-of-2 chunk; naming it with int8 is refused.
   expect_refused(run(krab("train ok.yaml --set comm.compression=onebit --set comm.chunk=96")), 2,
                  "comm.chunk");
-  expect_refused(run(krab("train ok.yaml --set comm.compression=int8 --set comm.rotation=hadamard")),
-                 2, "comm.rotation");
+  expect_refused(
+      run(krab("train ok.yaml --set comm.compression=int8 --set comm.rotation=hadamard")), 2,
+      "comm.rotation");
   // Folding sgd's momentum is for randomk, whose error feedback is momentum.
-  expect_refused(run(krab("train ok.yaml --set comm.compression=topk --set comm.fold_momentum=true")),
-                 2, "comm.fold_momentum");
+  expect_refused(
+      run(krab("train ok.yaml --set comm.compression=topk --set comm.fold_momentum=true")), 2,
+      "comm.fold_momentum");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
@@ -234,16 +241,23 @@ TEST_F(Cli, CompressedTrainingSendsLessAndLearns) {
 // report keeps the job as written and says what it folded.
 TEST_F(Cli, RandomKRunsSgdWithoutMomentumAtTheFoldedRate) {
   write("job.yaml", kSmallJob);
-  const std::string common = " --set comm.compression=randomk --set comm.ratio=0.25"
-                             " --set comm.compress_min_numel=0";
-  auto r = run(krab("train job.yaml --report folded.json --set checkpoint.dir=folded"
-                    " --set train.optimizer.momentum=0.5" + common));
+  const std::string common =
+      " --set comm.compression=randomk --set comm.ratio=0.25"
+      " --set comm.compress_min_numel=0";
+  auto r =
+      run(krab("train job.yaml --report folded.json --set checkpoint.dir=folded"
+               " --set train.optimizer.momentum=0.5" +
+               common));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run(krab("train job.yaml --set checkpoint.dir=manual --set comm.fold_momentum=false"
-               " --set train.optimizer.momentum=0 --set train.optimizer.lr=0.1" + common));
+  r =
+      run(krab("train job.yaml --set checkpoint.dir=manual --set comm.fold_momentum=false"
+               " --set train.optimizer.momentum=0 --set train.optimizer.lr=0.1" +
+               common));
   ASSERT_EQ(r.code, 0) << r.output;
-  r = run(krab("train job.yaml --set checkpoint.dir=stacked --set comm.fold_momentum=false"
-               " --set train.optimizer.momentum=0.5" + common));
+  r =
+      run(krab("train job.yaml --set checkpoint.dir=stacked --set comm.fold_momentum=false"
+               " --set train.optimizer.momentum=0.5" +
+               common));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto folded = load_model_pt((dir_ / "folded/model.pt").string());
   EXPECT_EQ(max_rel_diff(folded, load_model_pt((dir_ / "manual/model.pt").string())), 0);
@@ -261,15 +275,20 @@ TEST_F(Cli, RandomKRunsSgdWithoutMomentumAtTheFoldedRate) {
 TEST_F(Cli, LocalSgdPeriodOneIsSyncAndPeriodFourSendsAQuarter) {
   write("job.yaml", kSmallJob);
   const std::string common = " --set train.steps=20 --set parallel.workers=3";
-  ASSERT_EQ(run(krab("train job.yaml --report sync.json --set checkpoint.dir=sync" + common)).code, 0);
-  auto r = run(krab("train job.yaml --report p1.json --set checkpoint.dir=p1 "
-                    "--set sync.mode=local_sgd --set sync.period=1" + common));
+  ASSERT_EQ(run(krab("train job.yaml --report sync.json --set checkpoint.dir=sync" + common)).code,
+            0);
+  auto r =
+      run(krab("train job.yaml --report p1.json --set checkpoint.dir=p1 "
+               "--set sync.mode=local_sgd --set sync.period=1" +
+               common));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "sync/model.pt").string()),
                          load_model_pt((dir_ / "p1/model.pt").string())),
             1e-5);
-  r = run(krab("train job.yaml --report p4.json --set checkpoint.dir=p4 "
-               "--set sync.mode=local_sgd --set sync.period=4" + common));
+  r =
+      run(krab("train job.yaml --report p4.json --set checkpoint.dir=p4 "
+               "--set sync.mode=local_sgd --set sync.period=4" +
+               common));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto sync = nlohmann::json::parse(krab::core::read_file((dir_ / "sync.json").string()));
   const auto p4 = nlohmann::json::parse(krab::core::read_file((dir_ / "p4.json").string()));
@@ -359,7 +378,8 @@ comm: {timeout_s: 10}
     const auto f = env.find("\nKRAB_STORE_FILE=");
     ASSERT_NE(f, std::string::npos) << env;
     store_file = env.substr(f + 17, env.find('\n', f + 1) - f - 17);
-    EXPECT_EQ(fs::status(store_file).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write);
+    EXPECT_EQ(fs::status(store_file).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
     EXPECT_EQ(fs::status(fs::path(store_file).parent_path()).permissions() & fs::perms::all,
               fs::perms::owner_all);
     for (pid_t p : {launcher, workers[0]})
@@ -386,8 +406,9 @@ comm: {timeout_s: 10}
 TEST_F(Cli, AsyncWithStalenessZeroMatchesSync) {
   write("job.yaml", kSmallJob);
   ASSERT_EQ(run(krab("train job.yaml --set checkpoint.dir=sync")).code, 0);
-  auto r = run(krab("train job.yaml --report ps.json --set checkpoint.dir=ps --set sync.mode=async "
-                    "--set sync.servers=2 --set sync.max_staleness=0"));
+  auto r =
+      run(krab("train job.yaml --report ps.json --set checkpoint.dir=ps --set sync.mode=async "
+               "--set sync.servers=2 --set sync.max_staleness=0"));
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_LE(max_rel_diff(load_model_pt((dir_ / "sync/model.pt").string()),
                          load_model_pt((dir_ / "ps/model.pt").string())),
@@ -414,15 +435,17 @@ TEST_F(Cli, AsyncWithStalenessZeroMatchesSync) {
 // so it does about a third.
 TEST_F(Cli, AsyncSlowWorkerHoldsNobodyBackUnlessBounded) {
   write("job.yaml", kSmallJob);
-  const std::string common = " --set parallel.workers=3 --set train.steps=12 --set sync.mode=async"
-                             " --set sync.servers=1 --set train.slow_rank=2"
-                             " --set train.slow_delay_ms=500";
+  const std::string common =
+      " --set parallel.workers=3 --set train.steps=12 --set sync.mode=async"
+      " --set sync.servers=1 --set train.slow_rank=2"
+      " --set train.slow_delay_ms=500";
   auto r = run(krab("train job.yaml --report free.json --set sync.max_staleness=-1" + common));
   ASSERT_EQ(r.code, 0) << r.output;
   const auto free = nlohmann::json::parse(krab::core::read_file((dir_ / "free.json").string()));
   const auto& fw = free["async"]["per_worker"];
   ASSERT_EQ(fw.size(), 3u);
-  const int64_t slow = fw[2]["steps"], fast = fw[0]["steps"].get<int64_t>() + fw[1]["steps"].get<int64_t>();
+  const int64_t slow = fw[2]["steps"],
+                fast = fw[0]["steps"].get<int64_t>() + fw[1]["steps"].get<int64_t>();
   EXPECT_LE(slow, 6) << free["async"].dump();
   EXPECT_GE(fast, 30) << free["async"].dump();
   // The work is done once: 36 gradients, plus at most one in flight per other worker.
@@ -485,7 +508,8 @@ comm: {timeout_s: 20}
   EXPECT_EQ(pw[1]["status"], "dead");
   EXPECT_EQ(pw[0]["status"], "finished");
   EXPECT_EQ(pw[2]["status"], "finished");
-  const int64_t lost = pw[1]["steps"], kept = pw[0]["steps"].get<int64_t>() + pw[2]["steps"].get<int64_t>();
+  const int64_t lost = pw[1]["steps"],
+                kept = pw[0]["steps"].get<int64_t>() + pw[2]["steps"].get<int64_t>();
   EXPECT_LT(lost, 400);
   EXPECT_GE(lost + kept, 3 * 400);  // the survivors did the dead worker's share
   EXPECT_LE(lost + kept, 3 * 400 + 2);
@@ -498,7 +522,8 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
   // anyone there could pull, push and stop them.
   expect_refused(run("cd " + dir_.string() + " && env -u KRAB_JOB_SECRET " + kKrab +
                      " train ok.yaml --set sync.mode=async --set sync.servers=1 --nnodes 2 "
-                     "--node-rank 0 --rdzv 127.0.0.1:" + std::to_string(free_port())),
+                     "--node-rank 0 --rdzv 127.0.0.1:" +
+                     std::to_string(free_port())),
                  2, "job secret");
   expect_refused(run(krab("train ok.yaml --set sync.mode=async")), 2, "sync.servers");
   expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
@@ -521,12 +546,14 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
 // 7.32911117143) and TF Privacy (compute_dp_sgd_privacy docstring: N 60000, batch 256,
 // sigma 1.12, 60 epochs, delta 1e-5 -> 2.92 with the pre-2020 conversion).
 TEST_F(Cli, PrivacyEpsilonMatchesOpacusAndTfPrivacy) {
-  auto opacus = run(krab("privacy epsilon --noise-multiplier 1.5 --sampling-rate 0.04 "
-                         "--steps 2250 --delta 1e-5 2>/dev/null"));
+  auto opacus =
+      run(krab("privacy epsilon --noise-multiplier 1.5 --sampling-rate 0.04 "
+               "--steps 2250 --delta 1e-5 2>/dev/null"));
   ASSERT_EQ(opacus.code, 0) << opacus.output;
   EXPECT_NEAR(std::stod(opacus.output), 7.32911117143, 1e-5);
-  auto tfp = run(krab("privacy epsilon --noise-multiplier 1.12 --sampling-rate 0.00426666667 "
-                      "--steps 14063 --delta 1e-5 --conversion mironov2017 2>/dev/null"));
+  auto tfp =
+      run(krab("privacy epsilon --noise-multiplier 1.12 --sampling-rate 0.00426666667 "
+               "--steps 14063 --delta 1e-5 --conversion mironov2017 2>/dev/null"));
   ASSERT_EQ(tfp.code, 0) << tfp.output;
   EXPECT_NEAR(std::stod(tfp.output), 2.92, 0.005);
   const std::string ok = "--sampling-rate 0.04 --steps 10 --delta 1e-5";

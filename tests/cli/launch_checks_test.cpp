@@ -1,7 +1,6 @@
 // Unit tests of what the launcher decides without a network: the node fingerprint and its
 // comparison (job_agreement.h), the worker memory estimate (resources.h) and the launch plan.
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,10 +145,12 @@ TEST(LaunchPlan, NprocPerNodeZeroIsTheDefaultOnlyWhenNotGiven) {
 // Issue 17: krab's workers find a one-node job's store in a file, and the job secret, in their
 // environment (the launcher puts them there; never on a command line).
 TEST(LaunchPlan, WorkersTakeTheStoreFileAndTheSecretFromTheEnvironment) {
-  const std::map<std::string, std::string> env = {
-      {"KRAB_WORKER", "1"}, {"RANK", "1"}, {"WORLD_SIZE", "2"},
-      {"MASTER_ADDR", "127.0.0.1"}, {"KRAB_STORE_FILE", "/tmp/x/store"},
-      {"KRAB_JOB_SECRET", "0123456789abcdef0123"}};
+  const std::map<std::string, std::string> env = {{"KRAB_WORKER", "1"},
+                                                  {"RANK", "1"},
+                                                  {"WORLD_SIZE", "2"},
+                                                  {"MASTER_ADDR", "127.0.0.1"},
+                                                  {"KRAB_STORE_FILE", "/tmp/x/store"},
+                                                  {"KRAB_JOB_SECRET", "0123456789abcdef0123"}};
   const LaunchPlan p = plan_launch({}, 2, env);
   EXPECT_EQ(p.rendezvous.file, "/tmp/x/store");
   EXPECT_EQ(p.rendezvous.secret, "0123456789abcdef0123");
@@ -187,7 +188,8 @@ TEST(Store, OneNodeStoreIsAPrivateFile) {
     struct stat st {};
     ASSERT_EQ(::stat(at.file.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0600u);
-    EXPECT_EQ(comm::connect_store(at, std::chrono::seconds(5))->get("k"), std::vector<uint8_t>{'v'});
+    EXPECT_EQ(comm::connect_store(at, std::chrono::seconds(5))->get("k"),
+              std::vector<uint8_t>{'v'});
   }
   ::unlink(at.file.c_str());
   ::rmdir(dir);

@@ -163,7 +163,8 @@ void check_alltoall(Communicator& c) {
       auto in = torch::cat(mine).to(dtype);
       auto out = torch::full({W * n}, 7, dtype);
       c.alltoall(in, out)->wait();
-      expect_same(out, torch::cat(expected), str_cat("rank ", r, ": alltoall ", dtype, "[", n, "]"));
+      expect_same(out, torch::cat(expected),
+                  str_cat("rank ", r, ": alltoall ", dtype, "[", n, "]"));
     }
   }
 }
@@ -344,8 +345,8 @@ void check_wire_bytes(Communicator& c) {
            [&] { c.allreduce(t)->wait(); });
     auto in = torch::ones({n}, torch::kByte);  // 1-byte items: odd byte counts
     auto gathered = torch::empty({W * n}, torch::kByte);
-    expect(OpKind::kAllgather, wire_bytes(OpKind::kAllgather, in.nbytes(), W),
-           "allgather" + at_n, [&] { c.allgather(in, gathered)->wait(); });
+    expect(OpKind::kAllgather, wire_bytes(OpKind::kAllgather, in.nbytes(), W), "allgather" + at_n,
+           [&] { c.allgather(in, gathered)->wait(); });
     auto chunk = torch::empty({n}, torch::kByte);
     expect(OpKind::kReduceScatter, wire_bytes(OpKind::kReduceScatter, gathered.nbytes(), W),
            "reduce_scatter" + at_n, [&] { c.reduce_scatter(gathered, chunk)->wait(); });
@@ -353,8 +354,7 @@ void check_wire_bytes(Communicator& c) {
     expect(OpKind::kAlltoall, wire_bytes(OpKind::kAlltoall, gathered.nbytes(), W),
            "alltoall" + at_n, [&] { c.alltoall(gathered, scattered)->wait(); });
     for (int root = 0; root < W; ++root)
-      expect(OpKind::kBroadcast,
-             r == root ? wire_bytes(OpKind::kBroadcast, t.nbytes(), W) : 0,
+      expect(OpKind::kBroadcast, r == root ? wire_bytes(OpKind::kBroadcast, t.nbytes(), W) : 0,
              str_cat("broadcast from ", root, at_n), [&] { c.broadcast(t, root)->wait(); });
     if (W < 2) continue;
     auto out = torch::ones({n}), back = torch::empty({n});

@@ -20,8 +20,8 @@
 //                   a negative color (that rank gets nullptr)
 //   traffic         bytes and op counts grow as the model both backends document:
 //                   allreduce 2(W-1)/W·N (rounded down), allgather (W-1)·n, reduce_scatter
-//                   (W-1)·output bytes, alltoall (W-1)/W·N, broadcast (W-1)·N at the root and 0 elsewhere, send N,
-//                   recv 0
+//                   (W-1)·output bytes, alltoall (W-1)/W·N, broadcast (W-1)·N at the root and 0
+//                   elsewhere, send N, recv 0
 //   wire_bytes      for every op, odd and empty sizes and every broadcast root, the bytes
 //                   counted equal comm::wire_bytes() (the formula a planner calls)
 //   arguments       non-contiguous tensors, wrong output sizes, mismatched dtypes, ranks out of

@@ -58,12 +58,12 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooSuite, ::testing::Values(1, 2, 3, 4));
 
 // The formulas themselves, without a network: closed forms, rounding and groups of one.
 TEST(WireBytes, ClosedForms) {
-  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 4000, 4), 6000u);   // 2 (W-1)/W N
-  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 10, 3), 13u);       // 40/3, rounded down
-  EXPECT_EQ(wire_bytes(OpKind::kAllgather, 100, 4), 300u);     // (W-1) n
-  EXPECT_EQ(wire_bytes(OpKind::kReduceScatter, 400, 4), 300u); // (W-1)/W N
-  EXPECT_EQ(wire_bytes(OpKind::kAlltoall, 300, 3), 200u);      // (W-1)/W N
-  EXPECT_EQ(wire_bytes(OpKind::kBroadcast, 100, 5), 400u);     // (W-1) N at the root
+  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 4000, 4), 6000u);    // 2 (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kAllreduce, 10, 3), 13u);        // 40/3, rounded down
+  EXPECT_EQ(wire_bytes(OpKind::kAllgather, 100, 4), 300u);      // (W-1) n
+  EXPECT_EQ(wire_bytes(OpKind::kReduceScatter, 400, 4), 300u);  // (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kAlltoall, 300, 3), 200u);       // (W-1)/W N
+  EXPECT_EQ(wire_bytes(OpKind::kBroadcast, 100, 5), 400u);      // (W-1) N at the root
   EXPECT_EQ(wire_bytes(OpKind::kSend, 123, 2), 123u);
   EXPECT_EQ(wire_bytes(OpKind::kRecv, 123, 2), 0u);
   EXPECT_EQ(wire_bytes(OpKind::kBarrier, 0, 8), 0u);
@@ -92,8 +92,7 @@ TEST(Gloo, TrafficMeterFollowsRingModel) {
     auto t = torch::ones({1 << 16});
     c.allreduce(t)->wait();
     const uint64_t n = t.nbytes();
-    EXPECT_EQ(c.traffic().bytes_sent[static_cast<int>(OpKind::kAllreduce)],
-              2 * (W - 1) * n / W);
+    EXPECT_EQ(c.traffic().bytes_sent[static_cast<int>(OpKind::kAllreduce)], 2 * (W - 1) * n / W);
   });
 }
 

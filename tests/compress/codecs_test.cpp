@@ -1,12 +1,13 @@
 // Element codecs against closed-form expectations: sizes, round-trip error bounds of each
 // format, int8's unbiasedness (mean of many independent roundings), onebit's two per-chunk means.
+#include "compress/codecs.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <vector>
 
-#include "compress/codecs.h"
 #include "core/errors.h"
 
 namespace krab::compress {
@@ -37,7 +38,7 @@ TEST(Codecs, EncodedSizes) {
   EXPECT_EQ(make_codec("bf16", 256)->encoded_bytes(1024), 2048);
   EXPECT_EQ(make_codec("int8", 256)->encoded_bytes(1024), 4 * (4 + 256));
   EXPECT_EQ(make_codec("onebit", 256)->encoded_bytes(1024), 4 * (4 + 32));  // two bf16 scales
-  EXPECT_EQ(make_codec("onebit", 12)->encoded_bytes(24), 2 * (4 + 2));  // bits round up
+  EXPECT_EQ(make_codec("onebit", 12)->encoded_bytes(24), 2 * (4 + 2));      // bits round up
   EXPECT_EQ(make_codec("onebit", 0)->chunk(), 256);
   EXPECT_EQ(make_codec("int8", 0)->chunk(), 256);
   EXPECT_THROW(make_codec("zip", 256), InvalidArgument);
@@ -96,14 +97,20 @@ TEST(Codecs, Int8IsUnbiased) {
 TEST(Codecs, OneBitDecodesToTheMeanOfEachSignsValues) {  // in bf16
   const int64_t chunk = 16;
   auto x = gradient_like(chunk * 3, 5);
-  for (int64_t i = 0; i < chunk; ++i) x[2 * chunk + i] = std::fabs(x[2 * chunk + i]);  // no negatives
+  for (int64_t i = 0; i < chunk; ++i)
+    x[2 * chunk + i] = std::fabs(x[2 * chunk + i]);  // no negatives
   const auto y = round_trip(*make_codec("onebit", chunk), x, 0);
   for (int64_t c = 0; c < 3; ++c) {
     double pos = 0, neg = 0;
     int np = 0;
     for (int64_t i = 0; i < chunk; ++i) {
       const float v = x[c * chunk + i];
-      if (v >= 0) { pos += v; ++np; } else { neg -= v; }
+      if (v >= 0) {
+        pos += v;
+        ++np;
+      } else {
+        neg -= v;
+      }
     }
     const double hi = np ? pos / np : 0, lo = np < chunk ? neg / (chunk - np) : 0;
     for (int64_t i = 0; i < chunk; ++i) {
@@ -127,14 +134,14 @@ double relative_error(const std::vector<float>& x, const std::vector<float>& y, 
 
 TEST(Codecs, RotatedOneBitReconstructsASpikeExactly) {
   // A chunk whose mass sits in one positive value, the rest 0: unrotated, all d values are
-  // >= 0 and decode to their mean x_k/d (relative error sqrt(1 - 1/d)); the orthonormal Hadamard rotation turns e_k into d values
-  // of magnitude 1/sqrt(d), which the two levels +-1/sqrt(d) (exact in bf16 for d = 2^(2k))
-  // represent exactly, and rotating back gives e_k.
+  // >= 0 and decode to their mean x_k/d (relative error sqrt(1 - 1/d)); the orthonormal Hadamard
+  // rotation turns e_k into d values of magnitude 1/sqrt(d), which the two levels +-1/sqrt(d)
+  // (exact in bf16 for d = 2^(2k)) represent exactly, and rotating back gives e_k.
   const int64_t d = 256;
   for (int64_t k : {0, 37, 255}) {
     std::vector<float> x(2 * d, 0.0f);
-    x[k] = 3.0f;       // chunk 0
-    x[d + k] = 0.5f;   // chunk 1: another sign pattern D
+    x[k] = 3.0f;      // chunk 0
+    x[d + k] = 0.5f;  // chunk 1: another sign pattern D
     const auto plain = round_trip(*make_codec("onebit", d, false), x, 0);
     const auto turned = round_trip(*make_codec("onebit", d, true), x, 0);
     for (int64_t c = 0; c < 2; ++c) {

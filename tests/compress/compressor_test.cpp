@@ -2,14 +2,14 @@
 // one thread, their payloads combined in memory as aggregation() says. This is what a layer
 // other than DataParallel (a parameter server) does with a Compressor; the collectives version
 // is parallel::CompressionHook (hooks_test.cpp).
+#include "compress/compressor.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <memory>
 #include <string>
 #include <vector>
-
-#include "compress/compressor.h"
 
 namespace krab::compress {
 namespace {
@@ -107,10 +107,11 @@ INSTANTIATE_TEST_SUITE_P(Compress, EveryKind,
 
 TEST(Compressor, PayloadsSayHowTheyCombine) {
   CompressionOptions o;
-  const std::vector<std::pair<std::string, Aggregation>> kinds{
-      {"fp16", Aggregation::kReencode}, {"onebit", Aggregation::kReencode},
-      {"topk", Aggregation::kGather},   {"randomk", Aggregation::kSum},
-      {"powersgd", Aggregation::kSum}};
+  const std::vector<std::pair<std::string, Aggregation>> kinds{{"fp16", Aggregation::kReencode},
+                                                               {"onebit", Aggregation::kReencode},
+                                                               {"topk", Aggregation::kGather},
+                                                               {"randomk", Aggregation::kSum},
+                                                               {"powersgd", Aggregation::kSum}};
   for (const auto& [name, how] : kinds) {
     o.kind = parse_compressor(name);
     const auto c = make_compressor(o);

@@ -126,7 +126,8 @@ TEST(CompressHooks, RotatedOneBitKeepsErrorFeedbackAndRanksAgree) {
   for (int r = 0; r < kRanks; ++r) {
     EXPECT_TRUE(torch::allclose(runs[r].sum_sent + runs[r].residual, runs[r].sum_grad, 1e-4, 1e-4))
         << "rank " << r;
-    for (int64_t s = 0; s < 4; ++s) EXPECT_TRUE(torch::equal(runs[r].outputs[s], runs[0].outputs[s]));
+    for (int64_t s = 0; s < 4; ++s)
+      EXPECT_TRUE(torch::equal(runs[r].outputs[s], runs[0].outputs[s]));
   }
   // Rotated onebit keeps each chunk's full length along itself, so its error is larger than the
   // least-squares codec's, but the first step's result (no residual yet) points the average's
@@ -196,8 +197,8 @@ TEST(CompressHooks, TopkSendsTheLargestValues) {
   // The result is non-zero only where some rank sent something.
   at::Tensor any = torch::zeros({4400}, torch::kBool);
   for (int r = 0; r < kRanks; ++r) any |= runs[r].sum_sent.ne(0);
-  EXPECT_EQ(large_part(runs[0].outputs[0]).ne(0).logical_and(any.logical_not()).sum().item<int64_t>(),
-            0);
+  EXPECT_EQ(
+      large_part(runs[0].outputs[0]).ne(0).logical_and(any.logical_not()).sum().item<int64_t>(), 0);
 }
 
 TEST(CompressHooks, PowerSgdIsExactOnGradientsOfRankOne) {

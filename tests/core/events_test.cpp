@@ -1,12 +1,12 @@
 // core/events.h: every call reaches every sink, in order; timers report once.
+#include "core/events.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include "core/events.h"
 
 namespace krab::core {
 namespace {
@@ -42,8 +42,7 @@ TEST(Events, EveryCallReachesEverySinkInOrder) {
   events.step(3, 10);
   events.note("resumed");
   const std::vector<std::string> expected = {"counter bytes_sent 12.000000",
-                                             "gauge loss 0.500000 @3", "step 3/10",
-                                             "note resumed"};
+                                             "gauge loss 0.500000 @3", "step 3/10", "note resumed"};
   EXPECT_EQ(a->lines, expected);
   EXPECT_EQ(b->lines, expected);
 }

@@ -54,14 +54,17 @@ TEST(Seal, TheKeyFileMustBeLongAndOutsideTheRunDirectory) {
   std::ofstream(dir / "run" / "key") << std::string(64, 'a');
   EXPECT_EQ(read_seal_key((dir / "key").string(), (dir / "run").string()), std::string(64, 'a'));
   EXPECT_EQ(read_seal_key("", (dir / "run").string()), "");
-  EXPECT_NE(error_of([&] { read_seal_key((dir / "run" / "key").string(), (dir / "run").string()); })
-                .find("inside the run directory"),
+  EXPECT_NE(error_of([&] {
+              read_seal_key((dir / "run" / "key").string(), (dir / "run").string());
+            }).find("inside the run directory"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { read_seal_key((dir / "short").string(), (dir / "run").string()); })
-                .find("at least 32"),
+  EXPECT_NE(error_of([&] {
+              read_seal_key((dir / "short").string(), (dir / "run").string());
+            }).find("at least 32"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { read_seal_key((dir / "none").string(), (dir / "run").string()); })
-                .find("does not exist"),
+  EXPECT_NE(error_of([&] {
+              read_seal_key((dir / "none").string(), (dir / "run").string());
+            }).find("does not exist"),
             std::string::npos);
   fs::remove_all(dir);
 }

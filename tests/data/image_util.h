@@ -27,8 +27,7 @@ inline std::vector<uint8_t> make_pixels(int seed, int h, int w, int c) {
   return p;
 }
 
-inline void write_png(const std::string& path, int h, int w, int c,
-                      const std::vector<uint8_t>& p) {
+inline void write_png(const std::string& path, int h, int w, int c, const std::vector<uint8_t>& p) {
   png_image img;
   std::memset(&img, 0, sizeof(img));
   img.version = PNG_IMAGE_VERSION;

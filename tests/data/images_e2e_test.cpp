@@ -65,9 +65,8 @@ class ImagesE2E : public ::testing::Test {
   Result train(int workers, int batch, const std::string& tag, const std::string& extra = "") {
     return run(kKrab + " train " + dir_.file("job.yaml") + " --set data.path=" +
                dir_.file("train") + " --set checkpoint.dir=" + dir_.file("runs-" + tag) +
-               " --set parallel.workers=" + std::to_string(workers) +
-               " --set data.batch_size=" + std::to_string(batch) + " --report " +
-               dir_.file(tag + ".json") + " " + extra);
+               " --set parallel.workers=" + std::to_string(workers) + " --set data.batch_size=" +
+               std::to_string(batch) + " --report " + dir_.file(tag + ".json") + " " + extra);
   }
 
   nlohmann::json report(const std::string& tag) {
@@ -104,8 +103,7 @@ TEST_F(ImagesE2E, UnreadableImageIsNamedOrSkipped) {
 
   const Result skipped = train(2, 8, "skip", "--set data.skip_bad=true");
   EXPECT_EQ(skipped.code, 0) << skipped.output;
-  EXPECT_NE(skipped.output.find("skipped 1 unreadable image"), std::string::npos)
-      << skipped.output;
+  EXPECT_NE(skipped.output.find("skipped 1 unreadable image"), std::string::npos) << skipped.output;
 }
 
 }  // namespace

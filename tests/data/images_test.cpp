@@ -1,6 +1,8 @@
 // Image folders: PNG/JPEG decoding, resizing, labels from sorted folder names, normalisation,
 // augmentation, bad input, and the batch prefetcher. The test writes its own images with
 // libpng and libjpeg.
+#include "data/images.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -12,7 +14,6 @@
 
 #include "core/errors.h"
 #include "data/image_codec.h"
-#include "data/images.h"
 #include "data/prefetch.h"
 #include "image_util.h"
 #include "test_util.h"
@@ -24,9 +25,9 @@ namespace fs = std::filesystem;
 using testing::expect_throw_containing;
 using testing::make_pixels;
 using testing::pixel;
+using testing::TempDir;
 using testing::write_jpeg;
 using testing::write_png;
-using testing::TempDir;
 
 void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
@@ -67,8 +68,10 @@ TEST(ImageFolder, LabelsFromSortedNamesShapesAndExactPixels) {
   for (int64_t e = 0; e < 12; ++e) {
     EXPECT_EQ(s.train.targets[e].item<int64_t>(), e / 4);
     // Identity size: exactly the written pixels / 255 (mean 0, std 1).
-    auto expect = torch::from_blob(make_pixels(static_cast<int>(e), 6, 5, 1).data(), {1, 6, 5},
-                                   torch::kUInt8).to(torch::kFloat32) / 255.0;
+    auto expect =
+        torch::from_blob(make_pixels(static_cast<int>(e), 6, 5, 1).data(), {1, 6, 5}, torch::kUInt8)
+            .to(torch::kFloat32) /
+        255.0;
     EXPECT_TRUE(torch::equal(s.train.inputs[e], expect)) << "example " << e;
   }
   const ImageFolder f = scan_image_folder(dir.path().string());
@@ -91,15 +94,16 @@ TEST(ImageFolder, RgbJpegAndPerChannelNormalisation) {
   EXPECT_FLOAT_EQ(s.train.inputs[0][1][2][3].item<float>(), (v - 0.25f) / 2.0f);
   // The 8x8 JPEG (quality 100) halved: the mean of each 2x2 block, up to JPEG's rounding.
   const std::vector<uint8_t> p = make_pixels(2, 8, 8, 3);
-  const float block = (p[(2 * 8 + 2) * 3] + p[(2 * 8 + 3) * 3] + p[(3 * 8 + 2) * 3] +
-                       p[(3 * 8 + 3) * 3]) / 4.0f / 255.0f;
+  const float block =
+      (p[(2 * 8 + 2) * 3] + p[(2 * 8 + 3) * 3] + p[(3 * 8 + 2) * 3] + p[(3 * 8 + 3) * 3]) / 4.0f /
+      255.0f;
   EXPECT_NEAR(s.train.inputs[1][0][1][1].item<float>() * 0.5f + 0.5f, block, 0.03);
 }
 
 TEST(ImageCodec, BilinearMatchesTorchInterpolate) {
   Image img{3, 4, 1, make_pixels(5, 3, 4, 1)};
-  auto src = torch::from_blob(img.pixels.data(), {1, 1, 3, 4}, torch::kUInt8)
-                 .to(torch::kFloat32) / 255.0;
+  auto src =
+      torch::from_blob(img.pixels.data(), {1, 1, 3, 4}, torch::kUInt8).to(torch::kFloat32) / 255.0;
   for (auto [h, w] : {std::pair<int64_t, int64_t>{7, 9}, {2, 2}, {3, 8}}) {
     auto want = torch::upsample_bilinear2d(src, {h, w}, false)[0];
     EXPECT_TRUE(torch::allclose(image_to_tensor(img, h, w), want, 1e-5, 1e-6)) << h << "x" << w;
@@ -121,12 +125,12 @@ TEST(ImageFolder, UnreadableImageIsNamedOrSkippedAndCounted) {
   write_folder(dir.path());
   const std::string bad = dir.file("moth/broken.png");
   write_bytes(bad, "this is not a picture");
-  expect_throw_containing<InvalidArgument>(
-      [&] { load_images(dir.path().string(), options(6, 5)); }, {bad, "cannot be read"});
+  expect_throw_containing<InvalidArgument>([&] { load_images(dir.path().string(), options(6, 5)); },
+                                           {bad, "cannot be read"});
   // A truncated PNG: the right magic, then nothing.
   write_bytes(bad, std::string("\x89PNG\r\n\x1a\n\0\0", 10));
-  expect_throw_containing<InvalidArgument>(
-      [&] { load_images(dir.path().string(), options(6, 5)); }, {bad, "PNG"});
+  expect_throw_containing<InvalidArgument>([&] { load_images(dir.path().string(), options(6, 5)); },
+                                           {bad, "PNG"});
   ImageOptions o = options(6, 5);
   o.skip_bad = true;
   int64_t skipped = 0;

@@ -1,11 +1,12 @@
 // Federated partitioners: coverage, the skew each kind promises, determinism, bad input.
+#include "data/partition.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <set>
 
 #include "core/errors.h"
-#include "data/partition.h"
 #include "test_util.h"
 
 namespace krab::data {

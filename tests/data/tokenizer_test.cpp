@@ -2,18 +2,18 @@
 // for the same lines (Debian's spm_encode run on each line alone), the vocabulary is the model's
 // (spm_export_vocab's lines), and a file that is not a model is refused naming the key and the
 // file. The model is trained here by spm_train.
+#include "data/tokenizer.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cstdio>
-
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "core/errors.h"
 #include "data/dataset.h"
-#include "data/tokenizer.h"
 #include "test_util.h"
 
 namespace krab::data {

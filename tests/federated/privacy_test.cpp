@@ -119,9 +119,9 @@ TEST(Noise, TheNoiseIsStandardNormal) {
     tail += std::abs(v) > 3;
   }
   m1 /= n, m2 /= n, m4 /= n, tail /= n;
-  EXPECT_NEAR(m1, 0, 0.005);    // se 0.001
-  EXPECT_NEAR(m2, 1, 0.007);    // se 0.0014
-  EXPECT_NEAR(m4, 3, 0.05);     // se 0.0098
+  EXPECT_NEAR(m1, 0, 0.005);          // se 0.001
+  EXPECT_NEAR(m2, 1, 0.007);          // se 0.0014
+  EXPECT_NEAR(m4, 3, 0.05);           // se 0.0098
   EXPECT_NEAR(tail, 0.0027, 0.0004);  // se 0.00005
   std::sort(z.begin(), z.end());
   double ks = 0;

@@ -566,8 +566,7 @@ TEST(ClientPolicy, TheServersRequestIsCheckedAgainstTheClientsFlags) {
   ins.secagg_threshold = 6;
   ins.clip_norm = 1.0;
   ins.local_noise_std = 0.5;  // multiplier 0.5 < 1
-  EXPECT_NE(error_of([&] { check_fit(strict, ins); }).find("--min-local-noise"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { check_fit(strict, ins); }).find("--min-local-noise"), std::string::npos);
   ins.local_noise_std = 1.5;
   ins.clip_norm = 1.5;  // multiplier 1, but...
   ins.local_noise_std = 1.5;

@@ -65,7 +65,8 @@ struct Harness {
   }
   void mask() {
     for (auto& [id, c] : clients)
-      if (active(id)) server->receive(wire(c.masked_input(wire(server->shares_for(id)), updates[id])));
+      if (active(id))
+        server->receive(wire(c.masked_input(wire(server->shares_for(id)), updates[id])));
   }
   void unmask() {
     const UnmaskRequest request = wire(server->unmask_request());

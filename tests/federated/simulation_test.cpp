@@ -97,8 +97,7 @@ TEST_F(SimDir, DivergedClientsAreRejectedAndAnAllFailedRunIsAnError) {
     EXPECT_FALSE(r["ok"].get<bool>());
     EXPECT_TRUE(r["dropped"].empty()) << r["dropped"].dump();
     ASSERT_FALSE(r["rejected"].empty());
-    EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("non-finite"),
-              std::string::npos)
+    EXPECT_NE(r["rejected"][0]["reason"].get<std::string>().find("non-finite"), std::string::npos)
         << r["rejected"].dump();
   }
   EXPECT_TRUE(rep.contains("epsilon"));
@@ -107,9 +106,7 @@ TEST_F(SimDir, DivergedClientsAreRejectedAndAnAllFailedRunIsAnError) {
 // With checkpoint.hmac_key_file the server state is sealed: a resumed run reads it back, and a
 // state file someone wrote without the key (say, to reset the DP budget) is refused.
 TEST_F(SimDir, ASealedServerStateResumesAndAnUnsealedOneIsRefused) {
-  {
-    std::ofstream(dir_ / "key") << std::string(64, 'z');
-  }
+  { std::ofstream(dir_ / "key") << std::string(64, 'z'); }
   core::Config c = job();
   c.set("federated.rounds", "2");
   c.set("checkpoint.hmac_key_file", (dir_ / "key").string());

@@ -1,10 +1,9 @@
 // The tokens file: what it accepts and how it names a bad line.
-#include "federated/processes.h"
 #include "federated/transport.h"
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +15,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "federated/processes.h"
 
 namespace krab::federated {
 namespace {
@@ -180,9 +180,7 @@ TEST_F(Tls, WrongPemFilesAreNamedBeforeAnythingConnects) {
   key_as_ca.ca_file = d + "/server.key";
   std::string e = error_of([&] { FederationClient c(key_as_ca); });
   EXPECT_NE(e.find("--ca: '" + d + "/server.key' holds a private key"), std::string::npos) << e;
-  {
-    std::ofstream(d + "/garbage.pem") << "not a certificate\n";
-  }
+  { std::ofstream(d + "/garbage.pem") << "not a certificate\n"; }
   ClientTransportOptions garbage = client_options(1, "token-of-alice-0123456");
   garbage.ca_file = d + "/garbage.pem";
   e = error_of([&] { FederationClient c(garbage); });
@@ -194,8 +192,9 @@ TEST_F(Tls, WrongPemFilesAreNamedBeforeAnythingConnects) {
   ServerTransportOptions cert_as_key = server_options();
   cert_as_key.key_file = d + "/server.pem";
   e = error_of([&] { FederationServer s(cert_as_key); });
-  EXPECT_NE(e.find("federated.tls_key: '" + d + "/server.pem' is not an unencrypted PEM private key"),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("federated.tls_key: '" + d + "/server.pem' is not an unencrypted PEM private key"),
+      std::string::npos)
       << e;
 }
 
@@ -239,7 +238,9 @@ data: {name: csv, label_column: label, batch_size: 32}
 train: {seed: 3, optimizer: {name: sgd, lr: 0.3, momentum: 0}}
 federated: {rounds: 4, clients: 2, fraction: 1.0, min_clients: 2, address: "127.0.0.1:0",
             wait_clients_s: 60, round_deadline_s: 30}
-checkpoint: {dir: )", d, "/csvrun}\n"), "test");
+checkpoint: {dir: )",
+                                               d, "/csvrun}\n"),
+                                       "test");
   c.set("federated.tls_cert", d + "/server.pem");
   c.set("federated.tls_key", d + "/server.key");
   c.set("federated.tokens", d + "/tokens.txt");
@@ -384,11 +385,10 @@ TEST_F(Tls, UnderMutualTlsATokenNeedsItsOwnClientsCertificate) {
   const std::string d = dir_->string();
   const std::string ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   for (const char* who : {"alice", "mallory"}) {
-    const std::string cmd = "cd " + d + " && openssl req " + ec + " -subj /CN=" + who +
-                            " -keyout " + who + ".key -out " + who + ".csr" +
-                            " && openssl x509 -req -in " + who +
-                            ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out " + who +
-                            ".pem";
+    const std::string cmd =
+        "cd " + d + " && openssl req " + ec + " -subj /CN=" + who + " -keyout " + who +
+        ".key -out " + who + ".csr" + " && openssl x509 -req -in " + who +
+        ".csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 -out " + who + ".pem";
     ASSERT_EQ(std::system((cmd + " >/dev/null 2>&1").c_str()), 0) << cmd;
   }
   ServerTransportOptions so = server_options();

@@ -58,8 +58,10 @@ TEST_F(TorchScriptCli, TwoWorkersMatchOneWorkerWithBatchNormInEval) {
   const std::string set = " --set model.freeze_batchnorm=true";
   auto multi = run(krab("train job.yaml --set checkpoint.dir=w2" + set));
   ASSERT_EQ(multi.code, 0) << multi.output;
-  auto single = run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
-                         "--set data.batch_size=64" + set));
+  auto single =
+      run(krab("train job.yaml --set checkpoint.dir=w1 --set parallel.workers=1 "
+               "--set data.batch_size=64" +
+               set));
   ASSERT_EQ(single.code, 0) << single.output;
   auto a = load_model_pt((dir_ / "w2/model.pt").string());
   auto b = load_model_pt((dir_ / "w1/model.pt").string());
@@ -70,7 +72,8 @@ TEST_F(TorchScriptCli, TwoWorkersMatchOneWorkerWithBatchNormInEval) {
   // not move (frozen).
   torch::jit::Module saved = torch::jit::load((dir_ / "net.ts").string());
   for (const auto& p : saved.named_parameters())
-    if (p.name == "head.weight") EXPECT_GT((a.at(p.name) - p.value).abs().max().item<double>(), 1e-3);
+    if (p.name == "head.weight")
+      EXPECT_GT((a.at(p.name) - p.value).abs().max().item<double>(), 1e-3);
   EXPECT_EQ(a.at("bn.running_mean").abs().sum().item<double>(), 0);
 }
 
@@ -138,7 +141,8 @@ def forward(self, x):
 )");
   job(m);
   auto r = run(krab("train job.yaml"));
-  expect_refused(r, 2, "forward(x) returned shape [2, 1, 4] but train.loss cross_entropy needs [2]");
+  expect_refused(r, 2,
+                 "forward(x) returned shape [2, 1, 4] but train.loss cross_entropy needs [2]");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 

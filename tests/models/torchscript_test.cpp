@@ -1,14 +1,15 @@
 // models::TorchScriptModel: Python names, shared tensors, modes, losses, user methods, refusals.
+#include "models/torchscript.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 
 #include "core/errors.h"
-#include "models/torchscript.h"
 #include "support/script_modules.h"
 
 namespace krab::models {
@@ -60,8 +61,7 @@ TEST_F(TorchScript, KeepsPythonNamesInPythonOrder) {
   EXPECT_EQ(keys(m->named_parameters()),
             (std::vector<std::string>{"body.fc.weight", "body.fc.bias", "bn.weight", "bn.bias",
                                       "head.weight", "head.bias"}));
-  EXPECT_EQ(keys(m->named_buffers()), (std::vector<std::string>{"bn.running_mean",
-                                                                "bn.running_var",
+  EXPECT_EQ(keys(m->named_buffers()), (std::vector<std::string>{"bn.running_mean", "bn.running_var",
                                                                 "bn.num_batches_tracked"}));
 }
 
@@ -109,8 +109,8 @@ TEST_F(TorchScript, FrozenBatchNormStaysInEvalWhileTraining) {
   EXPECT_EQ(m->named_buffers()["bn.running_mean"].abs().sum().item<double>(), 0);
   // Each example's output is then independent of its batch: the determinism condition.
   const at::Tensor x = torch::randn({8, 6});
-  EXPECT_TRUE(torch::allclose(m->forward(x).narrow(0, 0, 4), m->forward(x.narrow(0, 0, 4)),
-                              1e-5, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(m->forward(x).narrow(0, 0, 4), m->forward(x.narrow(0, 0, 4)), 1e-5, 1e-6));
 }
 
 TEST_F(TorchScript, LossesAndTheirShapes) {
@@ -121,8 +121,11 @@ TEST_F(TorchScript, LossesAndTheirShapes) {
     auto m = load(b_.net(6, 8, 3), spec);
     const at::Tensor y = torch::tensor({0, 2, 1, 2});
     EXPECT_TRUE(std::isfinite(m->training_loss(x, y).item<double>())) << loss;
-    expect_refused([&] { m->loss(torch::zeros({4, 3, 2}), y); },
-                   {"model.path", "[4, 3, 2]", "[4]", loss});
+    expect_refused(
+        [&] {
+          m->loss(torch::zeros({4, 3, 2}), y);
+        },
+        {"model.path", "[4, 3, 2]", "[4]", loss});
   }
   for (const char* loss : {"mse", "bce_with_logits"}) {
     ModelSpec spec;
@@ -130,8 +133,11 @@ TEST_F(TorchScript, LossesAndTheirShapes) {
     auto one = load(b_.net(6, 8, 1), spec);  // [B, 1] outputs against [B] labels
     EXPECT_TRUE(std::isfinite(one->training_loss(x, torch::tensor({0, 1, 1, 0})).item<double>()));
     auto m = load(b_.net(6, 8, 3), spec);
-    expect_refused([&] { m->training_loss(x, torch::tensor({0, 1, 1, 0})); },
-                   {"model.path", "[4, 3]", "[4]", loss});
+    expect_refused(
+        [&] {
+          m->training_loss(x, torch::tensor({0, 1, 1, 0}));
+        },
+        {"model.path", "[4, 3]", "[4]", loss});
   }
   ModelSpec bad;
   bad.loss = "hinge";
@@ -157,10 +163,16 @@ TEST_F(TorchScript, ChecksTheFirstBatchAndTheLabels) {
   auto m = load(b_.net(6, 8, 3));
   const at::Tensor x = torch::randn({2, 6});
   m->check_fits(x, torch::tensor({0, 2}), torch::tensor({0, 1, 2, 2}));
-  expect_refused([&] { m->check_fits(x, torch::tensor({0, 2}), torch::tensor({0, 1, 9})); },
-                 {"model.path", "3 classes", "0 to 9"});
-  expect_refused([&] { m->check_fits(x, torch::tensor({{0, 2}, {1, 1}}), torch::tensor({0})); },
-                 {"model.path", "[2, 3]", "[2, 2]"});
+  expect_refused(
+      [&] {
+        m->check_fits(x, torch::tensor({0, 2}), torch::tensor({0, 1, 9}));
+      },
+      {"model.path", "3 classes", "0 to 9"});
+  expect_refused(
+      [&] {
+        m->check_fits(x, torch::tensor({{0, 2}, {1, 1}}), torch::tensor({0}));
+      },
+      {"model.path", "[2, 3]", "[2, 2]"});
   EXPECT_EQ(m->named_buffers()["bn.num_batches_tracked"].item<int64_t>(), 0)
       << "the check moved BatchNorm's statistics";
 }

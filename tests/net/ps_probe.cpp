@@ -17,7 +17,6 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
-
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "core/errors.h"
@@ -44,7 +43,8 @@ Outcome attempt(const std::string& address, const char* what, F&& call) {
     how = "no answer";
   } catch (const std::exception& e) {
     how = e.what();
-    if (how.find("job secret is missing or wrong") != std::string::npos) out = Outcome::kNeedsSecret;
+    if (how.find("job secret is missing or wrong") != std::string::npos)
+      out = Outcome::kNeedsSecret;
   }
   std::printf("%s %s: %s: %s\n", address.c_str(), what,
               out == Outcome::kAnswered ? "ANSWERED" : "refused", how.c_str());

@@ -1,7 +1,7 @@
 // Bucket planning: a pure function, checked against hand-worked plans.
-#include <gtest/gtest.h>
-
 #include "parallel/buckets.h"
+
+#include <gtest/gtest.h>
 
 namespace krab::parallel {
 namespace {

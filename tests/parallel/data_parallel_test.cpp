@@ -1,6 +1,8 @@
 // DataParallel on ranks that are threads of one process (loopback Gloo). The independent
 // expectation is always a plain single-process computation: the average of the gradients every
 // rank's data gives on an identical copy of the model.
+#include "parallel/data_parallel.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -10,7 +12,6 @@
 
 #include "comm/factory.h"
 #include "models/model.h"
-#include "parallel/data_parallel.h"
 #include "support/gloo_ranks.h"
 
 namespace krab::parallel {

@@ -7,8 +7,8 @@
 #include "core/flat.h"
 #include "models/model.h"
 #include "parallel/dp_engine.h"
-#include "sync/local_sgd.h"
 #include "support/gloo_ranks.h"
+#include "sync/local_sgd.h"
 
 namespace krab {
 namespace {
@@ -75,33 +75,34 @@ class BatchNormNet : public models::Model {
 // it each rank keeps the statistics of its own data.
 TEST(DataParallelEngine, BroadcastsRankZerosBuffersAfterEveryStepWhenAsked) {
   for (bool broadcast : {true, false}) {
-    testing::run_gloo_ranks_owned(2, [broadcast](int rank, std::unique_ptr<comm::Communicator> comm) {
-      torch::manual_seed(3);
-      parallel::DataParallelEngineOptions o;
-      o.total_steps = 3;
-      o.global_micro_batch = 16;
-      o.broadcast_buffers = broadcast;
-      comm::Communicator* group = comm.get();
-      parallel::DataParallelEngine engine(std::make_shared<BatchNormNet>(), std::move(comm), o,
-                                          nullptr, sgd(0.1));
-      torch::manual_seed(1000 + rank);  // each rank its own data
-      auto& model = engine.model();
-      model.train();
-      while (auto plan = engine.next_step()) {
-        engine.before_backward(0, true);
-        auto x = torch::randn({8, 4}) * (1 + rank);
-        model.loss(model.forward(x), torch::randint(0, 3, {8}, torch::kInt64)).backward();
-        engine.reduce_gradients();
-        engine.apply(0.1);
-        engine.after_step(*plan);
-        at::Tensor mine = model.named_buffers()["bn.running_var"].clone();
-        at::Tensor rank0 = mine.clone();
-        group->broadcast(rank0, 0)->wait();
-        EXPECT_EQ(torch::equal(mine, rank0), broadcast || rank == 0)
-            << "broadcast " << broadcast << " rank " << rank << " step " << plan->step;
-      }
-      EXPECT_EQ(model.named_buffers()["bn.num_batches_tracked"].item<int64_t>(), 3);
-    });
+    testing::run_gloo_ranks_owned(
+        2, [broadcast](int rank, std::unique_ptr<comm::Communicator> comm) {
+          torch::manual_seed(3);
+          parallel::DataParallelEngineOptions o;
+          o.total_steps = 3;
+          o.global_micro_batch = 16;
+          o.broadcast_buffers = broadcast;
+          comm::Communicator* group = comm.get();
+          parallel::DataParallelEngine engine(std::make_shared<BatchNormNet>(), std::move(comm), o,
+                                              nullptr, sgd(0.1));
+          torch::manual_seed(1000 + rank);  // each rank its own data
+          auto& model = engine.model();
+          model.train();
+          while (auto plan = engine.next_step()) {
+            engine.before_backward(0, true);
+            auto x = torch::randn({8, 4}) * (1 + rank);
+            model.loss(model.forward(x), torch::randint(0, 3, {8}, torch::kInt64)).backward();
+            engine.reduce_gradients();
+            engine.apply(0.1);
+            engine.after_step(*plan);
+            at::Tensor mine = model.named_buffers()["bn.running_var"].clone();
+            at::Tensor rank0 = mine.clone();
+            group->broadcast(rank0, 0)->wait();
+            EXPECT_EQ(torch::equal(mine, rank0), broadcast || rank == 0)
+                << "broadcast " << broadcast << " rank " << rank << " step " << plan->step;
+          }
+          EXPECT_EQ(model.named_buffers()["bn.num_batches_tracked"].item<int64_t>(), 3);
+        });
   }
 }
 

@@ -1,8 +1,6 @@
 // The parameter server over gRPC on loopback (sync/param_server.h): two shards, two workers.
 // Sync through the server (max_staleness 0) must give exactly SGD on the averaged gradients;
 // the byte meters of both sides must agree; failures come back as the exceptions the CLI maps.
-#include "sync/param_server.h"
-
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +9,7 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "sync/param_server.h"
 
 namespace krab::sync {
 namespace {
@@ -19,8 +18,8 @@ using namespace std::chrono_literals;
 
 constexpr int64_t kNumel = 1001;  // odd: the shards differ in size
 
-std::shared_ptr<ShardState> make_shard(const at::Tensor& full, int shard, int servers,
-                                       int workers, int s) {
+std::shared_ptr<ShardState> make_shard(const at::Tensor& full, int shard, int servers, int workers,
+                                       int s) {
   ShardOptions o;
   o.workers = workers;
   o.max_staleness = s;
@@ -287,7 +286,11 @@ TEST(ParamServerRpc, ShardTooLargeForOneMessageNamesTheKey) {
 TEST(ParamServerPayload, AFinishReplyOfPartFloatsIsCorruptDataNotAnOverflow) {
   // FinishReply{values: 5 bytes, version: 2}
   try {
-    decode_finish_reply(std::string("\x0a\x05" "abcde" "\x20\x02", 9), "parameter server 1");
+    decode_finish_reply(std::string("\x0a\x05"
+                                    "abcde"
+                                    "\x20\x02",
+                                    9),
+                        "parameter server 1");
     ADD_FAILURE() << "accepted";
   } catch (const CorruptData& e) {
     EXPECT_NE(std::string(e.what()).find("parameter server 1"), std::string::npos) << e.what();
@@ -303,7 +306,11 @@ TEST(ParamServerPayload, AStepRequestGoesThroughTheHandlersChecks) {
   const auto never = [] { return false; };
   EXPECT_THROW(serve_step(*shard, "\xff\xff", never), CorruptData);
   // StepRequest{worker: 0, clock: 1, grad: 6 bytes}
-  EXPECT_THROW(serve_step(*shard, std::string("\x08\x00\x10\x01\x1a\x06" "abcdef", 12), never),
+  EXPECT_THROW(serve_step(*shard,
+                          std::string("\x08\x00\x10\x01\x1a\x06"
+                                      "abcdef",
+                                      12),
+                          never),
                InvalidArgument);
 }
 

@@ -340,7 +340,12 @@ TEST(Shard, WorkBudgetStopsEveryoneAndTicketsAreHandedOutInOrder) {
   // Worker 0 is one step ahead of worker 1 (max_staleness 1): its next pull would wait...
   std::atomic<bool> waiting{false};
   ShardState::Reply r0;
-  std::thread t([&] { r0 = shard.step(push(0, 3, g), [&] { waiting = true; return false; }); });
+  std::thread t([&] {
+    r0 = shard.step(push(0, 3, g), [&] {
+      waiting = true;
+      return false;
+    });
+  });
   while (!waiting) std::this_thread::sleep_for(1ms);
   // ... until worker 1's push completes the job: both are told to stop.
   const auto r1 = shard.step(push(1, 2, g), kNever);
@@ -369,7 +374,7 @@ TEST(Shard, SyncRoundCutShortByTheBudgetIsStillApplied) {
   shard.step(pull(0, 0), kNever);
   shard.step(pull(1, 0), kNever);
   std::thread t([&] { shard.step(push(1, 1, g3), kNever); });  // then worker 1 goes silent
-  const auto r = shard.step(push(0, 1, g), kNever);  // round 0: both
+  const auto r = shard.step(push(0, 1, g), kNever);            // round 0: both
   t.join();
   EXPECT_FALSE(r.stop);
   EXPECT_TRUE(torch::allclose(shard.values(), -2 * g));
@@ -451,8 +456,8 @@ TEST(Shard, ExtrapolatedPullsLeadByThePredictedUpdates) {
   const at::Tensor before = ref.detach().clone();
   ref_step((a + b) / 2);
   const at::Tensor delta1 = ref.detach() - before;
-  EXPECT_TRUE(torch::allclose(as_tensor(shard.step(push(1, 1, b), kNever).values),
-                              ref.detach(), 1e-6, 1e-6));
+  EXPECT_TRUE(torch::allclose(as_tensor(shard.step(push(1, 1, b), kNever).values), ref.detach(),
+                              1e-6, 1e-6));
   // Worker 0 opens the next group: tau = 1, the reply is one last-update ahead.
   const auto r = shard.step(push(0, 2, c, 1), kNever);
   EXPECT_TRUE(torch::allclose(as_tensor(r.values), ref.detach() + delta1, 1e-6, 1e-6));

@@ -1,7 +1,7 @@
 // train/report.h: the report every mode writes, and the sinks the loop reports through.
-#include <gtest/gtest.h>
-
 #include "train/report.h"
+
+#include <gtest/gtest.h>
 
 namespace krab::train {
 namespace {
@@ -17,9 +17,9 @@ TEST(ReportSink, KeepsEvaluationsAtTheSecondsOfTheirStepAndCounterTotals) {
   events.gauge("test_accuracy", 0.8, 20);
   events.counter("bytes_sent", 100);
   events.counter("bytes_sent", 23);
-  const nlohmann::json expected = nlohmann::json::array(
-      {{{"step", 10}, {"seconds", 1.5}, {"test_accuracy", 0.75}},
-       {{"step", 20}, {"seconds", 3.0}, {"test_accuracy", 0.8}}});
+  const nlohmann::json expected =
+      nlohmann::json::array({{{"step", 10}, {"seconds", 1.5}, {"test_accuracy", 0.75}},
+                             {{"step", 20}, {"seconds", 3.0}, {"test_accuracy", 0.8}}});
   EXPECT_EQ(record->evals(), expected);
   EXPECT_EQ(record->total("bytes_sent"), 123);
   EXPECT_EQ(record->total("never"), 0);

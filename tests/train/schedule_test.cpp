@@ -1,10 +1,11 @@
 // Learning-rate schedules against their closed forms.
+#include "train/schedule.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/errors.h"
-#include "train/schedule.h"
 
 namespace krab::train {
 namespace {
@@ -17,8 +18,8 @@ TEST(Schedule, ConstantIsConstant) {
 TEST(Schedule, CosineStartsAtLrEndsAtZeroAndIsHalfwayInTheMiddle) {
   EXPECT_DOUBLE_EQ(learning_rate(Schedule::kCosine, 0.2, 0, 100, 0), 0.2);
   EXPECT_NEAR(learning_rate(Schedule::kCosine, 0.2, 50, 100, 0), 0.1, 1e-12);
-  EXPECT_NEAR(learning_rate(Schedule::kCosine, 0.2, 25, 100, 0),
-              0.1 * (1 + std::cos(M_PI / 4)), 1e-12);
+  EXPECT_NEAR(learning_rate(Schedule::kCosine, 0.2, 25, 100, 0), 0.1 * (1 + std::cos(M_PI / 4)),
+              1e-12);
   EXPECT_NEAR(learning_rate(Schedule::kCosine, 0.2, 100, 100, 0), 0.0, 1e-12);
   // Monotone non-increasing.
   for (int64_t s = 1; s < 100; ++s)

@@ -1,11 +1,11 @@
 #include "comm/backends/gloo/gloo_communicator.h"
 
 #include <arpa/inet.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
 #include <sstream>
 #include <thread>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "comm/peer_monitor.h"
 #include "core/errors.h"
@@ -16,9 +16,12 @@ namespace {
 c10d::ReduceOp to_c10d(ReduceOp op) {
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return c10d::ReduceOp::SUM;  // kAvg divides afterwards
-    case ReduceOp::kMax: return c10d::ReduceOp::MAX;
-    case ReduceOp::kMin: return c10d::ReduceOp::MIN;
+    case ReduceOp::kAvg:
+      return c10d::ReduceOp::SUM;  // kAvg divides afterwards
+    case ReduceOp::kMax:
+      return c10d::ReduceOp::MAX;
+    case ReduceOp::kMin:
+      return c10d::ReduceOp::MIN;
   }
   return c10d::ReduceOp::SUM;
 }
@@ -35,8 +38,13 @@ class GlooWork : public Work {
   GlooWork(c10::intrusive_ptr<c10d::Work> work, OpKind op, int64_t seq, int rank,
            std::chrono::milliseconds timeout, std::shared_ptr<PeerMonitor> monitor,
            std::function<void()> finish)
-      : work_(std::move(work)), op_(op), seq_(seq), rank_(rank), timeout_(timeout),
-        monitor_(std::move(monitor)), finish_(std::move(finish)) {}
+      : work_(std::move(work)),
+        op_(op),
+        seq_(seq),
+        rank_(rank),
+        timeout_(timeout),
+        monitor_(std::move(monitor)),
+        finish_(std::move(finish)) {}
 
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -66,18 +74,21 @@ class GlooWork : public Work {
     std::vector<int> dead, absent;
     for (const auto& p : peers) {
       if (p.rank == rank_) continue;
-      if (!p.alive) dead.push_back(p.rank);
-      else if (p.seq < seq_) absent.push_back(p.rank);
+      if (!p.alive)
+        dead.push_back(p.rank);
+      else if (p.seq < seq_)
+        absent.push_back(p.rank);
     }
     if (!dead.empty())
-      return std::make_exception_ptr(PeerLost(str_cat(
-          what, " failed: ", describe_ranks(dead), " stopped responding (process died or "
-          "froze); gloo: ", short_cause)));
-    const bool timed_out = cause.find("imed out") != std::string::npos ||
-                           cause.find("imeout") != std::string::npos;
+      return std::make_exception_ptr(PeerLost(str_cat(what, " failed: ", describe_ranks(dead),
+                                                      " stopped responding (process died or "
+                                                      "froze); gloo: ",
+                                                      short_cause)));
+    const bool timed_out =
+        cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
     if (!absent.empty()) {
       std::ostringstream os;
-      os << what << (timed_out ? " timed out after " : " failed; ") ;
+      os << what << (timed_out ? " timed out after " : " failed; ");
       if (timed_out) os << timeout_.count() / 1000.0 << " s: ";
       os << describe_ranks(absent) << " never joined it (";
       bool first = true;
@@ -114,8 +125,10 @@ class GlooWork : public Work {
 GlooCommunicator::GlooCommunicator(std::function<StorePtr()> connect, const std::string& prefix,
                                    int rank, int size, int64_t generation,
                                    const std::string& address, const Options& options)
-    : Communicator(rank, size, generation, options), connect_(std::move(connect)),
-      prefix_(prefix), address_(address) {
+    : Communicator(rank, size, generation, options),
+      connect_(std::move(connect)),
+      prefix_(prefix),
+      address_(address) {
   store_ = prefixed(prefix_, connect_());
   store_->setTimeout(options.timeout);
   auto base_connect = connect_;
@@ -134,8 +147,8 @@ void GlooCommunicator::connect_group() {
                               : c10d::ProcessGroupGloo::createDeviceForInterface(address_));
   opts->threads = 1;  // one progress thread: our ops are issued in order from one thread
   try {
-    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed("pg/", store_), rank(), size(),
-                                                       opts);
+    pg_ =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed("pg/", store_), rank(), size(), opts);
   } catch (const std::exception& e) {
     // Find out who never arrived: their heartbeat keys are missing.
     auto peers = monitor_->diagnose();
@@ -188,8 +201,7 @@ WorkPtr GlooCommunicator::do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t 
   return wrap(w, OpKind::kAllreduce, seq, std::move(finish));
 }
 
-WorkPtr GlooCommunicator::do_allgather(const at::Tensor& input, at::Tensor& output,
-                                       int64_t seq) {
+WorkPtr GlooCommunicator::do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) {
   const int64_t n = input.numel();
   at::Tensor flat_out = output.view({-1});
   std::vector<at::Tensor> outs;
@@ -213,10 +225,19 @@ WorkPtr GlooCommunicator::do_reduce_scatter(const at::Tensor& input, at::Tensor&
     at::Tensor chunks = staging.view({w_size, n});
     at::Tensor flat = out.view({-1});
     switch (op) {
-      case ReduceOp::kSum: at::sum_out(flat, chunks, {0}); break;
-      case ReduceOp::kAvg: at::sum_out(flat, chunks, {0}); flat.div_(w_size); break;
-      case ReduceOp::kMax: flat.copy_(std::get<0>(chunks.max(0))); break;
-      case ReduceOp::kMin: flat.copy_(std::get<0>(chunks.min(0))); break;
+      case ReduceOp::kSum:
+        at::sum_out(flat, chunks, {0});
+        break;
+      case ReduceOp::kAvg:
+        at::sum_out(flat, chunks, {0});
+        flat.div_(w_size);
+        break;
+      case ReduceOp::kMax:
+        flat.copy_(std::get<0>(chunks.max(0)));
+        break;
+      case ReduceOp::kMin:
+        flat.copy_(std::get<0>(chunks.min(0)));
+        break;
     }
   };
   return wrap(w, OpKind::kReduceScatter, seq, finish);

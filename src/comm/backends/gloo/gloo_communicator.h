@@ -21,7 +21,7 @@
 namespace c10d {
 class ProcessGroupGloo;
 class Work;
-}
+}  // namespace c10d
 
 namespace krab::comm {
 
@@ -32,16 +32,14 @@ class GlooCommunicator : public Communicator {
   // `connect` opens a client to the rendezvous store (called once for the group's own use and
   // once by the peer monitor). `prefix` must be unique to this group ("g0/", "g0/split1/c0/").
   // `address` is the local IPv4 address or interface name Gloo binds to.
-  GlooCommunicator(std::function<StorePtr()> connect, const std::string& prefix, int rank,
-                   int size, int64_t generation, const std::string& address,
-                   const Options& options);
+  GlooCommunicator(std::function<StorePtr()> connect, const std::string& prefix, int rank, int size,
+                   int64_t generation, const std::string& address, const Options& options);
   ~GlooCommunicator() override;
 
   std::string backend() const override { return "gloo"; }
 
  protected:
-  std::vector<std::string> do_exchange(OpKind op, int64_t seq,
-                                       const std::string& mine) override;
+  std::vector<std::string> do_exchange(OpKind op, int64_t seq, const std::string& mine) override;
   void do_enter(OpKind op, int64_t seq) override;
   WorkPtr do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t seq) override;
   WorkPtr do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) override;

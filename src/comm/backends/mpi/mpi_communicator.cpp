@@ -273,8 +273,7 @@ void MpiCommunicator::do_check(const Call& call) const {
   if (call.input) check_count(*call.input, arg_name(call.op, false));
   if (call.output) {
     check_count(*call.output, arg_name(call.op, true));
-    KRAB_CHECK_ARG(!overlaps(*call.input, *call.output), op,
-                   " input and output must not overlap");
+    KRAB_CHECK_ARG(!overlaps(*call.input, *call.output), op, " input and output must not overlap");
   }
   if (call.op == OpKind::kSend || call.op == OpKind::kRecv) check_tag(call.tag, op);
   if (call.input) {
@@ -315,8 +314,8 @@ WorkPtr MpiCommunicator::do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t s
   const int count = static_cast<int>(tensor.numel());
   const MPI_Comm comm = group_->comm;
   return start(
-      group_, str_cat("allreduce #", seq, " on rank ", rank()), kCollectiveHint,
-      options().timeout, {tensor},
+      group_, str_cat("allreduce #", seq, " on rank ", rank()), kCollectiveHint, options().timeout,
+      {tensor},
       [&](MPI_Request* r) {
         return MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi_op, comm, r);
       },
@@ -334,8 +333,8 @@ WorkPtr MpiCommunicator::do_allgather(const at::Tensor& input, at::Tensor& outpu
                [&](MPI_Request* r) { return MPI_Iallgather(in, n, type, out, n, type, comm, r); });
 }
 
-WorkPtr MpiCommunicator::do_reduce_scatter(const at::Tensor& input, at::Tensor& output,
-                                           ReduceOp op, int64_t seq) {
+WorkPtr MpiCommunicator::do_reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
+                                           int64_t seq) {
   const MPI_Datatype type = Runtime::get().reduce_type(input.scalar_type(), "reduce_scatter input");
   const MPI_Op mpi_op = Runtime::get().reduce_op(op, input.scalar_type());
   const void* in = input.data_ptr();
@@ -484,8 +483,8 @@ std::unique_ptr<Communicator> make_mpi_communicator(const Options& options, int6
       if (!done && Clock::now() >= deadline) {
         Runtime::if_started()->adopt(request, {}, true);
         throw Timeout(str_cat("building the mpi group (generation ", generation, ", ", size,
-                              " ranks) on rank ", rank,
-                              " timed out after ", options.timeout.count() / 1000.0,
+                              " ranks) on rank ", rank, " timed out after ",
+                              options.timeout.count() / 1000.0,
                               " s: not every rank called make_mpi_communicator"));
       }
       if (done) {

@@ -96,8 +96,7 @@ class MpiCommunicator : public Communicator {
 
  protected:
   void do_check(const Call& call) const override;
-  std::vector<std::string> do_exchange(OpKind op, int64_t seq,
-                                       const std::string& mine) override;
+  std::vector<std::string> do_exchange(OpKind op, int64_t seq, const std::string& mine) override;
   WorkPtr do_allreduce(at::Tensor& tensor, ReduceOp op, int64_t seq) override;
   WorkPtr do_allgather(const at::Tensor& input, at::Tensor& output, int64_t seq) override;
   WorkPtr do_reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op,
@@ -121,8 +120,7 @@ class MpiCommunicator : public Communicator {
 // (collective over all ranks). Throws krab::Timeout if not every rank arrives within
 // options.timeout, krab::NotSupported if MPI was initialised elsewhere with too low a thread
 // level, krab::Error if MPI was already finalised. `generation`: see "Generation" above.
-std::unique_ptr<Communicator> make_mpi_communicator(const Options& options,
-                                                    int64_t generation = 0);
+std::unique_ptr<Communicator> make_mpi_communicator(const Options& options, int64_t generation = 0);
 
 // True when this process was started by Open MPI's launcher (OMPI_COMM_WORLD_SIZE is set).
 bool mpi_launched();
