@@ -16,6 +16,19 @@
 #include "data/tensor_file.h"
 #include "test_util.h"
 
+// gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang (the ASan build's compiler)
+// answers __has_feature instead.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define KRAB_UNDER_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KRAB_UNDER_SANITIZER 1
+#endif
+#endif
+#ifndef KRAB_UNDER_SANITIZER
+#define KRAB_UNDER_SANITIZER 0
+#endif
+
 namespace krab::data {
 namespace {
 
@@ -326,7 +339,7 @@ TEST_F(TensorsTest, LazyShardsStayWithinTheCache) {
   EXPECT_GE(shards.loads(), 2 * kShards - shards.layout().window);
   (void)live_peak;
   (void)rss_peak;
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#if !KRAB_UNDER_SANITIZER
   // (A sanitizer's allocator keeps freed memory in quarantine and answers mallinfo2 itself.)
   const int64_t data_kib = kShards * shard_bytes / 1024, bound_kib = (kCacheMb + 3) * 1024;
   EXPECT_GT(live_peak - live_before, (kCacheMb - 2) * 1024);  // the cache did fill
