@@ -19,6 +19,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <stdexcept>
@@ -168,8 +169,10 @@ int main(int argc, char** argv) {
 
   // A FileStore in a directory only this user can read: no network port is opened for the
   // rendezvous (comm/store.h). Several machines would use a TCP store on a --rdzv address.
-  char dir[] = "/tmp/krab-example-XXXXXX";
-  if (mkdtemp(dir) == nullptr) {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "krab-example-XXXXXX").string();  // $TMPDIR
+  char* dir = mkdtemp(pattern.data());
+  if (dir == nullptr) {
     std::perror("train_own_model: mkdtemp");
     return 1;
   }
