@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -130,6 +132,15 @@ inline bool wait_exit(pid_t pid, int seconds, int& status) {
   if (got != 0) return true;
   ::kill(pid, SIGKILL);
   return false;
+}
+
+// model.pt (a name -> tensor dictionary written by krab) read back, as Python's torch.load would.
+inline std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
+  const std::string bytes = krab::core::read_file(path);
+  auto iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
+  return out;
 }
 
 }  // namespace krab::cli_test

@@ -15,14 +15,6 @@ namespace {
 
 using namespace krab::cli_test;
 
-std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
-  const std::string bytes = krab::core::read_file(path);
-  auto iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  std::map<std::string, at::Tensor> out;
-  for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
-  return out;
-}
-
 double max_rel_diff(const std::map<std::string, at::Tensor>& a,
                     const std::map<std::string, at::Tensor>& b) {
   double worst = 0;

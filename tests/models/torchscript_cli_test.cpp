@@ -10,14 +10,6 @@
 namespace krab::cli_test {
 namespace {
 
-std::map<std::string, at::Tensor> load_model_pt(const std::string& path) {
-  const std::string bytes = krab::core::read_file(path);
-  auto iv = torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end()));
-  std::map<std::string, at::Tensor> out;
-  for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
-  return out;
-}
-
 // The largest relative difference, max|a - b| / max|b|, over the floating-point tensors.
 double max_rel_diff(const std::map<std::string, at::Tensor>& a,
                     const std::map<std::string, at::Tensor>& b) {
