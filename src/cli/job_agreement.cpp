@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "core/errors.h"
@@ -14,10 +16,10 @@
 namespace krab::cli {
 namespace {
 
-// FNV-1a over the executable: two nodes running different builds are told so even when both
-// say the same version. The file is a few MB (LibTorch is a shared library), hashed once.
-std::string binary_id() {
-  std::ifstream in("/proc/self/exe", std::ios::binary);
+// FNV-1a over a file's bytes, as 16 hex digits; "" when it cannot be read.
+std::string file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
   uint64_t h = 1469598103934665603ULL;
   char buf[1 << 16];
   while (in) {
@@ -29,7 +31,23 @@ std::string binary_id() {
   }
   char hex[17];
   std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-  return str_cat("krab ", KRAB_VERSION, " (executable ", hex, ")");
+  return hex;
+}
+
+// Two nodes running different builds are told so even when both say the same version. The
+// executable is a few MB (LibTorch is a shared library), hashed once.
+std::string binary_id() {
+  return str_cat("krab ", KRAB_VERSION, " (executable ", file_digest("/proc/self/exe"), ")");
+}
+
+// What a file-valued key stands for on this node: its content, not where the node keeps it.
+std::string content_text(const std::string& path) {
+  if (path.empty()) return "(none)";
+  const std::string digest = file_digest(path);
+  if (digest.empty()) return "(unreadable on this node)";
+  std::error_code ec;
+  const auto bytes = std::filesystem::file_size(path, ec);
+  return str_cat("file content ", digest, ", ", ec ? 0 : bytes, " bytes");
 }
 
 // The resolved value of `key` in Config::to_json()'s nested object, as text.
@@ -53,8 +71,13 @@ std::string key_of(int node) { return str_cat("krab/job/", node); }
 
 const std::vector<std::string>& per_node_keys() {
   static const std::vector<std::string> keys = {
-      "name",      "checkpoint.dir", "checkpoint.hmac_key_file",
-      "data.path", "comm.iface",     "train.threads_per_worker"};
+      "name",           "checkpoint.dir", "checkpoint.hmac_key_file", "data.path",
+      "data.test_path", "comm.iface",     "train.threads_per_worker"};
+  return keys;
+}
+
+const std::set<std::string>& content_keys() {
+  static const std::set<std::string> keys = {"model.path", "data.tokenizer.sentencepiece"};
   return keys;
 }
 
@@ -70,6 +93,10 @@ Fingerprint job_fingerprint(const core::Config& config, int nnodes, int per_node
     if (std::find(skip.begin(), skip.end(), spec.key) != skip.end()) continue;
     // parallel.workers only matters through the workers per node above.
     if (spec.key == "parallel.workers") continue;
+    if (content_keys().count(spec.key) != 0) {
+      f.emplace_back(spec.key, content_text(config.get_string(spec.key)));
+      continue;
+    }
     f.emplace_back(spec.key, value_text(values, spec.key));
   }
   return f;

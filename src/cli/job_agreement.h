@@ -21,13 +21,18 @@
 // of the executable). Left out, because they may rightly differ from node to node:
 //   name, checkpoint.dir  only rank 0 (on node 0) writes checkpoints, model.pt and the report;
 //   checkpoint.hmac_key_file  likewise: where node 0 keeps its sealing key is its own path;
-//   data.path             where a node keeps its copy of the data set is its own business;
+//   data.path, data.test_path  where a node keeps its copy of the data set is its own business;
 //   comm.iface            each machine has its own network interfaces;
 //   train.threads_per_worker  machines may have different numbers of cores.
+// Files that shape the model itself (model.path, data.tokenizer.sentencepiece) are compared by
+// content (a 64-bit FNV-1a digest and the size), not by path: each node may keep them where it
+// likes, but two nodes training different TorchScript modules or tokenizers are refused. Data
+// files are not hashed (they may be terabytes, and each node may rightly read its own shards).
 // Workers started by torchrun, mpirun or Slurm have no krab launcher and are not compared.
 #pragma once
 
 #include <chrono>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,6 +50,9 @@ Fingerprint job_fingerprint(const core::Config& config, int nnodes, int per_node
 
 // Keys left out of the fingerprint, for docs and tests.
 const std::vector<std::string>& per_node_keys();
+
+// File-valued keys whose file's content, not path, is in the fingerprint.
+const std::set<std::string>& content_keys();
 
 // Text form for the store (one "key\tvalue" line per entry) and back.
 std::string encode(const Fingerprint& f);

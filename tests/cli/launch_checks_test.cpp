@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -40,12 +41,48 @@ TEST(JobAgreement, TheFirstDifferingKeyIsNamedWithBothValues) {
 
 TEST(JobAgreement, PerNodeKeysMayDiffer) {
   const Fingerprint node0 = job_fingerprint(job(), 2, 1);
-  const Fingerprint node1 =
-      job_fingerprint(job({"name=other", "checkpoint.dir=/elsewhere", "data.path=/mnt/data",
-                           "comm.iface=eth1", "train.threads_per_worker=4"}),
-                      2, 1);
+  const Fingerprint node1 = job_fingerprint(
+      job({"name=other", "checkpoint.dir=/elsewhere", "data.path=/mnt/data",
+           "data.test_path=/mnt/test", "comm.iface=eth1", "train.threads_per_worker=4"}),
+      2, 1);
   EXPECT_EQ(first_difference(node0, node1, 1), "");
   for (const std::string& key : per_node_keys()) EXPECT_NE(core::find_key(key), nullptr) << key;
+}
+
+// A scratch file holding `text`, removed with the test's temp dir.
+std::string write_file(const std::string& name, const std::string& text) {
+  const std::string path = (std::filesystem::path(::testing::TempDir()) / name).string();
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  std::fwrite(text.data(), 1, text.size(), f);
+  std::fclose(f);
+  return path;
+}
+
+TEST(JobAgreement, ModelFilesAreComparedByContentNotPath) {
+  const std::string here = write_file("node0.pt", "the same module");
+  const std::string there = write_file("node1.pt", "the same module");
+  const std::string other = write_file("other.pt", "another module!");
+  const auto with_model = [](const std::string& path) {
+    return job_fingerprint(job({"model.name=torchscript", "model.path=" + path}), 2, 1);
+  };
+  // Same bytes under another path: the same job.
+  EXPECT_EQ(first_difference(with_model(here), with_model(there), 1), "");
+  // Different bytes (same size): refused, naming the key and neither path.
+  const std::string diff = first_difference(with_model(here), with_model(other), 1);
+  EXPECT_EQ(diff.find("node 1's job differs from node 0's at key model.path: 'file content "), 0u)
+      << diff;
+  EXPECT_EQ(diff.find(here), std::string::npos);
+  // A node that cannot read the file says so instead of passing for equal.
+  EXPECT_NE(first_difference(with_model(here), with_model(here + ".missing"), 1)
+                .find("(unreadable on this node)"),
+            std::string::npos);
+  // The tokenizer model shapes the model too.
+  const auto with_spm = [](const std::string& path) {
+    return job_fingerprint(job({"data.tokenizer.sentencepiece=" + path}), 2, 1);
+  };
+  EXPECT_EQ(first_difference(with_spm(here), with_spm(there), 1), "");
+  EXPECT_NE(first_difference(with_spm(here), with_spm(other), 1), "");
+  for (const std::string& key : content_keys()) EXPECT_NE(core::find_key(key), nullptr) << key;
 }
 
 TEST(JobAgreement, NodesExchangeThroughTheStore) {
