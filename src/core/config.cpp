@@ -223,6 +223,15 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// "[a, b]" -> "a,b", as a YAML list becomes for list keys.
+std::string list_from_text(const std::string& text) {
+  std::string out;
+  std::stringstream items(text.substr(1, text.size() - 2));
+  for (std::string item; std::getline(items, item, ',');)
+    out += (out.empty() ? "" : ",") + trim(item);
+  return out;
+}
+
 // Text -> typed value for one key, with choices and bounds checked. Used for registry defaults,
 // YAML scalars and overrides alike, so all three follow the same rules.
 Value parse_value(const KeySpec& spec, const std::string& text, const std::string& where) {
@@ -230,6 +239,8 @@ Value parse_value(const KeySpec& spec, const std::string& text, const std::strin
     case KeyType::kBool:
       return parse_bool(spec, text, where);
     case KeyType::kString:
+      if (spec.list && text.size() >= 2 && text.front() == '[' && text.back() == ']')
+        return parse_value(spec, list_from_text(text), where);  // --set data.size=[28,28]
       if (!valid_utf8(text))
         fail(where, spec.key + ": '" + printable(text) + "' is not valid UTF-8");
       if (!spec.choices.empty() &&
@@ -356,6 +367,7 @@ class ConfigParser {
                                 first_seen_[i]->substr(0, first_seen_[i]->size() - 2) + ")");
     first_seen_[i] = where(key_mark);
     std::string at = where(value.Mark().is_null() ? key_mark : value.Mark());
+    if (spec.list && value.IsSequence()) return config_.assign(i, list_text(value, spec, at), at);
     if (value.IsMap() || value.IsSequence())
       fail(at, spec.key + ": expected " + (spec.type == KeyType::kInt ? "an " : "a ") +
                    type_name(spec.type) + " value, got " + describe(value));
@@ -366,6 +378,19 @@ class ConfigParser {
       return config_.assign(i, "", at);
     }
     config_.assign(i, value.Scalar(), at);
+  }
+
+  // A list key's items joined by commas; each item must be a non-empty scalar.
+  static std::string list_text(const YAML::Node& list, const KeySpec& spec, const std::string& at) {
+    std::string text;
+    for (const YAML::Node& item : list) {
+      if (!item.IsScalar() || item.Scalar().empty())
+        fail(at,
+             spec.key + ": expected a list of numbers or words, got " + describe(item) + " in it");
+      text += (text.empty() ? "" : ",") + item.Scalar();
+    }
+    if (text.empty()) fail(at, spec.key + ": expected a list of numbers or words, got []");
+    return text;
   }
 
   Config& config_;

@@ -64,6 +64,10 @@ struct KeySpec {
   std::vector<std::string> choices;  // for strings: allowed values (empty = any)
   std::optional<double> min;         // numeric lower bound (inclusive), if any
   std::optional<double> max;         // numeric upper bound (inclusive), if any
+  // Strings only: a YAML list of scalars (`size: [28, 28]`, `--set data.size=[28,28]`) is
+  // accepted and stored as its items joined by commas ("28,28"), the form the key's reader
+  // parses; a list of anything else is refused.
+  bool list = false;
 };
 
 // All keys, in documentation order. Keys are unique and no key is a prefix section of another

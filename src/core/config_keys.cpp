@@ -37,6 +37,13 @@ KeySpec string_key(std::string key, std::string def, std::string doc,
           kNone};
 }
 
+// A string key that also takes a list of numbers or words (KeySpec::list).
+KeySpec list_key(std::string key, std::string def, std::string doc) {
+  KeySpec spec = string_key(std::move(key), std::move(def), std::move(doc));
+  spec.list = true;
+  return spec;
+}
+
 std::vector<KeySpec> build_registry() {
   return {
       string_key("name", "",
@@ -84,19 +91,19 @@ std::vector<KeySpec> build_registry() {
                  "`images`: the test split's root folder, with class folders named as the "
                  "training ones; `tensors`: a file or a directory of shards like `data.path` "
                  "(read into memory); empty = no test split."),
-      string_key("data.size", "",
-                 "`images`: the size every image is resized to (bilinear), `H,W` or `HxW` "
-                 "(`28x28`; one number N = NxN); required for `images`."),
+      list_key("data.size", "",
+               "`images`: the size every image is resized to (bilinear), `[H, W]`, `H,W` or "
+               "`HxW` (`28x28`; one number N = NxN); required for `images`."),
       int_key("data.channels", "0",
               "`images`: 1 (grey) or 3 (RGB) channels every image is converted to; 0 = the "
               "first training image's.",
               0, 3),
-      string_key("data.mean", "0",
-                 "`images`: per-channel mean subtracted from pixels scaled to [0, 1]: one number, "
-                 "or one per channel separated by commas (`0.485,0.456,0.406`)."),
-      string_key("data.std", "1",
-                 "`images`: per-channel standard deviation pixels are divided by after "
-                 "`data.mean`: one number, or one per channel separated by commas."),
+      list_key("data.mean", "0",
+               "`images`: per-channel mean subtracted from pixels scaled to [0, 1]: one number, "
+               "or one per channel (`[0.485, 0.456, 0.406]`)."),
+      list_key("data.std", "1",
+               "`images`: per-channel standard deviation pixels are divided by after "
+               "`data.mean`: one number, or one per channel (`[0.229, 0.224, 0.225]`)."),
       int_key("data.random_crop", "0",
               "`images`, training only: pad each image with this many zeros on every side and "
               "cut a random window of `data.size`, drawn from (seed, epoch, example); 0 = off.",

@@ -127,6 +127,25 @@ TEST(ConfigParse, DottedKeysAndFlowStyle) {
   EXPECT_EQ(c.get_int("train.seed"), 7);
 }
 
+TEST(ConfigParse, ListKeysTakeYamlListsAsCommaSeparatedText) {
+  const Config c =
+      Config::parse("data: {size: [32, 24], mean: [0.485, 0.456, 0.406], std: 0.5}\n", "job.yaml");
+  EXPECT_EQ(c.get_string("data.size"), "32,24");
+  EXPECT_EQ(c.get_string("data.mean"), "0.485,0.456,0.406");
+  EXPECT_EQ(c.get_string("data.std"), "0.5");
+  // The override spelling, and the text forms the readers always took.
+  EXPECT_EQ(Config::parse("", "job.yaml", {"data.size=[28, 28]"}).get_string("data.size"), "28,28");
+  EXPECT_EQ(Config::parse("data: {size: 28x28}", "job.yaml").get_string("data.size"), "28x28");
+  // The joined text survives the YAML round trip the federated client relies on.
+  EXPECT_EQ(Config::parse(c.to_yaml(), "again.yaml").get_string("data.mean"), "0.485,0.456,0.406");
+  // Lists of lists or empty lists are refused, naming the key; non-list keys still refuse lists.
+  EXPECT_CONTAINS(parse_error("data: {size: [[1, 2], 3]}"),
+                  "data.size: expected a list of numbers or words, got a list in it");
+  EXPECT_CONTAINS(parse_error("data: {mean: []}"), "data.mean: expected a list");
+  EXPECT_CONTAINS(parse_error("data: {path: [a, b]}"),
+                  "data.path: expected a string value, got a list");
+}
+
 TEST(ConfigParse, ValueSpellings) {
   for (const char* t : {"true", "yes", "on", "True", "YES"})
     EXPECT_TRUE(Config::parse(std::string("comm:\n  debug_checks: ") + t, "j")
