@@ -112,8 +112,9 @@ std::vector<KeySpec> build_registry() {
                "`images`, training only: mirror each image left to right with probability 1/2, "
                "drawn from (seed, epoch, example)."),
       int_key("data.decode_threads", "2",
-              "`images`: background threads per worker that decode images at load and make the "
-              "next batches (augmentation) while the training thread computes.",
+              "`images`: background threads per worker that make the next batches (decoding "
+              "the images from disk, resizing, augmenting) while the training thread computes, "
+              "at most 2 per thread ahead; also the threads that check the files at load.",
               1, 64),
       bool_key("data.skip_bad", "false",
                "`images`: skip unreadable image files (counted in one note) instead of stopping "
@@ -124,7 +125,8 @@ std::vector<KeySpec> build_registry() {
               0),
       int_key("data.cache_mb", "1024",
               "`tensors` from a directory: MiB of shards each worker keeps in memory (least "
-              "recently used dropped first); the data set itself may be any size.",
+              "recently used dropped first); the data set itself may be any size. `images`: MiB "
+              "of decoded training images each worker keeps, likewise.",
               1),
       int_key("data.shuffle_window", "0",
               "`tensors` from a directory: shards whose examples are shuffled together; each "

@@ -3,7 +3,9 @@
 #include <jpeglib.h>
 #include <png.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
@@ -134,7 +136,95 @@ std::vector<Tap> taps(int64_t src, int64_t dst) {
   return out;
 }
 
+uint32_t big_endian(const std::string& b, size_t at, int bytes) {
+  uint32_t v = 0;
+  for (int k = 0; k < bytes; ++k) v = (v << 8) | static_cast<unsigned char>(b[at + k]);
+  return v;
+}
+
+// The bytes [offset, offset + count) of an open file, fewer where it ends first.
+std::string read_at(std::ifstream& in, std::streamoff offset, size_t count) {
+  std::string out(count, '\0');
+  in.clear();
+  in.seekg(offset);
+  in.read(out.data(), static_cast<std::streamsize>(count));
+  out.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return out;
+}
+
+// Signature, then IHDR (length 13, type, width, height, depth, colour type, three method bytes,
+// CRC); the file must end with the 12 bytes of an empty IEND chunk.
+ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::string& name) {
+  if (head.size() < 33) unreadable(name, "PNG: the file ends inside its header (truncated)");
+  const uint32_t crc =
+      static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(head.data() + 12), 17));
+  if (big_endian(head, 8, 4) != 13 || head.compare(12, 4, "IHDR") != 0 ||
+      big_endian(head, 29, 4) != crc)
+    unreadable(name, "PNG: the header chunk (IHDR) is damaged");
+  ImageInfo info{big_endian(head, 20, 4), big_endian(head, 16, 4), true};
+  const int depth = static_cast<unsigned char>(head[24]),
+            type = static_cast<unsigned char>(head[25]);
+  if (info.height == 0 || info.width == 0 || info.height > 0x7fffffff || info.width > 0x7fffffff)
+    unreadable(name, str_cat("PNG: the header gives a size of ", info.height, "x", info.width));
+  if (depth < 1 || (depth & (depth - 1)) != 0 || depth > 16 ||
+      (type != 0 && type != 2 && type != 3 && type != 4 && type != 6))
+    unreadable(name, str_cat("PNG: bit depth ", depth, " and colour type ", type, " are invalid"));
+  in.clear();
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  static const char kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', '\xae', 'B', '`', '\x82'};
+  if (size < 45 || read_at(in, size - 12, 12) != std::string(kIend, 12))
+    unreadable(name, "PNG: the file does not end with an IEND chunk (truncated)");
+  return info;
+}
+
+// Walks the markers from SOI to the first frame header (SOF0..SOF15 but DHT, JPG and DAC) and
+// reads the size there; a frame header beyond the first 64 KiB is not looked for.
+ImageInfo probe_jpeg(const std::string& head, const std::string& name) {
+  size_t at = 2;
+  while (at + 4 <= head.size()) {
+    if (static_cast<unsigned char>(head[at]) != 0xFF)
+      unreadable(name, "JPEG: a marker was expected in the header");
+    const int marker = static_cast<unsigned char>(head[at + 1]);
+    if (marker == 0xFF) {  // fill byte
+      ++at;
+      continue;
+    }
+    if (marker == 0xD9 || marker == 0xDA) unreadable(name, "JPEG: no frame header before the data");
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {  // no length
+      at += 2;
+      continue;
+    }
+    const size_t length = big_endian(head, at + 2, 2);
+    const bool frame =
+        marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
+    if (frame) {
+      if (length < 8 || at + 9 > head.size())
+        unreadable(name, "JPEG: the frame header is cut short");
+      ImageInfo info{big_endian(head, at + 5, 2), big_endian(head, at + 7, 2), false};
+      if (info.height == 0 || info.width == 0)
+        unreadable(name,
+                   str_cat("JPEG: the header gives a size of ", info.height, "x", info.width));
+      return info;
+    }
+    if (length < 2) unreadable(name, "JPEG: a header segment has a bad length");
+    at += 2 + length;
+  }
+  if (head.size() < 64 * 1024)
+    unreadable(name, "JPEG: the file ends inside its header (truncated)");
+  return {};  // a frame header further on: left to the decoder
+}
+
 }  // namespace
+
+ImageInfo probe_image_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) unreadable(path, "cannot open the file");
+  const std::string head = read_at(in, 0, 33);
+  if (is_png(head)) return probe_png(in, head, path);
+  if (is_jpeg(head)) return probe_jpeg(read_at(in, 0, 64 * 1024), path);
+  unreadable(path, head.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");
+}
 
 Image decode_image(const std::string& bytes, const std::string& name, int64_t channels) {
   KRAB_CHECK_ARG(channels == 0 || channels == 1 || channels == 3,

@@ -37,6 +37,22 @@ Image decode_image_file(const std::string& path, int64_t channels = 0);
 // The same from bytes already in memory; `name` is what messages call them.
 Image decode_image(const std::string& bytes, const std::string& name, int64_t channels = 0);
 
+// What a file's first bytes say about it, without decoding its pixels.
+struct ImageInfo {
+  int64_t height = 0;
+  int64_t width = 0;
+  bool png = false;  // else JPEG
+};
+
+// The cheap check an image folder runs on every file when it is listed: reads the first bytes
+// (for a JPEG up to the frame header, at most 64 KiB) and, for a PNG, the last 12 (the IEND
+// chunk every complete PNG ends with, so a truncated file is caught too). InvalidArgument as
+// decode_image_file's, "image 'PATH' cannot be read: ...", for a file that cannot be opened, is
+// neither PNG nor JPEG, or whose header is cut short, malformed (a PNG's IHDR with a bad CRC,
+// a bit depth or colour type PNG does not have) or gives a zero size. A file that passes may
+// still fail to decode (damaged pixel data): decode_image_file is the full check.
+ImageInfo probe_image_file(const std::string& path);
+
 // Pixels as float32 [channels, height, width] scaled to [0, 1], resized with bilinear
 // interpolation (pixel centres aligned, as torch's interpolate with align_corners=false and
 // PIL's bilinear without antialiasing) when height x width differs from the image's. Resizing

@@ -30,12 +30,19 @@ data::ImageOptions image_options(const core::Config& c) {
   return o;
 }
 
-// Decoded into memory at load, on data.decode_threads threads; the augmentation runs per batch
-// (image_batches). Skipped files are one line on stderr: every process that loads says it, so
-// the launcher's check says it before training.
-data::DataSplits load_image_data(const core::Config& c) {
+// Lazy: listed and header-checked at load, decoded per batch on data.decode_threads threads
+// (image_batches), at most data.cache_mb MiB of decoded images kept; in memory: decoded at
+// load. Skipped files are one line on stderr: every process that loads says it, so the
+// launcher's check says it before training; a file replaced while training, one line each.
+data::DataSplits load_image_data(const core::Config& c, DataResidency residency) {
+  data::ImageOptions o = image_options(c);
+  o.lazy = residency == DataResidency::kLazy;
+  o.cache_mb = c.get_int("data.cache_mb");
+  o.note = [](const std::string& line) {
+    std::fprintf(stderr, "krab: data.skip_bad: %s\n", line.c_str());
+  };
   int64_t skipped = 0;
-  data::DataSplits d = data::load_images(c.get_string("data.path"), image_options(c), &skipped);
+  data::DataSplits d = data::load_images(c.get_string("data.path"), o, &skipped);
   if (skipped > 0)
     std::fprintf(stderr, "krab: data.skip_bad: skipped %lld unreadable image(s) under '%s'\n",
                  static_cast<long long>(skipped), c.get_string("data.path").c_str());
@@ -67,7 +74,7 @@ data::DataSplits load_data(const core::Config& c, DataResidency residency) {
   if (name == "csv")
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
-  if (name == "images") return load_image_data(c);
+  if (name == "images") return load_image_data(c, residency);
   if (name == "tensors") {
     data::TensorsOptions o;
     o.test_path = c.get_string("data.test_path");
@@ -81,28 +88,14 @@ data::DataSplits load_data(const core::Config& c, DataResidency residency) {
 }
 
 std::unique_ptr<data::BatchPrefetcher> image_batches(const core::Config& c,
-                                                     const data::TensorDataset& train,
+                                                     const data::DataSplits& d,
                                                      const data::GlobalBatchSampler& sampler,
                                                      int64_t end_step) {
   if (c.get_string("data.name") != "images") return nullptr;
-  const data::ImageOptions o = image_options(c);
-  const auto seed = static_cast<uint64_t>(c.get_int("train.seed"));
-  // The prefetcher's own copy: it is called on the training thread only (Plan), like the
-  // trainer's, but caches its own epoch's permutation.
-  auto plan_sampler = std::make_shared<data::GlobalBatchSampler>(sampler);
-  auto plan = [plan_sampler](int64_t step, data::BatchSlice part) {
-    return plan_sampler->slice(step, part);
-  };
-  // Runs on the prefetcher's threads: gather (index_select) and augment, both thread-safe;
-  // the epoch is steps_per_epoch arithmetic, which needs no sampler state.
-  const int64_t per_epoch = sampler.steps_per_epoch();
-  auto produce = [train, o, seed, per_epoch](int64_t step, const std::vector<int64_t>& idx) {
-    auto batch = data::gather(train, idx);
-    data::augment_images(batch.first, idx, seed, step / per_epoch, o);
-    return batch;
-  };
-  const int threads = static_cast<int>(o.threads);
-  return std::make_unique<data::BatchPrefetcher>(plan, produce, threads, 2 * threads, end_step);
+  std::shared_ptr<const data::Dataset> train =
+      d.lazy_train ? d.lazy_train : std::make_shared<data::TensorDataset>(d.train);
+  return data::prefetch_image_batches(std::move(train), sampler, image_options(c),
+                                      static_cast<uint64_t>(c.get_int("train.seed")), end_step);
 }
 
 models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
@@ -188,6 +181,8 @@ void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   // Every label, for their range: a split read from shards keeps them on disk, but its loader
   // read them all and kept the largest (and refused negative ones).
   at::Tensor labels = d.train.targets.defined() ? d.train.targets.flatten() : y.flatten();
+  if (const auto* images = dynamic_cast<const data::ImageFolderDataset*>(d.lazy_train.get()))
+    labels = images->targets();
   if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(d.lazy_train.get()))
     if (shards->largest_label() >= 0)
       labels = torch::cat({labels, torch::tensor({shards->largest_label()}, labels.options())});

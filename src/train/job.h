@@ -32,11 +32,12 @@ data::DataSplits load_data(const core::Config& c,
                            DataResidency residency = DataResidency::kInMemory);
 
 // For data.name images: the batches of the training split made ahead on data.decode_threads
-// background threads (gather + the job's random crop / flip, seeded by train.seed, the step's
-// epoch and the example), for sampler steps below `end_step`. Null for every other dataset,
-// whose batches the training thread gathers itself. `train` and `sampler` are copied.
+// background threads (decoding, when the split is lazy, + the job's random crop / flip, seeded
+// by train.seed, the step's epoch and the example), for sampler steps below `end_step`. Null
+// for every other dataset, whose batches the training thread gathers itself. The training
+// split is shared (lazy) or copied, and `sampler` copied.
 std::unique_ptr<data::BatchPrefetcher> image_batches(const core::Config& c,
-                                                     const data::TensorDataset& train,
+                                                     const data::DataSplits& d,
                                                      const data::GlobalBatchSampler& sampler,
                                                      int64_t end_step);
 

@@ -135,7 +135,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
                                                        static_cast<uint64_t>(o.seed),
                                                        d.training().layout());
   steps = total_steps(c, *sampler, o.micro_batches);
-  batches = image_batches(c, d.train, *sampler, steps * o.micro_batches);
+  batches = image_batches(c, d, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   auto model = models::make_model(model_spec(c, d));
   model_name = c.get_string("model.name");

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -60,6 +62,21 @@ inline void write_jpeg(const std::string& path, int h, int w, int c,
   jpeg_finish_compress(&cinfo);
   jpeg_destroy_compress(&cinfo);
   std::fclose(f);
+}
+
+// Damages the pixel data of the PNG at `path` (its IDAT chunk's payload, so its CRC no longer
+// matches) and leaves the signature, the header and the IEND trailer intact: a file that passes
+// the header check at listing and fails only when decoded.
+inline void damage_png_pixels(const std::string& path) {
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = bytes.find("IDAT");
+  ASSERT_NE(at, std::string::npos) << path;
+  for (size_t k = at + 4; k < at + 10 && k + 16 < bytes.size(); ++k) bytes[k] ^= 0x5A;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
 }
 
 }  // namespace krab::data::testing

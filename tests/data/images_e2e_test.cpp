@@ -2,7 +2,8 @@
 // the data wait; 2 workers x 8 and 1 worker x 16 end with the same loss (the random crops and
 // flips depend on the example, not on who draws it); an unreadable image stops the job before
 // training with exit 2 and one line naming the file, or is skipped and counted with
-// data.skip_bad.
+// data.skip_bad; one whose header is sound but whose pixels are damaged is found by the first
+// batch that decodes it (exit 2 naming it, or replaced and said with data.skip_bad).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@ namespace krab::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::damage_png_pixels;
 using testing::make_pixels;
 using testing::TempDir;
 using testing::write_png;
@@ -104,6 +106,24 @@ TEST_F(ImagesE2E, UnreadableImageIsNamedOrSkipped) {
   const Result skipped = train(2, 8, "skip", "--set data.skip_bad=true");
   EXPECT_EQ(skipped.code, 0) << skipped.output;
   EXPECT_NE(skipped.output.find("skipped 1 unreadable image"), std::string::npos) << skipped.output;
+}
+
+TEST_F(ImagesE2E, DamagedPixelsFoundWhileTrainingAreNamedOrReplaced) {
+  const std::string bad = dir_.file("train/class1/broken.png");
+  write_png(bad, 8, 8, 1, make_pixels(99, 8, 8, 1));
+  damage_png_pixels(bad);
+  const Result r = train(2, 8, "late");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find(bad), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("data.skip_bad"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("terminate called"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("late.json")));
+
+  const Result replaced = train(2, 8, "late-skip", "--set data.skip_bad=true");
+  EXPECT_EQ(replaced.code, 0) << replaced.output;
+  EXPECT_NE(replaced.output.find("krab: data.skip_bad: image '" + bad), std::string::npos)
+      << replaced.output;
+  EXPECT_NE(replaced.output.find("uses '"), std::string::npos) << replaced.output;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Image folders: PNG/JPEG decoding, resizing, labels from sorted folder names, normalisation,
-// augmentation, bad input, and the batch prefetcher. The test writes its own images with
-// libpng and libjpeg.
+// augmentation, bad input, the lazily decoded training split (header checks at listing, damaged
+// files found when decoded, the cache), and the batch prefetcher. The test writes its own images
+// with libpng and libjpeg.
 #include "data/images.h"
 
 #include <gtest/gtest.h>
@@ -22,6 +23,7 @@ namespace krab::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::damage_png_pixels;
 using testing::expect_throw_containing;
 using testing::make_pixels;
 using testing::pixel;
@@ -224,6 +226,189 @@ TEST(Augment, DeterministicPerSeedEpochAndIndex) {
   }
   EXPECT_GT(flipped, 0);
   EXPECT_LT(flipped, 16);
+}
+
+// --- lazily decoded training split ---------------------------------------------------------------
+
+ImageOptions lazy(ImageOptions o) {
+  o.lazy = true;
+  return o;
+}
+
+const ImageFolderDataset& lazy_split(const DataSplits& s) {
+  const auto* images = dynamic_cast<const ImageFolderDataset*>(s.lazy_train.get());
+  EXPECT_NE(images, nullptr);
+  return *images;
+}
+
+std::vector<int64_t> all_indices(int64_t n) {
+  std::vector<int64_t> idx(n);
+  for (int64_t i = 0; i < n; ++i) idx[i] = i;
+  return idx;
+}
+
+TEST(LazyImages, SameTensorsAsDecodedAtLoadAndAsTheCodec) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "a");
+  fs::create_directories(dir.path() / "b");
+  write_png(dir.file("a/grey.png"), 6, 5, 1, make_pixels(1, 6, 5, 1));
+  write_png(dir.file("a/rgb.png"), 3, 7, 3, make_pixels(2, 3, 7, 3));
+  write_jpeg(dir.file("b/photo.jpg"), 8, 8, 3, make_pixels(3, 8, 8, 3));
+  write_jpeg(dir.file("b/small.jpeg"), 2, 3, 1, make_pixels(4, 2, 3, 1));
+  ImageOptions o = options(4, 5);
+  o.channels = 3;  // the first image is grey
+  o.mean = {0.5, 0.25, 0.0};
+  o.std = {0.5, 2.0, 1.0};
+  const DataSplits eager = load_images(dir.path().string(), o);
+  const DataSplits s = load_images(dir.path().string(), lazy(o));
+  EXPECT_EQ(s.train.size(), 0);  // nothing decoded into memory
+  EXPECT_EQ(s.input_shape, eager.input_shape);
+  EXPECT_EQ(s.num_classes, 2);
+  const ImageFolderDataset& images = lazy_split(s);
+  ASSERT_EQ(images.size(), 4);
+  const auto [x, y] = images.get({3, 0, 2, 1, 0});
+  const std::vector<int64_t> order{3, 0, 2, 1, 0};
+  for (size_t r = 0; r < order.size(); ++r) {
+    const int64_t e = order[r];
+    EXPECT_TRUE(torch::equal(x[r], eager.train.inputs[e])) << "example " << e;
+    EXPECT_EQ(y[r].item<int64_t>(), eager.train.targets[e].item<int64_t>());
+    // Independently: the codec's pixels as 3 channels, then (v - m) / s.
+    at::Tensor want = image_to_tensor(decode_image_file(images.folder().files[e], 3), 4, 5);
+    for (int c = 0; c < 3; ++c) want[c] = (want[c] - o.mean[c]) / o.std[c];
+    EXPECT_TRUE(torch::allclose(x[r], want, 0, 1e-6)) << "example " << e;
+  }
+}
+
+TEST(LazyImages, ListingChecksHeadersButDecodesNothing) {
+  TempDir dir;
+  write_folder(dir.path());
+  const std::string bad = dir.file("moth/broken.png");
+  write_png(bad, 6, 5, 1, make_pixels(0, 6, 5, 1));
+  damage_png_pixels(bad);
+  // Decoded at load the damage is found; listed lazily it is not (the header is sound).
+  expect_throw_containing<InvalidArgument>([&] { load_images(dir.path().string(), options(6, 5)); },
+                                           {bad, "PNG"});
+  EXPECT_EQ(lazy_split(load_images(dir.path().string(), lazy(options(6, 5)))).size(), 13);
+  // What the header check catches at listing, named or skipped like a decoding failure.
+  const std::pair<std::string, std::string> cases[] = {
+      {"this is not a picture", "neither a PNG nor a JPEG"},
+      {std::string("\x89PNG\r\n\x1a\n\0\0", 10), "PNG"},
+      {std::string("\xFF\xD8\xFF\xE0\0\x10JFIF", 10), "JPEG"},
+      {"", "empty"}};
+  for (const auto& [bytes, why] : cases) {
+    write_bytes(bad, bytes);
+    expect_throw_containing<InvalidArgument>(
+        [&] { load_images(dir.path().string(), lazy(options(6, 5))); },
+        {bad, "cannot be read", why, "data.skip_bad"});
+  }
+  // A PNG cut short after its header: the missing IEND trailer.
+  write_png(bad, 6, 5, 1, make_pixels(0, 6, 5, 1));
+  const auto whole = fs::file_size(bad);
+  fs::resize_file(bad, whole - 20);
+  expect_throw_containing<InvalidArgument>(
+      [&] { load_images(dir.path().string(), lazy(options(6, 5))); }, {bad, "IEND"});
+  ImageOptions o = lazy(options(6, 5));
+  o.skip_bad = true;
+  int64_t skipped = 0;
+  const DataSplits s = load_images(dir.path().string(), o, &skipped);
+  EXPECT_EQ(skipped, 1);
+  EXPECT_EQ(lazy_split(s).size(), 12);
+  ImageOptions eager = options(6, 5);
+  eager.skip_bad = true;
+  EXPECT_TRUE(
+      torch::equal(lazy_split(s).targets(), load_images(dir.path().string(), eager).train.targets))
+      << "the same 12 examples as decoded at load";
+}
+
+TEST(LazyImages, DamagedPixelsAreNamedOrReplacedWhenFirstDecoded) {
+  TempDir dir;
+  write_folder(dir.path());
+  // Example 4 (sorted before moth's img0) and the last example, zebra/img3 (12), are damaged.
+  const std::string bad = dir.file("moth/broken.png"), last = dir.file("zebra/img3.png");
+  write_png(bad, 6, 5, 1, make_pixels(0, 6, 5, 1));
+  damage_png_pixels(bad);
+  damage_png_pixels(last);
+  const DataSplits named = load_images(dir.path().string(), lazy(options(6, 5)));
+  EXPECT_EQ(named.lazy_train->get({0, 5, 11}).first.size(0), 3);
+  expect_throw_containing<InvalidArgument>(
+      [&] {
+        named.lazy_train->get({0, 4});
+      },
+      {bad, "cannot be read", "data.skip_bad"});
+
+  ImageOptions o = lazy(options(6, 5));
+  o.skip_bad = true;
+  std::vector<std::string> notes;
+  o.note = [&](const std::string& line) { notes.push_back(line); };
+  const DataSplits s = load_images(dir.path().string(), o);
+  const ImageFolderDataset& images = lazy_split(s);
+  ImageOptions in_memory = o;
+  in_memory.lazy = false;
+  const DataSplits eager = load_images(dir.path().string(), in_memory);  // skips both: 11 left
+  ASSERT_EQ(eager.train.size(), 11);
+  // 4 becomes the next readable example, 5 (moth img0 = eager's 4); 12 wraps round to 0.
+  const auto [x, y] = images.get({4, 12, 4, 5});
+  EXPECT_TRUE(torch::equal(x[0], eager.train.inputs[4]));
+  EXPECT_EQ(y[0].item<int64_t>(), 1);
+  EXPECT_TRUE(torch::equal(x[1], eager.train.inputs[0]));
+  EXPECT_EQ(y[1].item<int64_t>(), 0);
+  EXPECT_TRUE(torch::equal(x[2], x[0]));
+  EXPECT_TRUE(torch::equal(x[3], x[0]));
+  EXPECT_EQ(images.replaced(), 2);
+  ASSERT_EQ(notes.size(), 2u);  // once per file, however often it is drawn
+  EXPECT_NE(notes[0].find(bad), std::string::npos) << notes[0];
+  EXPECT_NE(notes[0].find("example 4 uses"), std::string::npos) << notes[0];
+  EXPECT_NE(notes[1].find(last), std::string::npos) << notes[1];
+  images.get({12, 4});
+  EXPECT_EQ(notes.size(), 2u);
+}
+
+TEST(LazyImages, CacheIsBoundedByCacheMbAndChangesNoNumber) {
+  TempDir dir;
+  write_folder(dir.path());
+  ImageOptions o = lazy(options(256, 256));  // 256 KiB a decoded image: 4 fit in 1 MiB
+  const DataSplits none = load_images(dir.path().string(), o);
+  o.cache_mb = 1;
+  const DataSplits cached = load_images(dir.path().string(), o);
+  const ImageFolderDataset& a = lazy_split(none);
+  const ImageFolderDataset& b = lazy_split(cached);
+  EXPECT_EQ(a.resident_bytes(), 0);
+  EXPECT_EQ(b.resident_bytes(), 4 * 256 * 256 * 4);
+  const std::vector<int64_t> idx = all_indices(12);
+  for (int pass = 0; pass < 2; ++pass) {
+    EXPECT_TRUE(torch::equal(a.get(idx).first, b.get(idx).first)) << "pass " << pass;
+    EXPECT_EQ(a.cached_bytes(), 0);
+    EXPECT_EQ(b.cached_bytes(), 4 * 256 * 256 * 4);
+  }
+  // The last four are the ones kept: asked again, they equal a fresh decode.
+  EXPECT_TRUE(torch::equal(b.get({8, 9, 10, 11}).first, a.get({8, 9, 10, 11}).first));
+}
+
+// The batches the trainer gets: the same for 1 or 3 decoding threads, and the same as the
+// dataset's examples augmented on the calling thread, over several epochs and a slice change.
+TEST(LazyImages, PrefetchedBatchesDoNotDependOnThreads) {
+  TempDir dir;
+  write_folder(dir.path());
+  ImageOptions o = lazy(options(6, 5));
+  o.random_crop = 1;
+  o.random_flip = true;
+  const DataSplits s = load_images(dir.path().string(), o);
+  const GlobalBatchSampler sampler(12, 4, 7);
+  o.threads = 1;
+  auto one = prefetch_image_batches(s.lazy_train, sampler, o, 7, 14);
+  o.threads = 3;
+  auto three = prefetch_image_batches(s.lazy_train, sampler, o, 7, 14);
+  for (int64_t step = 0; step < 14; ++step) {
+    const BatchSlice part = step < 9 ? BatchSlice{0, 4} : BatchSlice{2, 4};
+    const auto [x1, y1] = one->get(step, part);
+    const auto [x3, y3] = three->get(step, part);
+    const std::vector<int64_t> idx = sampler.slice(step, part);
+    auto [want, labels] = s.lazy_train->get(idx);
+    augment_images(want, idx, 7, step / sampler.steps_per_epoch(), o);
+    EXPECT_TRUE(torch::equal(x1, x3)) << "step " << step;
+    EXPECT_TRUE(torch::equal(x1, want)) << "step " << step;
+    EXPECT_TRUE(torch::equal(y1, y3) && torch::equal(y1, labels)) << "step " << step;
+  }
 }
 
 TEST(Prefetcher, SameBatchesAsDirectAndRecoversFromWrongGuesses) {
