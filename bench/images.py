@@ -4,17 +4,22 @@
 What it does: writes the first N (default 10,000) Fashion-MNIST training images and the first
 2,000 test images as 28x28 grey PNG files in the ImageFolder layout (ROOT/class<k>/<n>.png; the
 PNGs are written with zlib + struct, no imaging library), then trains krab's `cnn` on 2 workers
-for S steps (default 200), batch 64 per worker, three ways, one after another:
+for S steps (default 200), batch 64 per worker, four ways, one after another:
 
   fashion-mnist   the built-in IDX source (the baseline)
-  images          the PNG folder, decoded at load on data.decode_threads threads
-  images+aug      the same with data.random_crop 2 and data.random_flip (made per batch on the
-                  background threads)
+  images          the PNG folder: listed and header-checked at load, decoded per batch on
+                  data.decode_threads background threads, decoded images kept in the default
+                  data.cache_mb (1024 MiB: the whole set fits, so from the second epoch on
+                  batches come mostly from the cache)
+  images-nocache  the same with data.cache_mb 1 (334 images of 10,000): nearly every example of
+                  every batch is decoded from its file, as for a set larger than memory
+  images+aug      `images` with data.random_crop 2 and data.random_flip
 
-and prints, for each, samples/s (after warm-up) and the report's `data_wait_fraction`: the share
-of the training loop's time the training thread spent waiting for its next batch (the images
-runs only; the built-in source gathers on the training thread and is not measured). Goal < 5%.
-The CPU model and core count are printed beside the numbers.
+and prints, for each, samples/s (after warm-up), the report's `data_wait_fraction` (the share
+of the training loop's time the training thread spent waiting for its next batch; the images
+runs only, the built-in source gathers on the training thread and is not measured; goal < 5%),
+the test accuracy and the whole process's seconds (load included). The CPU model and core
+count are printed beside the numbers, and the table is markdown, for bench/summary.py.
 
 Run from the repository root:
   /usr/bin/python3 bench/images.py                     # 10,000 images, 200 steps
@@ -116,6 +121,7 @@ def main():
         runs = {
             "fashion-mnist": ["data.name=fashion-mnist", f"data.path={FASHION}"],
             "images": images,
+            "images-nocache": images + ["data.cache_mb=1"],
             "images+aug": images + ["data.random_crop=2", "data.random_flip=true"],
         }
         results = {"cpu": cpu_name(), "images": n, "steps": args.steps, "workers": 2, "runs": {}}
@@ -128,15 +134,16 @@ def main():
                 "data_wait_fraction": report.get("data_wait_fraction"),
                 "test_accuracy": report["test_accuracy"], "process_seconds": round(seconds, 2),
                 "load_before": load[0], "compilers_running": load[1]}
-        print(f"{n} PNG images, {args.steps} steps on 2 workers, cnn, batch 64 per worker; "
-              f"{results['cpu']}")
-        print(f"{'data':<15}{'samples/s':>11}{'data wait':>11}{'test acc':>10}{'process s':>11}")
+        print(f"{n} PNG images, {args.steps} steps on 2 workers, cnn, batch 64 per worker, "
+              f"decode_threads {args.threads}; {results['cpu']}")
+        print("| data | samples/s | data wait | test acc. | process s |")
+        print("|---|---:|---:|---:|---:|")
         for name, r in results["runs"].items():
             wait = r["data_wait_fraction"]
             wait_s = "-" if wait is None else f"{100 * wait:.2f}%"
             sps = r["samples_per_sec"] or 0
-            print(f"{name:<15}{sps:>11.0f}{wait_s:>11}{r['test_accuracy']:>10.4f}"
-                  f"{r['process_seconds']:>11.1f}")
+            print(f"| {name} | {sps:,.0f} | {wait_s} | {r['test_accuracy']:.4f} "
+                  f"| {r['process_seconds']:.1f} |")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(results, f, indent=2)

@@ -42,7 +42,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN = "<!-- summary.py: begin -->"
 END = "<!-- summary.py: end -->"
 BENCHES = ("throughput", "accuracy", "traffic", "compression", "slow_network", "stragglers",
-           "federated")
+           "federated", "images")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -94,6 +94,8 @@ def json_bench(data):
     if not isinstance(data, dict):
         return ""
     if "runs" in data:
+        if isinstance(data["runs"], dict) and "fashion-mnist" in data["runs"]:
+            return "images"
         return "slow_network" if "link_checks" in data else "throughput"
     if "slow_delay_ms" in data:
         return "stragglers"
@@ -227,6 +229,15 @@ def compression(rec):
     return {r["mode"]: (num(col(r, "test accuracy")), num(col(r, "traffic / sync")),
                         num(col(r, "bound")))
             for _, head, rows in tables(rec.lines) if head[0] == "mode" for r in rows}
+
+
+def images(rec):
+    """{run: (samples/s, data wait in % or None)}, the built-in source's run included."""
+    if rec.data is not None:
+        return {k: (r["samples_per_sec"], None if r.get("data_wait_fraction") is None
+                    else 100 * r["data_wait_fraction"]) for k, r in rec.data["runs"].items()}
+    return {r["data"]: (num(col(r, "samples/s")), num(col(r, "data wait")))
+            for _, head, rows in tables(rec.lines) if head[0] == "data" for r in rows}
 
 
 def rate_label(rate):
@@ -405,6 +416,9 @@ def cells_fl(kind, v):
         return (f"{v['sd']:.2f} MB down, {v['su']:.2f} MB up",
                 f"plain {v['pd']:.2f} / {v['pu']:.2f} MB",
                 f"{v['dr'] or v['sd'] / v['pd']:.4f} / {v['ur'] or v['su'] / v['pu']:.4f}")
+    if kind == "images":
+        return (f"{v['krab']:,.0f} samples/s, data wait {v['wait']:.2f}%",
+                f"fashion-mnist {v['peer']:,.0f}; wait goal < 5%", f"{v['krab'] / v['peer']:.2f}×")
     if kind == "fl-byz":
         failed = f" ({v['failed']:.0f} failed rounds)" if v["failed"] else ""
         return f"{v['krab']:.4f}{failed}", f"no attack {v['clean']:.4f}", pt(v["krab"] - v["clean"])
@@ -448,6 +462,14 @@ def items_of(rec):
         out += items_stragglers(rec)
     elif b == "federated":
         out += items_federated(rec)
+    elif b == "images":
+        got = images(rec)
+        base = got.get("fashion-mnist", (None, None))[0]
+        out += [item("images", "images", k, k, rec, {"krab": sps, "wait": wait, "peer": base},
+                     "Image folder (PNG, decoded per batch), CNN, 2 workers: samples/s and "
+                     "data wait vs built-in Fashion-MNIST: {keys}", split=True, pos=i)
+                for i, (k, (sps, wait)) in enumerate(got.items())
+                if k != "fashion-mnist" and base and sps is not None and wait is not None]
     return out
 
 
