@@ -153,7 +153,9 @@ std::string read_at(std::ifstream& in, std::streamoff offset, size_t count) {
 }
 
 // Signature, then IHDR (length 13, type, width, height, depth, colour type, three method bytes,
-// CRC); the file must end with the 12 bytes of an empty IEND chunk.
+// CRC); a complete file ends with the 12 bytes of an empty IEND chunk. libpng ignores bytes
+// after IEND, so a file that does not end so is decoded whole: only libpng can tell a truncated
+// file from one with a trailer.
 ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::string& name) {
   if (head.size() < 33) unreadable(name, "PNG: the file ends inside its header (truncated)");
   const uint32_t crc =
@@ -173,18 +175,18 @@ ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::strin
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   static const char kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', '\xae', 'B', '`', '\x82'};
-  if (size < 45 || read_at(in, size - 12, 12) != std::string(kIend, 12))
-    unreadable(name, "PNG: the file does not end with an IEND chunk (truncated)");
+  if (size >= 45 && read_at(in, size - 12, 12) == std::string(kIend, 12)) return info;
+  decode_png(read_at(in, 0, static_cast<size_t>(std::max<std::streamoff>(size, 0))), name);
   return info;
 }
 
 // Walks the markers from SOI to the first frame header (SOF0..SOF15 but DHT, JPG and DAC) and
-// reads the size there; a frame header beyond the first 64 KiB is not looked for.
+// reads the size there. What libjpeg only warns about (stray bytes between segments) and a frame
+// header beyond the first 64 KiB are left to the decoder.
 ImageInfo probe_jpeg(const std::string& head, const std::string& name) {
   size_t at = 2;
   while (at + 4 <= head.size()) {
-    if (static_cast<unsigned char>(head[at]) != 0xFF)
-      unreadable(name, "JPEG: a marker was expected in the header");
+    if (static_cast<unsigned char>(head[at]) != 0xFF) return {};
     const int marker = static_cast<unsigned char>(head[at + 1]);
     if (marker == 0xFF) {  // fill byte
       ++at;

@@ -46,11 +46,13 @@ struct ImageInfo {
 
 // The cheap check an image folder runs on every file when it is listed: reads the first bytes
 // (for a JPEG up to the frame header, at most 64 KiB) and, for a PNG, the last 12 (the IEND
-// chunk every complete PNG ends with, so a truncated file is caught too). InvalidArgument as
+// chunk every complete PNG ends with, so a truncated file is caught too; a PNG that does not end
+// so, truncated or with bytes after IEND, is decoded whole to tell). InvalidArgument as
 // decode_image_file's, "image 'PATH' cannot be read: ...", for a file that cannot be opened, is
 // neither PNG nor JPEG, or whose header is cut short, malformed (a PNG's IHDR with a bad CRC,
-// a bit depth or colour type PNG does not have) or gives a zero size. A file that passes may
-// still fail to decode (damaged pixel data): decode_image_file is the full check.
+// a bit depth or colour type PNG does not have) or gives a zero size: each a file the decoder
+// refuses too. A file that passes may still fail to decode (damaged pixel data):
+// decode_image_file is the full check.
 ImageInfo probe_image_file(const std::string& path);
 
 // Pixels as float32 [channels, height, width] scaled to [0, 1], resized with bilinear
