@@ -24,7 +24,8 @@ count are printed beside the numbers, and the table is markdown, for bench/summa
 Run from the repository root:
   /usr/bin/python3 bench/images.py                     # 10,000 images, 200 steps
   /usr/bin/python3 bench/images.py --images 2000 --steps 30   # quick check
-Options: --krab build/bin/krab  --threads 2 (data.decode_threads)  --json FILE (raw results)
+Options: --krab build/bin/krab  --threads 2 (data.decode_threads)  --repeats 1 (the four runs in
+turn, this many times round; the table shows medians)  --json FILE (raw results)
 Exit status 1 if a run fails. Nothing is downloaded.
 """
 import argparse
@@ -32,6 +33,7 @@ import gzip
 import json
 import os
 import shutil
+import statistics
 import struct
 import subprocess
 import sys
@@ -98,11 +100,34 @@ def cpu_name():
     return f"{model}, {os.cpu_count()} cores"
 
 
+def measure(krab, job, tmp, runs, args):
+    """Each configuration in turn, `repeats` times round: {name: medians, and every run}."""
+    each = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, sets in runs.items():
+            load = machine_load()
+            report, seconds = run_krab("images", krab, job, os.path.join(tmp, f"{name}.json"),
+                                       sets + [f"train.steps={args.steps}"])
+            each[name].append({
+                "samples_per_sec": report["samples_per_sec"],
+                "data_wait_fraction": report.get("data_wait_fraction"),
+                "test_accuracy": report["test_accuracy"], "process_seconds": round(seconds, 2),
+                "load_before": load[0], "compilers_running": load[1]})
+    out = {}
+    for name, rs in each.items():
+        med = {k: (None if rs[0][k] is None else statistics.median(r[k] for r in rs))
+               for k in ("samples_per_sec", "data_wait_fraction", "test_accuracy",
+                         "process_seconds")}
+        out[name] = dict(med, each=rs)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=10000)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -124,18 +149,11 @@ def main():
             "images-nocache": images + ["data.cache_mb=1"],
             "images+aug": images + ["data.random_crop=2", "data.random_flip=true"],
         }
-        results = {"cpu": cpu_name(), "images": n, "steps": args.steps, "workers": 2, "runs": {}}
-        for name, sets in runs.items():
-            load = machine_load()
-            report, seconds = run_krab("images", krab, job, os.path.join(tmp, f"{name}.json"),
-                                       sets + [f"train.steps={args.steps}"])
-            results["runs"][name] = {
-                "samples_per_sec": report["samples_per_sec"],
-                "data_wait_fraction": report.get("data_wait_fraction"),
-                "test_accuracy": report["test_accuracy"], "process_seconds": round(seconds, 2),
-                "load_before": load[0], "compilers_running": load[1]}
+        results = {"cpu": cpu_name(), "images": n, "steps": args.steps, "workers": 2,
+                   "repeats": args.repeats, "runs": measure(krab, job, tmp, runs, args)}
         print(f"{n} PNG images, {args.steps} steps on 2 workers, cnn, batch 64 per worker, "
-              f"decode_threads {args.threads}; {results['cpu']}")
+              f"decode_threads {args.threads}, median of {args.repeats} alternating runs; "
+              f"{results['cpu']}")
         print("| data | samples/s | data wait | test acc. | process s |")
         print("|---|---:|---:|---:|---:|")
         for name, r in results["runs"].items():

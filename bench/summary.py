@@ -431,6 +431,8 @@ MODE_NAMES = {"fp16": "fp16", "bf16": "bf16", "int8": "int8", "onebit": "onebit"
               "local_sgd": "local SGD period 8", "async": "async (parameter server)",
               "async_s2": "async, max_staleness 2"}
 JOBS = {"cnn": "CNN", "gpt": "GPT (next-byte)"}
+IMAGE_RUNS = {"images": "default cache", "images-nocache": "data.cache_mb 1 (nearly all decoded)",
+              "images+aug": "+ random crop and flip"}
 
 
 def items_of(rec):
@@ -465,9 +467,10 @@ def items_of(rec):
     elif b == "images":
         got = images(rec)
         base = got.get("fashion-mnist", (None, None))[0]
-        out += [item("images", "images", k, k, rec, {"krab": sps, "wait": wait, "peer": base},
-                     "Image folder (PNG, decoded per batch), CNN, 2 workers: samples/s and "
-                     "data wait vs built-in Fashion-MNIST: {keys}", split=True, pos=i)
+        out += [item("images", "images", k, IMAGE_RUNS.get(k, k), rec,
+                     {"krab": sps, "wait": wait, "peer": base},
+                     "PNG folder decoded per batch, CNN, 2 workers, samples/s and data wait vs "
+                     "built-in Fashion-MNIST: {keys}", split=True, pos=i)
                 for i, (k, (sps, wait)) in enumerate(got.items())
                 if k != "fashion-mnist" and base and sps is not None and wait is not None]
     return out
