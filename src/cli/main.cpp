@@ -83,9 +83,9 @@ int run_fl_sim(const SimArgs& a) {
   federated::SimulationOptions options;
   options.report_path = a.report;
   const auto report = federated::run_simulation(config, options);
-  if (report.contains("test_accuracy"))
-    std::fprintf(stderr, "krab: test accuracy %.4f after %zu rounds, %.1f MB down, %.1f MB up\n",
-                 report["test_accuracy"].get<double>(), report["rounds"].size(),
+  if (report.contains("metric"))
+    std::fprintf(stderr, "krab: %s after %zu rounds, %.1f MB down, %.1f MB up\n",
+                 train::describe_test_metric(report).c_str(), report["rounds"].size(),
                  report["bytes_down"].get<double>() / 1e6, report["bytes_up"].get<double>() / 1e6);
   std::fprintf(stderr, "krab: model %s/model.pt\n", train::run_directory(config).c_str());
   if (!a.report.empty()) std::fprintf(stderr, "krab: report %s\n", a.report.c_str());
@@ -105,9 +105,9 @@ int run_fl_server(const ServerArgs& a) {
   options.report_path = a.report;
   options.port_file = a.port_file;
   const auto report = federated::run_fl_server(config, options);
-  if (report.contains("test_accuracy"))
-    std::fprintf(stderr, "krab: test accuracy %.4f after %zu rounds\n",
-                 report["test_accuracy"].get<double>(), report["rounds"].size());
+  if (report.contains("metric"))
+    std::fprintf(stderr, "krab: %s after %zu rounds\n", train::describe_test_metric(report).c_str(),
+                 report["rounds"].size());
   if (!a.report.empty()) std::fprintf(stderr, "krab: report %s\n", a.report.c_str());
   return 0;
 }
@@ -328,9 +328,9 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   return code;
 }
 
-void say_test_accuracy(const nlohmann::json& report) {
-  std::fprintf(stderr, "krab: test accuracy %.4f, final loss %.4f, %s\n",
-               report["test_accuracy"].get<double>(), report["final_loss"].get<double>(),
+void say_test_metric(const nlohmann::json& report) {
+  std::fprintf(stderr, "krab: %s, final loss %.4f, %s\n",
+               train::describe_test_metric(report).c_str(), report["final_loss"].get<double>(),
                train::describe_samples_per_sec(report).c_str());
 }
 
@@ -355,7 +355,7 @@ int run_async_process(const core::Config& config, const cli::LaunchPlan& plan,
   if (plan.ps_shard >= 0) {
     auto report =
         train::run_param_server(config, plan.ps_shard, plan.rendezvous, plan.world_size, options);
-    if (plan.ps_shard == 0 && report.contains("test_accuracy")) say_test_accuracy(report);
+    if (plan.ps_shard == 0 && report.contains("metric")) say_test_metric(report);
     return 0;
   }
   train::run_async_worker(config, world_of(plan), options);
@@ -373,7 +373,7 @@ int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::
     server = std::make_unique<comm::StoreServer>(plan.rendezvous.host, plan.rendezvous.port,
                                                  keys.timeout, plan.rendezvous.secret);
   auto report = train::run_worker(config, world, options);
-  if (plan.rank == 0 && report.contains("test_accuracy")) say_test_accuracy(report);
+  if (plan.rank == 0 && report.contains("metric")) say_test_metric(report);
   return 0;
 }
 

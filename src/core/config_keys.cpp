@@ -163,6 +163,14 @@ std::vector<KeySpec> build_registry() {
                  "or `bce_with_logits` (outputs shaped as the labels). Built-in models use "
                  "`cross_entropy`.",
                  {"cross_entropy", "mse", "bce_with_logits", "nll"}),
+      string_key("train.metric", "auto",
+                 "What evaluation reports on the test split: `accuracy` (argmax of `predict(x)`, "
+                 "or `forward(x)`, against class labels; `test_accuracy`) or `loss` (the "
+                 "training loss's example-weighted mean; `test_loss`). `auto` is `accuracy` "
+                 "unless the labels are values: `loss` for `train.loss` `mse` or "
+                 "`bce_with_logits`, float labels, or a `torchscript` module with its own "
+                 "`training_loss` and no `predict`.",
+                 {"auto", "accuracy", "loss"}),
       string_key("train.optimizer.name", "sgd", "Optimizer: `sgd`, `adam` or `adamw`.",
                  {"sgd", "adam", "adamw"}),
       float_key("train.optimizer.lr", "0.05", "Learning rate.", 0),

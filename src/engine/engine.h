@@ -65,7 +65,8 @@ struct TrainState {
 struct Evaluation {
   int64_t step = 0;
   double seconds = 0;
-  double test_accuracy = 0;
+  double test_accuracy = 0;  // train.metric accuracy
+  double test_loss = 0;      // train.metric loss
 };
 struct RunSummary {
   int64_t steps = 0;

@@ -81,28 +81,21 @@ LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorData
   return r;
 }
 
-double accuracy(models::Model& model, const data::TensorDataset& data) {
+double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data) {
   if (data.size() == 0) return 0;
   model.eval();
-  torch::NoGradGuard no_grad;
-  int64_t correct = 0, total = 0;
-  for (int64_t i = 0; i < data.size(); i += 1024) {
-    const int64_t len = std::min<int64_t>(1024, data.size() - i);
-    auto [c, t] =
-        model.correct(model.predict(data.inputs.narrow(0, i, len)), data.targets.narrow(0, i, len));
-    correct += c;
-    total += t;
-  }
+  const double value = train::evaluate_range(model, metric, data, 0, data.size()).value();
   model.train();
-  return total > 0 ? static_cast<double>(correct) / static_cast<double>(total) : 0.0;
+  return value;
 }
 
-std::function<double(const at::Tensor&)> held_out_evaluator(models::Model& model,
-                                                            const data::DataSplits& splits) {
+RoundRunner::Evaluator held_out_evaluator(models::Model& model, const data::DataSplits& splits,
+                                          train::Metric metric) {
   if (!splits.test || splits.test->size() == 0) return {};
-  return [&model, &splits](const at::Tensor& global) {
+  return [&model, &splits, metric](const at::Tensor& global) {
     load_flat_parameters(model, global);
-    return accuracy(model, *splits.test);
+    return RoundRunner::Score{metric == train::Metric::kLoss,
+                              evaluate(model, metric, *splits.test)};
   };
 }
 

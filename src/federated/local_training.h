@@ -35,7 +35,9 @@
 
 #include "core/config.h"
 #include "data/dataset.h"
+#include "federated/rounds.h"
 #include "models/model.h"
+#include "train/job.h"
 
 namespace krab::federated {
 
@@ -79,13 +81,14 @@ class LocalTrainer {
   int64_t num_parameters_ = 0;
 };
 
-// Test accuracy of `model` on `data` (correct / total; 0 for an empty set).
-double accuracy(models::Model& model, const data::TensorDataset& data);
+// `metric` of `model` on `data` in eval mode: accuracy (correct / total) or the example-weighted
+// mean training loss (train/job.h, evaluate_range); 0 for an empty set. Leaves it in train mode.
+double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data);
 
 // A server's evaluator (RoundRunner::Evaluator): loads a flat parameter vector into `model` and
-// returns its accuracy on `splits.test`; empty (nothing to evaluate) when there is no test
-// data. `model` and `splits` must outlive it.
-std::function<double(const at::Tensor&)> held_out_evaluator(models::Model& model,
-                                                            const data::DataSplits& splits);
+// returns `metric` on `splits.test`; empty (nothing to evaluate) when there is no test data.
+// `model` and `splits` must outlive it.
+RoundRunner::Evaluator held_out_evaluator(models::Model& model, const data::DataSplits& splits,
+                                          train::Metric metric);
 
 }  // namespace krab::federated

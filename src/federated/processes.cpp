@@ -19,6 +19,7 @@
 #include "federated/rounds.h"
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
+#include "federated/simulation.h"
 #include "federated/transport.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
@@ -156,7 +157,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
     core::write_file_atomic(options.port_file, std::to_string(server.port()) + "\n");
 
   RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true,
-                     held_out_evaluator(*model, d));
+                     held_out_evaluator(*model, d, train::resolve_metric(config, *model, d)));
   const std::string run_dir = train::run_directory(config);
   const ServerCheckpoint checkpoint(config, run_dir, signature);
   checkpoint.resume(runner);
@@ -254,7 +255,7 @@ data::TensorDataset client_data(const core::Config& config, const data::DataSpli
   ps.alpha = config.get_float("federated.alpha");
   ps.classes_per_client = config.get_int("federated.classes_per_client");
   ps.seed = static_cast<uint64_t>(config.get_int("train.seed"));
-  const auto parts = data::partition(d.train.targets, d.num_classes, ps);
+  const auto parts = client_shards(d, ps);
   auto [x, y] = data::gather(d.train, parts[k]);
   return data::TensorDataset{x, y};
 }

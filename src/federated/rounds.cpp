@@ -114,6 +114,7 @@ nlohmann::json RoundRecord::to_json() const {
                       {"mean_loss", mean_loss},   {"seconds", seconds}};
   if (!ok) j["failure"] = failure;
   if (test_accuracy >= 0) j["test_accuracy"] = test_accuracy;
+  if (test_loss) j["test_loss"] = *test_loss;
   if (epsilon >= 0) j["epsilon"] = epsilon;
   if (sampling_rate >= 0) j["sampling_rate"] = sampling_rate;
   j["available"] = available;
@@ -138,13 +139,13 @@ void RoundLog::record(const RoundRecord& rec) {
   if (!rec.ok)
     std::fprintf(stderr, "krab: round %lld failed: %s (global model unchanged)\n", round,
                  rec.failure.c_str());
-  if (rec.test_accuracy >= 0) accuracy_ = rec.test_accuracy;
+  if (rec.test_accuracy >= 0) score_ = "acc " + std::to_string(rec.test_accuracy).substr(0, 6);
+  if (rec.test_loss) score_ = str_cat("test loss ", *rec.test_loss);
   if (rec.epsilon >= 0) epsilon_ = rec.epsilon;
   if (bar_) {
-    std::string text =
-        str_cat("acc ", accuracy_ >= 0 ? std::to_string(accuracy_).substr(0, 6) : std::string("-"),
-                " loss ", rec.ok ? std::to_string(rec.mean_loss).substr(0, 6) : std::string("-"),
-                " clients ", rec.counted.size(), "/", rec.cohort.size());
+    std::string text = str_cat(
+        score_, " loss ", rec.ok ? std::to_string(rec.mean_loss).substr(0, 6) : std::string("-"),
+        " clients ", rec.counted.size(), "/", rec.cohort.size());
     if (epsilon_ >= 0) text += str_cat(" eps ", format_epsilon(epsilon_));
     bar_->update(rec.round, text);
   }
@@ -152,7 +153,7 @@ void RoundLog::record(const RoundRecord& rec) {
 
 void RoundLog::finish() {
   if (!bar_) return;
-  std::string text = str_cat("acc ", accuracy_);
+  std::string text = score_;
   if (epsilon_ >= 0) text += str_cat(" eps ", format_epsilon(epsilon_));
   bar_->finish(text);
 }
@@ -160,17 +161,21 @@ void RoundLog::finish() {
 void add_history(nlohmann::json& report, const RoundRunner& runner) {
   nlohmann::json rounds = nlohmann::json::array();
   int64_t down = 0, up = 0;
-  double accuracy = -1;
+  std::optional<std::pair<const char*, double>> last;  // the last evaluation: metric, value
   for (const auto& r : runner.history()) {
     rounds.push_back(r.to_json());
     down += r.bytes_down;
     up += r.bytes_up;
-    if (r.test_accuracy >= 0) accuracy = r.test_accuracy;
+    if (r.test_accuracy >= 0) last = {"accuracy", r.test_accuracy};
+    if (r.test_loss) last = {"loss", *r.test_loss};
   }
   report["rounds"] = rounds;
   report["bytes_down"] = down;
   report["bytes_up"] = up;
-  if (accuracy >= 0) report["test_accuracy"] = accuracy;
+  if (last) {
+    report["metric"] = last->first;
+    report[str_cat("test_", last->first)] = last->second;
+  }
   const FederatedOptions& o = runner.options();
   if (o.dp != DpMode::kNone) {
     // Spent so far, failed rounds included (each one drew a cohort and is charged).
@@ -412,8 +417,13 @@ RoundRecord RoundRunner::run_round(const std::vector<Participant*>& available) {
   }
   if (options_.dp != DpMode::kNone) rec.epsilon = charge_privacy(rec);
   rounds_done_ = rec.round;
-  if (evaluate_ && (rec.round % options_.eval_every == 0 || rec.round == options_.rounds))
-    rec.test_accuracy = evaluate_(global_);
+  if (evaluate_ && (rec.round % options_.eval_every == 0 || rec.round == options_.rounds)) {
+    const Score score = evaluate_(global_);
+    if (score.loss)
+      rec.test_loss = score.value;
+    else
+      rec.test_accuracy = score.value;
+  }
   rec.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   history_.push_back(rec);
   return rec;

@@ -25,8 +25,8 @@
 //   5. step     the strategy (fedavg, fedprox, fedadam, fedyogi) applies the delta to the global
 //               model (Strategy::aggregate with the delta as its single result);
 //   6. record   a RoundRecord: who was sampled, counted, dropped and rejected (with reasons),
-//               bytes each way, the mean client loss, test accuracy when evaluated, and with DP
-//               the epsilon spent so far.
+//               bytes each way, the mean client loss, the test metric (accuracy or mean test
+//               loss, train.metric) when evaluated, and with DP the epsilon spent so far.
 // When fewer than federated.min_clients updates remain after steps 2-4, or the step would make
 // the global model non-finite (updates that are finite but huge enough to overflow), the round
 // fails: the global model and the strategy's state are left exactly as they were and the record
@@ -65,6 +65,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -169,15 +170,16 @@ struct RoundRecord {
   int64_t bytes_down = 0, bytes_up = 0;
   double mean_loss = 0;  // example-weighted over counted clients
   double seconds = 0;
-  double test_accuracy = -1;  // -1: not evaluated this round
-  double epsilon = -1;        // -1: no DP; else spent so far (failed rounds are charged too)
-  double sampling_rate = -1;  // central DP: the q this round's cohort was drawn with
-  int64_t available = 0;      // clients the cohort was drawn from
+  double test_accuracy = -1;        // -1: not evaluated this round (or train.metric loss)
+  std::optional<double> test_loss;  // train.metric loss: the mean test loss, when evaluated
+  double epsilon = -1;              // -1: no DP; else spent so far (failed rounds are charged too)
+  double sampling_rate = -1;        // central DP: the q this round's cohort was drawn with
+  int64_t available = 0;            // clients the cohort was drawn from
   nlohmann::json to_json() const;
 };
 
 // What a run shows as rounds finish: one stderr line per dropped (if `log_dropped`) and
-// rejected client and for a failed round, and a progress bar with the latest test accuracy.
+// rejected client and for a failed round, and a progress bar with the latest test metric.
 class RoundLog {
  public:
   RoundLog(const char* label, int64_t rounds, bool show_progress, bool log_dropped);
@@ -188,14 +190,15 @@ class RoundLog {
  private:
   std::unique_ptr<core::ProgressBar> bar_;
   bool log_dropped_;
-  double accuracy_ = -1;
+  std::string score_ = "-";  // the latest evaluation, as the bar shows it
   double epsilon_ = -1;
 };
 
 class RoundRunner;
 
 // The report's part every federated run shares: "rounds" (the records), "bytes_down" and
-// "bytes_up" (the runner's totals, payload sizes), "test_accuracy" (the last evaluation) and,
+// "bytes_up" (the runner's totals, payload sizes), "metric" and "test_accuracy" or "test_loss"
+// (the last evaluation, by train.metric) and,
 // with DP, "epsilon" (spent so far).
 void add_history(nlohmann::json& report, const RoundRunner& runner);
 
@@ -206,8 +209,12 @@ void require_a_successful_round(const RoundRunner& runner);
 
 class RoundRunner {
  public:
-  // Test accuracy of a flat parameter vector on the server's held-out data.
-  using Evaluator = std::function<double(const at::Tensor& global)>;
+  // train.metric of a flat parameter vector on the server's held-out data.
+  struct Score {
+    bool loss = false;  // value is the mean test loss; else the test accuracy
+    double value = 0;
+  };
+  using Evaluator = std::function<Score(const at::Tensor& global)>;
 
   // `global`: the initial flat parameters. `parallel_calls`: see the header comment.
   // `evaluate` (may be empty: no held-out data) runs every federated.eval_every rounds and

@@ -47,6 +47,7 @@ RoundRecord record_from_json(const nlohmann::json& j) {
   r.mean_loss = j.at("mean_loss").get<double>();
   r.seconds = j.at("seconds").get<double>();
   r.test_accuracy = j.value("test_accuracy", -1.0);
+  if (j.contains("test_loss")) r.test_loss = j.at("test_loss").get<double>();
   r.epsilon = j.value("epsilon", -1.0);
   r.sampling_rate = j.value("sampling_rate", -1.0);
   r.available = j.value("available", int64_t{0});

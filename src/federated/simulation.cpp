@@ -103,16 +103,6 @@ data::PartitionSpec partition_spec(const core::Config& config, int64_t clients, 
   return ps;
 }
 
-// Each client's example indices into the training split. Text has no labels to split by: every
-// example counts as class 0, which only the iid partition accepts.
-std::vector<std::vector<int64_t>> shard(const data::DataSplits& d, const data::PartitionSpec& ps) {
-  KRAB_CHECK_ARG(!d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
-                 "' splits by label; text data needs iid");
-  return data::partition(
-      d.language_model ? torch::zeros({d.train.size()}, torch::kLong) : d.train.targets,
-      d.language_model ? 1 : d.num_classes, ps);
-}
-
 // Byzantine clients: the first round(fraction * n) of a seeded permutation.
 std::vector<bool> pick_byzantine(const core::Config& config, int64_t num_clients, uint64_t seed) {
   std::mt19937_64 rng(data::derive_seed(seed, 0x62797a));
@@ -156,6 +146,18 @@ Federation make_federation(const core::Config& config, const data::DataSplits& d
 
 }  // namespace
 
+std::vector<std::vector<int64_t>> client_shards(const data::DataSplits& d,
+                                                const data::PartitionSpec& ps) {
+  KRAB_CHECK_ARG(!d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
+                 "' splits by label; text data needs iid");
+  const bool classes =
+      !d.language_model && d.train.targets.dim() == 1 && !d.train.targets.is_floating_point();
+  KRAB_CHECK_ARG(classes || d.language_model || ps.kind == "iid", "federated.partition '", ps.kind,
+                 "' splits by label; labels that are not class indices need iid");
+  return data::partition(classes ? d.train.targets : torch::zeros({d.train.size()}, torch::kLong),
+                         classes ? d.num_classes : 1, ps);
+}
+
 nlohmann::json run_simulation(const core::Config& config, const SimulationOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   FederatedOptions fo = FederatedOptions::from_config(config);
@@ -167,7 +169,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   KRAB_CHECK_ARG(fo.min_clients <= num_clients, "federated.min_clients (", fo.min_clients,
                  ") is more than federated.clients (", num_clients, ")");
   const data::PartitionSpec ps = partition_spec(config, num_clients, seed);
-  const auto shards = shard(d, ps);
+  const auto shards = client_shards(d, ps);
 
   torch::manual_seed(seed);
   LocalTrainer trainer(config, spec);
@@ -175,8 +177,9 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   const std::string signature = train::model_signature(trainer.model());
   const Federation federation = make_federation(config, d, shards, trainer, seed);
 
+  const train::Metric metric = train::resolve_metric(config, *eval_model, d);
   RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false,
-                     held_out_evaluator(*eval_model, d));
+                     held_out_evaluator(*eval_model, d, metric));
   const std::string run_dir = train::run_directory(config);
   const ServerCheckpoint checkpoint(config, run_dir, signature);
   checkpoint.resume(runner);

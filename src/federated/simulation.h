@@ -23,10 +23,14 @@
 // (train.threads_per_worker intra-op threads), so results do not depend on scheduling.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "core/config.h"
+#include "data/dataset.h"
+#include "data/partition.h"
 
 namespace krab::federated {
 
@@ -36,5 +40,12 @@ struct SimulationOptions {
 };
 
 nlohmann::json run_simulation(const core::Config& config, const SimulationOptions& options);
+
+// Each client's example indices into the training split (fl-sim's clients, fl-client
+// --partition). Text, regression targets and multi-label rows (float or multi-dimensional y)
+// have no one class per example to split by: every example counts as class 0, which only the
+// iid partition accepts (InvalidArgument naming federated.partition otherwise).
+std::vector<std::vector<int64_t>> client_shards(const data::DataSplits& d,
+                                                const data::PartitionSpec& ps);
 
 }  // namespace krab::federated

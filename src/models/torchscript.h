@@ -70,6 +70,7 @@ class TorchScriptModel : public Model {
 
   const std::string& path() const { return path_; }
   bool has_training_loss() const { return has_training_loss_; }
+  bool has_predict() const { return has_predict_; }
 
  private:
   at::Tensor run(const char* method, std::vector<c10::IValue> args);

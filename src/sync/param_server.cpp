@@ -54,7 +54,8 @@ WorkerSummary from_wire(const wire::WorkerReport& r) {
   s.seconds = r.seconds();
   s.wait_seconds = r.wait_seconds();
   s.final_loss = r.final_loss();
-  for (const auto& e : r.evals()) s.evals.push_back({e.step(), e.seconds(), e.test_accuracy()});
+  for (const auto& e : r.evals())
+    s.evals.push_back({e.step(), e.seconds(), e.test_accuracy(), e.test_loss()});
   return s;
 }
 
@@ -68,6 +69,7 @@ void to_wire(const WorkerSummary& s, wire::WorkerReport* r) {
     w->set_step(e.step);
     w->set_seconds(e.seconds);
     w->set_test_accuracy(e.test_accuracy);
+    w->set_test_loss(e.test_loss);
   }
 }
 

@@ -48,7 +48,8 @@ void PsWorkerEngine::finish(const engine::RunSummary& summary) {
   ws.seconds = summary.seconds;
   ws.wait_seconds = client_->wait_seconds();
   ws.final_loss = summary.final_loss;
-  for (const auto& e : summary.evals) ws.evals.push_back({e.step, e.seconds, e.test_accuracy});
+  for (const auto& e : summary.evals)
+    ws.evals.push_back({e.step, e.seconds, e.test_accuracy, e.test_loss});
   client_->leave(ws);
 }
 

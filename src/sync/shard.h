@@ -93,7 +93,8 @@ struct ShardOptions {
 struct WorkerEval {
   int64_t step = 0;
   double seconds = 0;
-  double test_accuracy = 0;
+  double test_accuracy = 0;  // train.metric accuracy
+  double test_loss = 0;      // train.metric loss
 };
 
 struct WorkerSummary {

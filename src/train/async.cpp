@@ -51,6 +51,7 @@ struct ServerJob {
   std::shared_ptr<models::Model> model;
   std::vector<at::Tensor> params;
   int64_t numel = 0;
+  Metric metric = Metric::kAccuracy;
 
   ServerJob(const core::Config& config, int w)
       : c(config), o(TrainOptions::from_config(config)), workers(w) {
@@ -62,6 +63,7 @@ struct ServerJob {
     steps = total_steps(c, *sampler, o.micro_batches);
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     model = models::make_model(model_spec(c, d));
+    metric = resolve_metric(c, *model, d);
     params = model->parameters();
     numel = core::total_numel(params);
     sync::check_shard_fits(numel, servers);
@@ -161,7 +163,7 @@ struct WorkerTotals {
   int lost = 0;
 };
 
-WorkerTotals worker_totals(const sync::ShardStats& st, int workers) {
+WorkerTotals worker_totals(const sync::ShardStats& st, int workers, Metric metric) {
   WorkerTotals t;
   double loss_sum = 0;
   int with_loss = 0;  // a worker told to stop at once has no loss
@@ -191,7 +193,9 @@ WorkerTotals worker_totals(const sync::ShardStats& st, int workers) {
     if (w == 0)
       for (const auto& e : ws.summary.evals)
         t.evals.push_back(
-            {{"step", e.step}, {"seconds", e.seconds}, {"test_accuracy", e.test_accuracy}});
+            {{"step", e.step},
+             {"seconds", e.seconds},
+             {metric_key(metric), metric == Metric::kLoss ? e.test_loss : e.test_accuracy}});
   }
   t.final_loss = with_loss > 0 ? loss_sum / with_loss : 0.0;
   return t;
@@ -223,10 +227,14 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
   RunOutcome out;
   if (job.d.test) {
     job.model->eval();
-    const auto [correct, total] = count_correct(*job.model, *job.d.test, 0, job.d.test->size());
-    out.test_accuracy = total > 0 ? static_cast<double>(correct) / total : 0;
+    const double value =
+        evaluate_range(*job.model, job.metric, *job.d.test, 0, job.d.test->size()).value();
+    if (job.metric == Metric::kLoss)
+      out.test_loss = value;
+    else
+      out.test_accuracy = value;
   }
-  const WorkerTotals t = worker_totals(st, job.workers);
+  const WorkerTotals t = worker_totals(st, job.workers, job.metric);
   const std::string run_dir = run_directory(job.c);
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
   fs::create_directories(run_dir);

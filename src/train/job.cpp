@@ -171,6 +171,50 @@ std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Tens
   return {correct, total};
 }
 
+Metric resolve_metric(const core::Config& c, models::Model& model, const data::DataSplits& d) {
+  const std::string& asked = c.get_string("train.metric");
+  const std::string& loss = c.get_string("train.loss");
+  const bool regression = loss == "mse" || loss == "bce_with_logits";
+  const bool float_labels = d.test && d.test->targets.is_floating_point();
+  if (asked == "loss") return Metric::kLoss;
+  if (asked == "accuracy") {
+    KRAB_CHECK_ARG(
+        !regression, "train.metric: accuracy needs class labels, but train.loss ", loss,
+        " compares outputs with target values, not classes; use train.metric: loss (or auto)");
+    KRAB_CHECK_ARG(!float_labels,
+                   "train.metric: accuracy needs class labels, but the test labels are ",
+                   d.test->targets.scalar_type(), "; use train.metric: loss (or auto)");
+    return Metric::kAccuracy;
+  }
+  KRAB_CHECK_ARG(asked == "auto", "train.metric: unknown metric '", asked,
+                 "'; known: auto, accuracy, loss");
+  const models::TorchScriptModel* ts = models::as_torchscript(model);
+  const bool own_loss = ts != nullptr && ts->has_training_loss() && !ts->has_predict();
+  return regression || float_labels || own_loss ? Metric::kLoss : Metric::kAccuracy;
+}
+
+const char* metric_name(Metric metric) { return metric == Metric::kLoss ? "loss" : "accuracy"; }
+
+std::string metric_key(Metric metric) { return str_cat("test_", metric_name(metric)); }
+
+EvalSums evaluate_range(models::Model& model, Metric metric, const data::TensorDataset& test,
+                        int64_t lo, int64_t hi) {
+  EvalSums s;
+  if (metric == Metric::kAccuracy) {
+    const auto [correct, total] = count_correct(model, test, lo, hi);
+    return {static_cast<double>(correct), static_cast<double>(total)};
+  }
+  torch::NoGradGuard no_grad;
+  for (int64_t i = lo; i < hi; i += 512) {
+    const int64_t len = std::min<int64_t>(512, hi - i);
+    const at::Tensor loss =
+        model.training_loss(test.inputs.narrow(0, i, len), test.targets.narrow(0, i, len));
+    s.sum += loss.item<double>() * static_cast<double>(len);
+    s.count += static_cast<double>(len);
+  }
+  return s;
+}
+
 void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   models::TorchScriptModel* ts = models::as_torchscript(model);
   const data::Dataset& train = d.training();

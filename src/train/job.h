@@ -76,4 +76,35 @@ void check_model_fits_data(models::Model& model, const data::DataSplits& d);
 std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
                                           int64_t lo, int64_t hi);
 
+// What evaluation measures on the test split (train.metric, resolved for the job's model).
+enum class Metric { kAccuracy, kLoss };
+
+// train.metric for `model` and the data `d`. `auto` is accuracy unless the labels are not
+// classes: loss for train.loss mse or bce_with_logits, for float test labels, and for a
+// TorchScript module with its own training_loss but no predict (its loss may be anything;
+// with a predict it is a classifier). InvalidArgument naming train.metric for `accuracy` where
+// there are no classes to compare (mse, bce_with_logits, float test labels).
+Metric resolve_metric(const core::Config& c, models::Model& model, const data::DataSplits& d);
+
+// "accuracy" | "loss": the report's "metric".
+const char* metric_name(Metric metric);
+// "test_accuracy" | "test_loss": the report's field and the evaluation's gauge.
+std::string metric_key(Metric metric);
+
+// Sums that evaluation adds up over examples: for accuracy the correct predictions and the
+// predictions; for loss each batch's training loss times its examples, and the examples. The
+// sums of disjoint ranges add up (the ranks of a group), so value() is the metric over the
+// union: for loss the example-weighted mean, not a mean of batch means.
+struct EvalSums {
+  double sum = 0, count = 0;
+  double value() const { return count > 0 ? sum / count : 0; }
+};
+
+// `metric` of `model` on examples lo..hi of `test`, in batches of 512, without gradients and in
+// the mode the model is in (the caller puts it in eval()). The loss is the one training
+// backpropagates (training_loss: train.loss of forward, or the module's own), assumed to be a
+// mean over the batch's examples.
+EvalSums evaluate_range(models::Model& model, Metric metric, const data::TensorDataset& test,
+                        int64_t lo, int64_t hi);
+
 }  // namespace krab::train

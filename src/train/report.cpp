@@ -19,7 +19,12 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
   report["wall_seconds"] = o.wall_seconds;
   report["final_loss"] = o.final_loss;
   nlohmann::json evals = o.evals;
-  if (o.test_accuracy >= 0) {
+  if (o.test_loss) {
+    report["metric"] = "loss";
+    report["test_loss"] = *o.test_loss;
+    evals.push_back({{"step", o.steps}, {"seconds", o.train_seconds}, {"test_loss", *o.test_loss}});
+  } else if (o.test_accuracy >= 0) {
+    report["metric"] = "accuracy";
     report["test_accuracy"] = o.test_accuracy;
     evals.push_back(
         {{"step", o.steps}, {"seconds", o.train_seconds}, {"test_accuracy", o.test_accuracy}});
@@ -55,6 +60,20 @@ std::string describe_samples_per_sec(const nlohmann::json& report) {
   const auto it = report.find("samples_per_sec");
   if (it == report.end() || !it->is_number()) return "samples/s not measured";
   return str_cat(static_cast<int64_t>(std::llround(it->get<double>())), " samples/s");
+}
+
+std::string describe_test_metric(const std::string& metric, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), metric == "loss" ? "test loss %.6g" : "test accuracy %.4f",
+                value);
+  return text;
+}
+
+std::string describe_test_metric(const nlohmann::json& report) {
+  const std::string metric = report.value("metric", "");
+  const auto it = report.find("test_" + metric);
+  if (metric.empty() || it == report.end() || !it->is_number()) return "";
+  return describe_test_metric(metric, it->get<double>());
 }
 
 int64_t measurement_warmup(int64_t steps) {
@@ -106,8 +125,8 @@ ProgressSink::Format loss_and_rate_fields() {
 
 void ReportSink::on_gauge(const std::string& name, double value, int64_t step) {
   if (name == "train_seconds") train_seconds_ = value;
-  if (name == "test_accuracy")
-    evals_.push_back({{"step", step}, {"seconds", train_seconds_}, {"test_accuracy", value}});
+  if (name == "test_accuracy" || name == "test_loss")
+    evals_.push_back({{"step", step}, {"seconds", train_seconds_}, {name, value}});
 }
 
 double ReportSink::total(const std::string& name) const {

@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "core/events.h"
@@ -25,9 +26,12 @@ struct RunOutcome {
   int64_t measured_steps = 0;  // steps after the measurement warm-up
   double wall_seconds = 0;
   double final_loss = 0;
-  double test_accuracy = -1;  // < 0: no test split
+  // The final evaluation, by train.metric: accuracy (< 0: none), or the mean test loss (set
+  // instead of accuracy; the report then says "metric": "loss").
+  double test_accuracy = -1;
+  std::optional<double> test_loss;
   double train_seconds = 0;
-  nlohmann::json evals = nlohmann::json::array();  // [{step, seconds, test_accuracy}]
+  nlohmann::json evals = nlohmann::json::array();  // [{step, seconds, test_accuracy|test_loss}]
   uint64_t bytes_sent = 0, bytes_sent_steps = 0;
   nlohmann::json bytes_sent_by_op = nlohmann::json::object();
   uint64_t gradient_bytes = 0;
@@ -46,6 +50,13 @@ void set_samples_per_sec(nlohmann::json& report, double samples_per_sec, int64_t
 
 // "1234 samples/s", or "samples/s not measured" for a report whose samples_per_sec is null.
 std::string describe_samples_per_sec(const nlohmann::json& report);
+
+// "test accuracy 0.8125" or "test loss 0.0123457": an evaluation of train.metric `metric`
+// ("accuracy" | "loss") as the progress output says it.
+std::string describe_test_metric(const std::string& metric, double value);
+// A report's final evaluation (its "metric" and test_accuracy / test_loss), likewise; "" without
+// one.
+std::string describe_test_metric(const nlohmann::json& report);
 
 // Steps that samples/s leaves out at the start of a run of `steps` steps (start-up, first
 // allocations): a tenth of the run, between 1 and 10.
@@ -79,8 +90,8 @@ class ProgressSink : public core::EventSink {
 // average of the "loss" gauge; samples/s "not measured" in the final draw when it is 0).
 ProgressSink::Format loss_and_rate_fields();
 
-// What the report keeps of the events: evaluations ("test_accuracy" gauges, at the seconds of
-// the last "train_seconds" gauge) and counters' totals.
+// What the report keeps of the events: evaluations ("test_accuracy" or "test_loss" gauges, at
+// the seconds of the last "train_seconds" gauge) and counters' totals.
 class ReportSink : public core::EventSink {
  public:
   void on_counter(const std::string& name, double delta) override { totals_[name] += delta; }

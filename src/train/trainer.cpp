@@ -41,21 +41,21 @@ std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
   return std::string(static_cast<const char*>(buf.data_ptr()), buf.numel());
 }
 
-// Accuracy on this rank's share of the test split, summed over the group.
-double evaluate(models::Model& model, const data::TensorDataset& test, comm::Communicator& comm) {
+// The metric on the whole test split: each rank evaluates its share, the sums add up over the
+// group.
+double evaluate(models::Model& model, Metric metric, const data::TensorDataset& test,
+                comm::Communicator& comm) {
   const int64_t n = test.size();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
-  const auto [correct, total] = count_correct(model, test, lo, hi);
-  auto counts =
-      torch::tensor({static_cast<double>(correct), static_cast<double>(total)}, torch::kFloat64);
-  comm.allreduce(counts)->wait();
-  return counts[1].item<double>() > 0 ? counts[0].item<double>() / counts[1].item<double>() : 0;
+  const EvalSums part = evaluate_range(model, metric, test, lo, hi);
+  auto sums = torch::tensor({part.sum, part.count}, torch::kFloat64);
+  comm.allreduce(sums)->wait();
+  return EvalSums{sums[0].item<double>(), sums[1].item<double>()}.value();
 }
 
-// Accuracy of `model` on the whole test split, on this rank alone.
-double evaluate_alone(models::Model& model, const data::TensorDataset& test) {
-  const auto [correct, total] = count_correct(model, test, 0, test.size());
-  return total > 0 ? static_cast<double>(correct) / total : 0;
+// The metric of `model` on the whole test split, on this rank alone.
+double evaluate_alone(models::Model& model, Metric metric, const data::TensorDataset& test) {
+  return evaluate_range(model, metric, test, 0, test.size()).value();
 }
 
 // A copy of the parameters to evaluate after training (EvaluationMode::kDeferred).
@@ -102,6 +102,7 @@ struct Trainer::Loop {
   comm::Communicator* group = nullptr;  // null for engines without one
 
   std::string run_dir, seal_key, model_name, signature, last_checkpoint;
+  Metric metric = Metric::kAccuracy;
   int64_t start_step = 0;
 
   core::Events events;
@@ -140,6 +141,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   auto model = models::make_model(model_spec(c, d));
   model_name = c.get_string("model.name");
   signature = model_signature(*model);
+  metric = resolve_metric(c, *model, d);
   engine = make_engine(c, o, world, std::move(model), steps);
   group = engine->group();
   run_dir = run_directory(c);
@@ -259,15 +261,12 @@ void Trainer::Loop::maybe_evaluate(int64_t done) {
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
   models::Model& model = engine->model();
   model.eval();
-  const double acc = evaluate(model, *d.test, *group);
+  const double value = evaluate(model, metric, *d.test, *group);
   model.train();
   eval_secs += seconds_between(t_eval, Clock::now());
   events.gauge("train_seconds", trained, done);
-  events.gauge("test_accuracy", acc, done);
-  char line[96];
-  std::snprintf(line, sizeof(line), "step %lld test accuracy %.4f", static_cast<long long>(done),
-                acc);
-  events.note(line);
+  events.gauge(metric_key(metric), value, done);
+  events.note(str_cat("step ", done, " ", describe_test_metric(metric_name(metric), value)));
 }
 
 // EvaluationMode::kDeferred: when the job's progress (the step about to be computed) passes a
@@ -307,7 +306,11 @@ nlohmann::json Trainer::Loop::finish_group() {
   models::Model& model = engine->model();
   if (d.test) {
     model.eval();
-    out.test_accuracy = evaluate(model, *d.test, *group);
+    const double value = evaluate(model, metric, *d.test, *group);
+    if (metric == Metric::kLoss)
+      out.test_loss = value;
+    else
+      out.test_accuracy = value;
   }
   constexpr int kOps = static_cast<int>(comm::OpKind::kCount);
   auto totals = torch::zeros({5 + kOps}, torch::kFloat64);
@@ -387,12 +390,15 @@ nlohmann::json Trainer::Loop::finish_alone() {
     for (const Snapshot& snap : snapshots) {
       engine->keep_alive();  // one evaluation must take less than sync.worker_timeout_s
       core::unflatten_into(snap.values, params);
-      const double acc = evaluate_alone(model, *d.test);
-      summary.evals.push_back({snap.step, snap.trained_seconds, acc});
-      char line[128];
-      std::snprintf(line, sizeof(line), "step %lld (%.1f s of training): test accuracy %.4f",
-                    static_cast<long long>(snap.step), snap.trained_seconds, acc);
-      events.note(line);
+      const double value = evaluate_alone(model, metric, *d.test);
+      engine::Evaluation e{snap.step, snap.trained_seconds};
+      (metric == Metric::kLoss ? e.test_loss : e.test_accuracy) = value;
+      summary.evals.push_back(e);
+      char line[64];
+      std::snprintf(line, sizeof(line),
+                    "step %lld (%.1f s of training): ", static_cast<long long>(snap.step),
+                    snap.trained_seconds);
+      events.note(line + describe_test_metric(metric_name(metric), value));
     }
   }
   engine->finish(summary);
@@ -431,6 +437,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
                  " is larger than the training data (", d.training().size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
   check_model_fits_data(*model, d);
+  resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
   const std::string seal_key =
       core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_directory(c));

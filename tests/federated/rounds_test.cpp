@@ -90,6 +90,31 @@ TEST(Rounds, FedAvgIsTheExampleWeightedMean) {
   EXPECT_TRUE(torch::equal(c[0]->seen_global_, torch::tensor({0.5f, 0.5f, 0.5f})));
 }
 
+// train.metric loss: the evaluator's value lands in the record's test_loss (not its accuracy),
+// survives the server checkpoint's JSON, and the report names the metric.
+TEST(Rounds, ALossMetricIsRecordedAsTestLoss) {
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f, 0.f}), 10));
+  int calls = 0;
+  RoundRunner run(all_clients(), torch::zeros({2}), false, [&calls](const at::Tensor&) {
+    return RoundRunner::Score{true, 0.25 * ++calls};
+  });
+  run.run_round(ptrs(c));
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.test_loss.has_value());
+  EXPECT_DOUBLE_EQ(*rec.test_loss, 0.5);
+  EXPECT_LT(rec.test_accuracy, 0);
+  const RoundRecord back = record_from_json(rec.to_json());
+  ASSERT_TRUE(back.test_loss.has_value());
+  EXPECT_DOUBLE_EQ(*back.test_loss, 0.5);
+  EXPECT_FALSE(rec.to_json().contains("test_accuracy"));
+  nlohmann::json report;
+  add_history(report, run);
+  EXPECT_EQ(report["metric"], "loss");
+  EXPECT_DOUBLE_EQ(report["test_loss"].get<double>(), 0.5);
+  EXPECT_FALSE(report.contains("test_accuracy"));
+}
+
 TEST(Rounds, DroppedAndRejectedClientsAreLeftOutAndNamed) {
   std::vector<std::unique_ptr<Scripted>> c;
   c.push_back(std::make_unique<Scripted>("a", torch::tensor({1.f, 1.f}), 1));

@@ -76,7 +76,7 @@ void run_ps_worker(const std::vector<std::string>& addresses, int w, int K, Work
     WorkerSummary summary;
     summary.steps = K;
     summary.final_loss = 0.25 * (w + 1);
-    summary.evals.push_back({K, 1.5, 0.75});
+    summary.evals.push_back({K, 1.5, 0.75, 0.125});  // train.metric loss travels too
     client.push_and_leave(grad_of(w, K - 1), summary);
     out.sent = client.bytes_sent();
     out.received = client.bytes_received();
@@ -142,6 +142,7 @@ TEST(ParamServerRpc, SyncThroughTwoShardsEqualsSgdOnTheAverage) {
   EXPECT_DOUBLE_EQ(st0.workers[1].summary.final_loss, 0.5);
   ASSERT_EQ(st0.workers[1].summary.evals.size(), 1u);
   EXPECT_DOUBLE_EQ(st0.workers[1].summary.evals[0].test_accuracy, 0.75);
+  EXPECT_DOUBLE_EQ(st0.workers[1].summary.evals[0].test_loss, 0.125);
   EXPECT_EQ(st1.workers[1].summary.steps, 0);
 }
 

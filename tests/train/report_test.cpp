@@ -54,6 +54,36 @@ TEST(MakeReport, AppendsTheFinalEvaluationAndMergesTheEngineFields) {
   EXPECT_EQ(r["config"]["name"], "x");
 }
 
+// train.metric loss: the report says so, carries test_loss where accuracy would be, and the
+// sink keeps "test_loss" gauges as evaluations.
+TEST(MakeReport, ALossMetricReportsTestLoss) {
+  core::Events events;
+  auto record = std::make_shared<ReportSink>();
+  events.add(record);
+  events.gauge("train_seconds", 1.5, 10);
+  events.gauge("test_loss", 0.25, 10);
+  RunOutcome o;
+  o.steps = 20;
+  o.train_seconds = 3;
+  o.test_loss = 0.125;
+  o.evals = record->evals();
+  const auto r = make_report(o, {}, {});
+  EXPECT_EQ(r["metric"], "loss");
+  EXPECT_EQ(r["test_loss"], 0.125);
+  EXPECT_FALSE(r.contains("test_accuracy"));
+  const nlohmann::json expected =
+      nlohmann::json::array({{{"step", 10}, {"seconds", 1.5}, {"test_loss", 0.25}},
+                             {{"step", 20}, {"seconds", 3.0}, {"test_loss", 0.125}}});
+  EXPECT_EQ(r["evals"], expected);
+  EXPECT_EQ(describe_test_metric(r), "test loss 0.125");
+  o.test_loss.reset();
+  o.test_accuracy = 0.8125;
+  const auto a = make_report(o, {}, {});
+  EXPECT_EQ(a["metric"], "accuracy");
+  EXPECT_EQ(describe_test_metric(a), "test accuracy 0.8125");
+  EXPECT_EQ(describe_test_metric(nlohmann::json::object()), "");
+}
+
 TEST(MeasurementWarmup, ATenthOfTheRunBetweenOneAndTen) {
   EXPECT_EQ(measurement_warmup(1), 1);
   EXPECT_EQ(measurement_warmup(35), 3);
