@@ -176,8 +176,8 @@ parallel: {workers: 1}
 }
 
 TEST_F(Metric, AccuracyOfARegressionIsRefusedBeforeTraining) {
-  for (const std::string& how : {"train reg.yaml", "fl-sim reg.yaml"}) {
-    const Result r = run(krab(how + " --set train.metric=accuracy"));
+  for (const char* how : {"train reg.yaml", "fl-sim reg.yaml"}) {
+    const Result r = run(krab(std::string(how) + " --set train.metric=accuracy"));
     expect_refused(r, 2, "train.metric: accuracy needs class labels, but train.loss mse");
     EXPECT_EQ(r.output.find("rank"), std::string::npos) << r.output;  // no worker started
   }

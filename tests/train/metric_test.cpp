@@ -115,7 +115,8 @@ TEST_F(MetricTest, TestLossIsTheExampleWeightedMeanOverTheBatches) {
   const data::TensorDataset test(x, y);
   model->eval();
   const auto p = model->named_parameters();
-  const at::Tensor w = p["weight"].detach().to(torch::kDouble), b = p["bias"].detach().to(torch::kDouble);
+  const at::Tensor w = p["weight"].detach().to(torch::kDouble),
+                   b = p["bias"].detach().to(torch::kDouble);
   const at::Tensor err = (x.to(torch::kDouble).matmul(w.t()) + b).squeeze(1) - y.to(torch::kDouble);
   const double expected = err.pow(2).mean().item<double>();
   const double batch_means =
