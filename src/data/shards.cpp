@@ -2,6 +2,10 @@
 
 #include <torch/torch.h>
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+
 #include <algorithm>
 #include <iomanip>
 #include <sstream>
@@ -91,12 +95,22 @@ const TensorDataset& ShardedDataset::shard(int64_t s) const {
   // Make room before reading, so that the cache and the shard being read never hold more than
   // cache_bytes together (the constructor checked that one shard fits).
   const TensorFileInfo& info = infos_[s];
+  bool evicted = false;
   while (!lru_.empty() && cached_bytes_ + info.bytes > cache_bytes_) {
     const int64_t victim = lru_.back();
     cached_bytes_ -= infos_[victim].bytes;
     cache_.erase(victim);
     lru_.pop_back();
+    evicted = true;
   }
+#ifdef __GLIBC__
+  // Hand the evicted shards' pages back to the system now. glibc raises its mmap threshold to
+  // the largest block freed, so after the first eviction shards live in its heap, where a freed
+  // one stays resident until a later shard reuses the place: a worker measured one shard over
+  // its cache (tests/data/shards_memory_e2e_test.cpp). malloc_trim releases the free pages
+  // inside the heap too; once per shard read, it costs little beside the read.
+  if (evicted) ::malloc_trim(0);
+#endif
   TensorDataset data = read_tensor_file(files_[s]);
   ++loads_;
   const auto sizes = data.inputs.sizes();
