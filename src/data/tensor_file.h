@@ -54,8 +54,11 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels);
 // other than tensors, numbers, strings, lists and dicts (a NumPy array, an instance of a user's
 // class); an object that is not a dict with tensors "x" and "y"; x or y without a first
 // dimension; x and y of different lengths ("x has 100 examples but y has 99"); a complex or
-// otherwise unsupported y dtype. CorruptData naming `path`: an archive that LibTorch cannot
-// read (truncated, damaged).
+// otherwise unsupported y dtype; a sparse or quantized x or y. CorruptData naming `path`: an
+// archive that LibTorch cannot read (truncated, damaged); a zip directory or pickle that states
+// sizes, lengths or memo indices its bytes do not back, or whose opcodes take stack items that
+// are not there (checked before LibTorch's reader, which believes them, sees the file); a
+// tensor reaching past its storage, or a storage past its record.
 TensorDataset read_tensor_file(const std::string& path);
 
 }  // namespace krab::data

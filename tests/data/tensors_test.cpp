@@ -1,13 +1,16 @@
 // data.name: tensors — files written by Python's torch.save, read whole or as lazy shards, and
 // the sampler's shard windows. Every file is written by the Python beside the build (KRAB_PYTHON,
 // Debian's python3-torch), once for the whole suite.
+#include <caffe2/serialize/inline_container.h>
 #include <gtest/gtest.h>
 #include <malloc.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <set>
+#include <sstream>
 
 #include "core/errors.h"
 #include "data/dataset.h"
@@ -240,6 +243,124 @@ TEST_F(TensorsTest, BadFilesAreNamed) {
   TempDir empty;
   expect_throw_containing<InvalidArgument>([&] { load_tensors(empty.path().string(), {}); },
                                            {"holds no .pt or .pth files"});
+}
+
+// ---- forged files: what is refused before LibTorch's reader believes a stated size ----------
+
+// {"x": 3 x 4 float32, "y": 3 int64} as torch::pickle_save writes it (Python's torch.save format).
+std::string small_file() {
+  c10::Dict<std::string, at::Tensor> xy;
+  xy.insert("x", torch::arange(12, torch::kFloat32).view({3, 4}));
+  xy.insert("y", torch::tensor({0, 2, 1}, torch::kInt64));
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(xy));
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::string record_of(const std::string& archive, const std::string& name) {
+  std::istringstream in(archive);
+  caffe2::serialize::PyTorchStreamReader reader(&in);
+  auto [data, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
+// A valid archive (LibTorch's writer) holding `pickle` as data.pkl and `storages` as data/KEY.
+std::string archive(const std::string& pickle, const std::map<std::string, std::string>& storages) {
+  std::string out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* p, size_t n) {
+    out.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  writer.writeRecord("data.pkl", pickle.data(), pickle.size());
+  for (const auto& [key, bytes] : storages)
+    writer.writeRecord("data/" + key, bytes.data(), bytes.size());
+  writer.writeEndOfFile();
+  return out;
+}
+
+// `archive` with `width` bytes at `offset` of record `name`'s zip directory entry set to `value`.
+std::string patch_directory(std::string archive, const std::string& name, size_t offset, int width,
+                            uint64_t value) {
+  for (size_t at = archive.find("PK\x01\x02"); at != std::string::npos;
+       at = archive.find("PK\x01\x02", at + 4)) {
+    const size_t name_len = static_cast<unsigned char>(archive[at + 28]);
+    if (archive.compare(at + 46, name_len, "archive/" + name) != 0) continue;
+    for (int i = 0; i < width; ++i) archive[at + offset + i] = static_cast<char>(value >> (8 * i));
+    return archive;
+  }
+  ADD_FAILURE() << "no directory entry " << name;
+  return archive;
+}
+
+TEST_F(TensorsTest, ForgedSizesAreRefusedBeforeLibTorchBelievesThem) {
+  TempDir dir;
+  auto refused = [&](const std::string& name, const std::string& bytes,
+                     std::initializer_list<std::string> parts) {
+    SCOPED_TRACE(name);
+    std::ofstream(dir.file(name), std::ios::binary) << bytes;
+    for (const bool inspect : {false, true}) {
+      try {
+        inspect ? (void)inspect_tensor_file(dir.file(name), true)
+                : (void)read_tensor_file(dir.file(name));
+        ADD_FAILURE() << "accepted " << name;
+      } catch (const CorruptData& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(dir.file(name)), std::string::npos) << what;
+        for (const std::string& part : parts)
+          EXPECT_NE(what.find(part), std::string::npos) << what << " lacks " << part;
+      }
+    }
+  };
+  const std::string good = small_file();
+  std::ofstream(dir.file("good.pt"), std::ios::binary) << good;
+  ASSERT_TRUE(read_tensor_file(dir.file("good.pt"))
+                  .inputs.equal(torch::arange(12, torch::kFloat32).view({3, 4})));
+  // The zip directory: a compressed record (its inflated size would be allocated as stated),
+  // and a record stated larger than the file.
+  refused("deflated.pt", patch_directory(good, "data/0", 10, 2, 8), {"data/0", "is compressed"});
+  refused(
+      "long_record.pt",
+      patch_directory(patch_directory(good, "data/0", 20, 4, 1u << 30), "data/0", 24, 4, 1u << 30),
+      {"data/0", "1073741824 bytes", "past the end of the file"});
+  // The pickle: a string of 2 GiB in a pickle of 9 bytes; a memo index of 4 billion (LibTorch
+  // grows its memo table to it).
+  refused("long_string.pt", archive(std::string("\x80\x02X\xff\xff\xff\x7f.", 8), {}),
+          {"damaged pickle", "a length of 2147483647 runs past its end"});
+  refused("memo.pt", archive(std::string("\x80\x02}r\xff\xff\xff\xff.", 9), {}),
+          {"damaged pickle", "memo index 4294967295"});
+  refused("not_pickle.pt", archive(std::string("\x80\x02\xff.", 4), {}), {"opcode 0xff"});
+  // fuzz_tensor_file's findings: BUILD on a stack of one item (LibTorch's unpickler read freed
+  // memory); BINGET of a memo entry never stored (std::out_of_range escaped LibTorch).
+  refused("short_stack.pt", archive(std::string("\x80\x02}(b.", 6), {}),
+          {"damaged pickle", "an opcode takes 2 stack items of 0"});
+  refused("memo_get.pt", archive(std::string("\x80\x02h\x05.", 5), {}),
+          {"damaged pickle", "_M_range_check"});
+  refused("no_stop.pt", archive(std::string("\x80\x02}", 3), {}), {"no STOP"});
+  // The tensors: x's storage longer than its record; x's shape larger than its storage; a
+  // storage no record holds.
+  const std::string pickle = record_of(good, "data.pkl");
+  const std::string y_bytes = record_of(good, "data/1");
+  refused("short_storage.pt", archive(pickle, {{"0", std::string(16, '\0')}, {"1", y_bytes}}),
+          {"shape [3, 4] reaches past its storage '0' of 16 bytes"});
+  std::string wide = pickle;
+  const size_t sizes = wide.find("(K\x03K\x04t");  // x's sizes, (3, 4)
+  ASSERT_NE(sizes, std::string::npos);
+  wide[sizes + 4] = '\x40';  // x: 3 x 64 over a storage of 12
+  refused("wide.pt", archive(wide, {{"0", record_of(good, "data/0")}, {"1", y_bytes}}),
+          {"shape [3, 64] reaches past its storage '0' of 48 bytes"});
+  refused("no_record.pt", archive(pickle, {{"1", y_bytes}}), {"no record for storage '0'"});
+}
+
+// fuzz_tensor_file's finding: LibTorch's messages quote the pickle's bytes raw (here a global's
+// name with control bytes); krab's error shows them escaped.
+TEST_F(TensorsTest, LibTorchMessagesQuoteNoRawBytes) {
+  TempDir dir;
+  std::ofstream(dir.file("global.pt"), std::ios::binary)
+      << archive(std::string("\x80\x02"
+                             "ctorch\nFoo\x01\x1b\n.",
+                             16),
+                 {});
+  expect_throw_containing<InvalidArgument>([&] { read_tensor_file(dir.file("global.pt")); },
+                                           {"global.pt", "cannot unpickle", "torch.Foo\\x01\\x1b"});
 }
 
 TEST_F(TensorsTest, ShardsMustAgree) {

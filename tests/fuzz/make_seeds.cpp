@@ -2,6 +2,7 @@
 // (protobuf messages are spelled out by hand: the generated code belongs to the transports).
 // Usage: fuzz_make_seeds SOURCE_DIR — writes SOURCE_DIR/tests/fuzz/corpus/. Deterministic
 // except where the format holds random bytes (keys, nonces, the checkpoint's RNG state).
+#include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 
 #include "core/config.h"
 #include "core/fs.h"
@@ -93,6 +95,46 @@ void checkpoint_seeds() {
   seed("fuzz_latest", "missing", "step-00000002\n");
   seed("fuzz_latest", "nul", Bytes("step-00000001\0garbage", 21));
   seed("fuzz_latest", "escape", "../step-00000001\n");
+}
+
+// fuzz_tensor_file: the first byte 1 means a whole file, 0 the data.pkl of an archive the target
+// writes around it (storages "0" to "3", 64 bytes each: the tensors below fit in them).
+// torch::pickle_save writes the archive Python's torch.save writes; Python's own pickle (which
+// adds an OrderedDict of backward hooks to each tensor) is one more seed, copied from
+// torch.save({"x": torch.zeros(3, 4), "y": torch.zeros(3, dtype=torch.long)}) by torch 1.13.
+void tensor_file_seeds() {
+  auto file = [](const at::Tensor& x, const at::Tensor& y) {
+    c10::Dict<std::string, at::Tensor> xy;
+    xy.insert("x", x);
+    xy.insert("y", y);
+    const std::vector<char> bytes = torch::pickle_save(c10::IValue(xy));
+    return Bytes(bytes.begin(), bytes.end());
+  };
+  auto pickle_of = [](const Bytes& archive) {
+    std::istringstream in(archive);
+    caffe2::serialize::PyTorchStreamReader reader(&in);
+    auto [data, size] = reader.getRecord("data.pkl");
+    return Bytes(static_cast<const char*>(data.get()), size);
+  };
+  const Bytes floats_longs = file(torch::arange(12, torch::kFloat32).view({3, 4}),
+                                  torch::tensor({0, 2, 1}, torch::kInt64));
+  const Bytes bytes_ints =
+      file(torch::arange(6, torch::kUInt8).view({3, 2}), torch::tensor({1, 0, 3}, torch::kInt32));
+  const Bytes float_y =
+      file(torch::ones({2, 3}, torch::kFloat64), torch::arange(4, torch::kFloat32).view({2, 2}));
+  seed("fuzz_tensor_file", "floats-longs", "\1" + floats_longs);
+  seed("fuzz_tensor_file", "bytes-ints", "\1" + bytes_ints);
+  seed("fuzz_tensor_file", "float-y", "\1" + float_y);
+  seed("fuzz_tensor_file", "pickle-floats-longs", "\0"s + pickle_of(floats_longs));
+  seed("fuzz_tensor_file", "pickle-float-y", "\0"s + pickle_of(float_y));
+  static const char python[] =
+      "\200\002}q\000(X\001\000\000\000xq\001ctorch._utils\012_rebuild_tensor_v2\012q\002((X"
+      "\007\000\000\000storageq\003ctorch\012FloatStorage\012q\004X\001\000\000\0000q\005X"
+      "\003\000\000\000cpuq\006K\014tq\007QK\000K\003K\004\206q\010K\004K\001\206q\011\211cco"
+      "llections\012OrderedDict\012q\012)Rq\013tq\014Rq\015X\001\000\000\000yq\016h\002((h"
+      "\003ctorch\012LongStorage\012q\017X\001\000\000\0001q\020h\006K\003tq\021QK\000K\003"
+      "\205q\022K\001\205q\023\211h\012)Rq\024tq\025Rq\026u.";
+  seed("fuzz_tensor_file", "pickle-python", "\0"s + Bytes(python, sizeof(python) - 1));
 }
 
 Bytes gzip(const Bytes& plain) {
@@ -261,6 +303,7 @@ int main(int argc, char** argv) {
   config_seeds(source);
   checkpoint_seeds();
   data_seeds();
+  tensor_file_seeds();
   secagg_seeds();
   server_state_seeds();
   payload_seeds();
