@@ -2,10 +2,13 @@
 """Bring your own model: a ResNet-style CNN written in PyTorch, trained by krab, back in Python.
 
 1. defines a small residual network with BatchNorm and saves it with torch.jit.script;
-2. runs `krab train` on 4 workers (model: {name: torchscript, path: ...});
-3. loads krab's model.pt into the Python module with load_state_dict(strict=True) and
-   evaluates it on the Fashion-MNIST test split, normalised exactly as krab normalises it;
-4. checks that this accuracy equals the test_accuracy of krab's report (within 0.1 point), and
+2. saves Fashion-MNIST as tensor files, normalised here: the training split as a directory of
+   shards and the test split as one file, each torch.save({"x": X, "y": Y}, FILE);
+3. runs `krab train` on 4 workers (model: {name: torchscript, path: ...},
+   data: {name: tensors, path: SHARDS, test_path: FILE});
+4. loads krab's model.pt into the Python module with load_state_dict(strict=True) and
+   evaluates it on the test file it wrote;
+5. checks that this accuracy equals the test_accuracy of krab's report (within 0.1 point), and
    that model.ts (the trained TorchScript module krab writes) gives the same predictions.
 
 Run from the repository root after building:
@@ -26,9 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 FASHION_MNIST = pathlib.Path("/usr/share/datasets/fashion-mnist")
-# krab's normalisation of Fashion-MNIST (src/data/fashion_mnist.cpp): pixels / 255, then the
-# training set's mean and standard deviation.
-MEAN, STD = 0.2860, 0.3530
+TRAIN_SHARDS = 4  # 15,000 examples each
 
 
 class Block(nn.Module):
@@ -80,13 +81,31 @@ def read_idx(path: pathlib.Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def fashion_mnist_test():
-    # TODO: once krab's `tensors` data source lands (issue 19), write the data from here with
-    # torch.save({"x": X, "y": Y}, FILE) and train on data: {name: tensors, path: FILE}.
-    images = read_idx(FASHION_MNIST / "t10k-images-idx3-ubyte.gz")
-    labels = read_idx(FASHION_MNIST / "t10k-labels-idx1-ubyte.gz")
+def fashion_mnist(split: str, mean=None, std=None):
+    """x as [N, 1, 28, 28] float32 standardised by (mean, std), the training split's own when
+    not given; y as int64 class indices. Returns x, y, mean, std."""
+    images = read_idx(FASHION_MNIST / f"{split}-images-idx3-ubyte.gz")
+    labels = read_idx(FASHION_MNIST / f"{split}-labels-idx1-ubyte.gz")
     x = torch.from_numpy(images.copy()).float().div(255.0).unsqueeze(1)
-    return (x - MEAN) / STD, torch.from_numpy(labels.astype(np.int64))
+    if mean is None:
+        mean, std = x.mean().item(), x.std().item()
+    return (x - mean) / std, torch.from_numpy(labels.astype(np.int64)), mean, std
+
+
+def save_tensor_files(work: pathlib.Path):
+    """Writes work/train/shard-K.pt (the training split in TRAIN_SHARDS files) and work/test.pt,
+    as krab's data.name: tensors reads them. Returns the test split."""
+    x, y, mean, std = fashion_mnist("train")
+    shards = work / "train"
+    shards.mkdir(exist_ok=True)
+    for old in shards.glob("*.pt"):
+        old.unlink()
+    for k, (xs, ys) in enumerate(zip(x.chunk(TRAIN_SHARDS), y.chunk(TRAIN_SHARDS))):
+        # clone(): a chunk is a view, and torch.save would write the whole storage behind it.
+        torch.save({"x": xs.clone(), "y": ys.clone()}, shards / f"shard-{k}.pt")
+    x_test, y_test, _, _ = fashion_mnist("t10k", mean, std)
+    torch.save({"x": x_test, "y": y_test}, work / "test.pt")
+    return x_test, y_test
 
 
 def accuracy(forward, x, y) -> float:
@@ -110,12 +129,14 @@ def main() -> int:
     torch.manual_seed(0)
     model = SmallResNet()
     torch.jit.script(model).save(str(work / "net.ts"))
+    x, y = save_tensor_files(work)
 
     job = work / "job.yaml"
     quoted = lambda p: json.dumps(str(p))  # a YAML string, whatever the path holds
     job.write_text(f"""name: own_model
 model: {{name: torchscript, path: {quoted(work / 'net.ts')}}}
-data: {{name: fashion-mnist, batch_size: 32}}
+data: {{name: tensors, path: {quoted(work / 'train')}, test_path: {quoted(work / 'test.pt')},
+       batch_size: 32}}
 train: {{steps: {args.steps}, optimizer: {{name: sgd, lr: 0.05, momentum: 0.9}}}}
 parallel: {{workers: {args.workers}}}
 checkpoint: {{dir: {quoted(work / 'runs' / '{name}')}}}
@@ -128,7 +149,6 @@ checkpoint: {{dir: {quoted(work / 'runs' / '{name}')}}}
     # model.pt: name -> tensor, the module's own names, BatchNorm statistics included.
     model.load_state_dict(torch.load(run_dir / "model.pt"), strict=True)
     model.eval()
-    x, y = fashion_mnist_test()
     ours = accuracy(model, x, y)
     theirs = report["test_accuracy"]
     print(f"krab's report: test accuracy {100 * theirs:.2f}%")
