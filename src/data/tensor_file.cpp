@@ -67,8 +67,8 @@ std::pair<uint64_t, uint64_t> directory_span(std::ifstream& in, uint64_t file_si
   uint64_t size = le(&tail[end + 12], 4), offset = le(&tail[end + 16], 4);
   if (end >= 20 && tail.compare(end - 20, 4, "PK\x06\x07", 4) == 0) {
     const uint64_t at = le(&tail[end - 20 + 8], 8);  // the zip64 end record's file offset
-    const uint64_t tail_start = file_size - tail_size;
-    if (at < tail_start || at + 56 > file_size - (tail_size - end) ||
+    const uint64_t tail_start = file_size - tail_size, end_at = tail_start + end;
+    if (at < tail_start || at > end_at || end_at - at < 56 ||
         tail.compare(at - tail_start, 4, "PK\x06\x06", 4) != 0)
       damaged(path, "bad zip64 directory record");
     size = le(&tail[at - tail_start + 40], 8);

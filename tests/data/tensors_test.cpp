@@ -321,6 +321,12 @@ TEST_F(TensorsTest, ForgedSizesAreRefusedBeforeLibTorchBelievesThem) {
       "long_record.pt",
       patch_directory(patch_directory(good, "data/0", 20, 4, 1u << 30), "data/0", 24, 4, 1u << 30),
       {"data/0", "1073741824 bytes", "past the end of the file"});
+  // A zip64 end locator pointing 8 EiB into a file of 1 KiB.
+  std::string far = good;
+  const size_t locator = far.rfind("PK\x06\x07");
+  ASSERT_NE(locator, std::string::npos);
+  for (int i = 0; i < 8; ++i) far[locator + 8 + i] = i == 7 ? '\x7f' : '\xff';
+  refused("far_zip64.pt", far, {"bad zip64 directory record"});
   // The pickle: a string of 2 GiB in a pickle of 9 bytes; a memo index of 4 billion (LibTorch
   // grows its memo table to it).
   refused("long_string.pt", archive(std::string("\x80\x02X\xff\xff\xff\x7f.", 8), {}),
