@@ -304,6 +304,8 @@ class Gpt(nn.Module):
 
 
 def build_model(args):
+    if args.scripted:
+        return torch.jit.load(args.scripted)  # the TorchScript module krab would train
     if args.model == "gpt":
         return Gpt(args.layers, args.width, args.heads, args.context)
     return Cnn()
@@ -438,7 +440,7 @@ def worker(rank, args, port, queue):
             "steps": steps,
             "epochs": steps / steps_per_epoch,
             "warmup_steps": warmup,
-            "model": args.model,
+            "model": args.model + (" (scripted)" if args.scripted else ""),
             "parameters": sum(p.numel() for p in model.parameters()),
             "optimizer": args.optimizer,
             "lr": args.lr,
@@ -466,6 +468,9 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=["cnn", "gpt"], default="cnn",
                    help="cnn on Fashion-MNIST (default) or gpt on --data (krab's text)")
+    p.add_argument("--scripted", metavar="FILE",
+                   help="train this TorchScript module (torch.jit.load; bench/own_model_speed.py) "
+                        "instead of --model's nn.Module, on --model's data")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="optimizer steps; 0 = use --epochs")
     p.add_argument("--epochs", type=int, default=1)
