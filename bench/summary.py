@@ -13,10 +13,11 @@ A result file is either
     output to FILE. Only the markdown tables of the output (and slow_network's speed-up lines)
     are read, each column found by its header, so a table with fewer columns (an older
     script's, or one copied from the page) is read too;
-  - JSON: what a benchmark's `--json FILE` wrote (throughput, accuracy, traffic, compression,
-    stragglers, slow_network, federated; recognised by its shape), with the header keys in
-    FILE's stem + `.meta` if there is one (`record` writes it when COMMAND has `--json FILE`);
-    otherwise the date is the file's modification time and the rest "not recorded".
+  - JSON: what a benchmark's `--json FILE` wrote (throughput, own_model_speed, accuracy,
+    traffic, compression, stragglers, slow_network, federated; recognised by its shape), with
+    the header keys in FILE's stem + `.meta` if there is one (`record` writes it when COMMAND
+    has `--json FILE`); otherwise the date is the file's modification time and the rest
+    "not recorded".
 A directory stands for the *.txt and *.json files in it.
 
 For every measure (throughput at 1 worker, fp16's traffic, the GPT's time to target at
@@ -41,8 +42,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN = "<!-- summary.py: begin -->"
 END = "<!-- summary.py: end -->"
-BENCHES = ("throughput", "accuracy", "traffic", "compression", "slow_network", "stragglers",
-           "federated", "images")
+BENCHES = ("throughput", "own_model_speed", "accuracy", "traffic", "compression", "slow_network",
+           "stragglers", "federated", "images")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -93,6 +94,8 @@ def json_bench(data):
             "traffic" if "ring_model_per_step" in data[0] else "")
     if not isinstance(data, dict):
         return ""
+    if "python_parameters" in data:
+        return "own_model_speed"
     if "runs" in data:
         if isinstance(data["runs"], dict) and "fashion-mnist" in data["runs"]:
             return "images"
@@ -193,6 +196,24 @@ def throughput(rec):
     return [(int(num(r["workers"])), num(col(r, "krab samples")), num(col(r, "DDP samples")),
              num(col(r, "krab / DDP")))
             for _, head, rows in tables(rec.lines) if head[0] == "workers" for r in rows]
+
+
+OWN_MODEL_RUNS = {"krab, built-in cnn": "builtin", "krab, TorchScript cnn.pt": "scripted",
+                  "PyTorch DDP, nn.Module": "ddp"}
+
+
+def own_model_speed(rec):
+    """(workers, {"builtin" | "scripted" | "ddp": median samples/s})."""
+    if rec.data is not None:
+        runs = rec.data["runs"]
+        return rec.data["workers"], {p: statistics.median(r["samples_per_sec"] for r in runs
+                                                          if r["peer"] == p)
+                                     for p in set(OWN_MODEL_RUNS.values())}
+    m = next((re.search(r"(\d+) workers", l) for l in rec.lines if "workers" in l), None)
+    medians = {OWN_MODEL_RUNS[r["run"]]: num(col(r, "samples/s"))
+               for _, head, rows in tables(rec.lines) if head[0] == "run" for r in rows
+               if r["run"] in OWN_MODEL_RUNS}
+    return (int(m.group(1)) if m else None), medians
 
 
 def accuracy(rec):
@@ -378,6 +399,9 @@ def cells(kind, runs):
                 f"{v['ratio'] or v['krab'] / v['ddp']:.2f}×")
     if kind == "accuracy":
         return f"{v['krab']:.4f}", f"DDP {v['ddp']:.4f}", pt(v["krab"] - v["ddp"])
+    if kind in ("own-builtin", "own-ddp"):
+        peer = "built-in cnn" if kind == "own-builtin" else "DDP"
+        return f"{v['krab']:,.0f}", f"{peer} {v['peer']:,.0f}", f"{v['krab'] / v['peer']:.2f}×"
     if kind == "ring":
         return (f"{v['bytes']:,.0f} B", f"ring model {v['model']:,.0f} B",
                 f"{v['ratio'] or v['bytes'] / v['model']:.4f}")
@@ -443,6 +467,16 @@ def items_of(rec):
             out.append(item("throughput", "throughput", w, str(w), rec,
                             {"krab": k, "ddp": d, "ratio": ratio},
                             "Throughput, CNN, samples/s after warm-up, {keys} worker(s)"))
+    elif b == "own_model_speed":
+        w, med = own_model_speed(rec)
+        title = ("Own model: krab's cnn written in Python, TorchScript, samples/s after warm-up, "
+                 f"{w} workers, vs {{keys}}")
+        for i, (kind, peer, label) in enumerate((
+                ("own-builtin", "builtin", "the built-in cnn"),
+                ("own-ddp", "ddp", "DDP training the nn.Module"))):
+            if "scripted" in med and peer in med:
+                out.append(item(kind, "own-model", i, label, rec,
+                                {"krab": med["scripted"], "peer": med[peer]}, title))
     elif b == "accuracy":
         for s, k, d in accuracy(rec):
             out.append(item("accuracy", "accuracy", s, SETTINGS.get(s, s), rec,
