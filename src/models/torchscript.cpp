@@ -1,5 +1,6 @@
 #include "models/torchscript.h"
 
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -93,6 +94,12 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
 }
 
 at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> args) {
+  // The graph executor's optimised plan replaces runs of differentiable ops with autodiff
+  // subgraphs whose symbolic gradients are slower on CPU than eager autograd's kernels (relu's
+  // backward becomes grad * (out > 0).type_as(out): three passes over the activations instead
+  // of one threshold_backward). Unoptimised, the interpreter dispatches the same ops, with the
+  // same autograd, as the Python module in eager mode and as the built-in models do.
+  torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
   c10::IValue out;
   try {
     out = module_.get_method(method)(std::move(args));

@@ -2,12 +2,15 @@
 #include "models/torchscript.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 
 #include "core/errors.h"
 #include "support/script_modules.h"
@@ -85,6 +88,46 @@ TEST_F(TorchScript, SharesTensorsWithTheScriptedModule) {
     m->named_parameters()["head.bias"].fill_(100);
   }
   EXPECT_TRUE(torch::allclose(m->forward(x).min(), torch::tensor(100.f), 0, 50));
+}
+
+// Training runs the scripted ops with eager autograd, as the Python module runs in eager mode,
+// on every call: also after the graph executor's profiling run, whose optimised plan would put
+// autodiff subgraphs (relu + max_pool2d here, as in a CNN; slower on CPU) in their place. The
+// expectation is the same network written with eager LibTorch ops on copies of the tensors.
+TEST_F(TorchScript, GradientsAreEagerAutogradsOnEveryCall) {
+  namespace F = torch::nn::functional;
+  torch::jit::Module net = b_.module("ConvNet");
+  net.register_parameter("weight", torch::randn({4, 1, 3, 3}).requires_grad_(true), false);
+  net.register_parameter("bias", torch::randn({4}).requires_grad_(true), false);
+  net.register_module("fc", b_.linear(36, 3));
+  net.define(R"(
+def forward(self, x):
+    x = torch.conv2d(x, self.weight, self.bias, [1, 1], [1, 1])
+    return self.fc.forward(torch.max_pool2d(torch.relu(x), [2, 2]).flatten(1))
+)");
+  auto m = load(net);
+  m->train();
+  const auto params = m->named_parameters();
+  for (int call = 0; call < 4; ++call) {
+    const at::Tensor x = torch::randn({16, 1, 6, 6});
+    const at::Tensor y = torch::randint(0, 3, {16});
+    m->zero_grad();
+    const at::Tensor loss = m->training_loss(x, y);
+    std::ostringstream plan;  // what forward ran: no autodiff subgraph
+    plan << *torch::jit::lastExecutedOptimizedGraph();
+    EXPECT_EQ(plan.str().find("DifferentiableGraph"), std::string::npos)
+        << "call " << call << " ran:\n"
+        << plan.str();
+    loss.backward();
+    std::map<std::string, at::Tensor> eager;
+    for (const auto& p : params) eager[p.key()] = p.value().detach().clone().requires_grad_(true);
+    at::Tensor h = torch::conv2d(x, eager["weight"], eager["bias"], 1, 1);
+    h = torch::max_pool2d(torch::relu(h), 2).flatten(1);
+    F::cross_entropy(torch::linear(h, eager["fc.weight"], eager["fc.bias"]), y).backward();
+    for (const auto& p : params)
+      EXPECT_TRUE(torch::equal(p.value().grad(), eager[p.key()].grad()))
+          << "call " << call << ": " << p.key() << "'s gradient differs from eager autograd's";
+  }
 }
 
 TEST_F(TorchScript, TrainAndEvalReachBatchNorm) {
