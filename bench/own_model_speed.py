@@ -31,6 +31,7 @@ Nothing is downloaded; everything runs on 127.0.0.1.
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import sys
@@ -63,7 +64,13 @@ def write_job(path, model_line, ckpt):
     return path
 
 
+def children_cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_one(peer, krab, tmp, args, tag, env):
+    cpu0 = children_cpu_seconds()
     if peer in ("builtin", "scripted"):
         r, elapsed = run_krab("own_model_speed", krab, os.path.join(tmp, f"{peer}.yaml"),
                               os.path.join(tmp, f"{peer}-{tag}.json"),
@@ -80,7 +87,7 @@ def run_one(peer, krab, tmp, args, tag, env):
         params = r["parameters"]
     return {"samples_per_sec": r["samples_per_sec"], "final_loss": r["final_loss"],
             "parameters": params, "wall_seconds": r["wall_seconds"],
-            "process_seconds": elapsed}
+            "process_seconds": elapsed, "cpu_seconds": children_cpu_seconds() - cpu0}
 
 
 def cpu_model():
@@ -96,15 +103,18 @@ def summarise(runs, peers, python_params):
 
     med = {p: statistics.median(rates(p)) for p in peers}
     print()
-    print("| run | samples/s (median) | spread (min–max) | final loss (median) | parameters |")
-    print("|-----|-------------------:|-----------------:|--------------------:|-----------:|")
+    print("| run | samples/s (median) | spread (min–max) | CPU s (median) | final loss (median) "
+          "| parameters |")
+    print("|-----|-------------------:|-----------------:|---------------:|--------------------:"
+          "|-----------:|")
     counts = {}
     for p in peers:
         rs = [r for r in runs if r["peer"] == p]
         counts[p] = {r["parameters"] for r in rs}
         loss = statistics.median(r["final_loss"] for r in rs)
+        cpu = statistics.median(r["cpu_seconds"] for r in rs)
         print(f"| {NAMES[p]} | {med[p]:,.0f} | {min(rates(p)):,.0f}–{max(rates(p)):,.0f} | "
-              f"{loss:.6f} | {', '.join(f'{c:,}' for c in sorted(counts[p]))} |")
+              f"{cpu:.1f} | {loss:.6f} | {', '.join(f'{c:,}' for c in sorted(counts[p]))} |")
     print()
     print("| goal | ratio of medians | each repeat | target | result |")
     print("|------|-----------------:|------------:|-------:|--------|")
@@ -114,6 +124,9 @@ def summarise(runs, peers, python_params):
         each = ", ".join(f"{rates(a)[i] / rates(b)[i]:.2f}" for i in range(repeats))
         print(f"| {a} / {b} | {ratio:.3f} | {each} | >= {target:g} | "
               f"{'PASS' if ratio >= target else 'MISS'} |")
+    cpu = {p: statistics.median(r["cpu_seconds"] for r in runs if r["peer"] == p) for p in peers}
+    print(f"\nCPU seconds of a whole run (all processes, start-up included; less sensitive to "
+          f"other load than samples/s): builtin / scripted {cpu['builtin'] / cpu['scripted']:.3f}")
     same = all(c == {python_params} for c in counts.values())
     print(f"\nparameters: Python nn.Module {python_params:,}; "
           + ", ".join(f"{p} {', '.join(f'{c:,}' for c in sorted(counts[p]))}" for p in peers)
@@ -156,8 +169,8 @@ def main():
               f"worker, 1 thread per worker, SGD lr 0.05 momentum 0.9, {args.repeats} "
               f"repeat(s); CPU: {cpu_model()}; torch {torch.__version__}; "
               f"OPENBLAS_NUM_THREADS={env.get('OPENBLAS_NUM_THREADS', '(unset)')}", flush=True)
-        print(f"{'run':>3} {'peer':<12} {'samples/s':>10} {'final_loss':>10} {'load1':>5} "
-              f"{'compilers':>9}", flush=True)
+        print(f"{'run':>3} {'peer':<12} {'samples/s':>10} {'CPU s':>6} {'final_loss':>10} "
+              f"{'load1':>5} {'compilers':>9}", flush=True)
         for rep in range(args.repeats):
             for peer in peers:
                 load, busy = machine_load()
@@ -165,7 +178,8 @@ def main():
                 r.update({"peer": peer, "repeat": rep, "load1": load, "compilers_running": busy})
                 runs.append(r)
                 print(f"{rep:>3} {peer:<12} {r['samples_per_sec']:>10.0f} "
-                      f"{r['final_loss']:>10.6f} {load:>5.2f} {busy:>9}", flush=True)
+                      f"{r['cpu_seconds']:>6.1f} {r['final_loss']:>10.6f} {load:>5.2f} {busy:>9}",
+                      flush=True)
     same = summarise(runs, peers, python_params)
     if args.json:
         with open(args.json, "w") as f:
