@@ -12,6 +12,8 @@ Run from the repository root with Debian's python (the only one with torch here)
   /usr/bin/python3 bench/ddp_peer.py --workers 4 --epochs 2 --optimizer adam --lr 0.003 --cosine --eval
   /usr/bin/python3 bench/ddp_peer.py --model gpt --data corpus.txt --test-fraction 0.02 \
       --workers 2 --batch-size 128 --steps 100 --optimizer adam --lr 0.01 --eval-every 50
+  /usr/bin/python3 bench/ddp_peer.py --scripted cnn.pt --workers 2 --steps 300
+      (a TorchScript module instead of the nn.Module, on --model's data: own_model_speed.py)
 
 Multi-host mode (bench/slow_network.py uses it, one process per network namespace): with --rank
 the script runs ONE rank itself instead of spawning --workers local ones, joins the rendezvous at
