@@ -19,6 +19,10 @@
 //   predict(x) -> Tensor               the outputs evaluation compares with the labels
 //                                      (argmax over the last dimension); forward if absent.
 //
+// The methods run with the graph executor's optimisations off: the scripted ops, with eager
+// autograd, as the Python module runs in eager mode (as fast as the built-in models on CPU:
+// docs/benchmarks.md, "Own model speed").
+//
 // train() / eval() reach the scripted module (its `training` flags: dropout, BatchNorm). With
 // freeze_batchnorm, BatchNorm submodules stay in eval mode while the rest trains: they
 // normalise with their running statistics and do not update them (as when fine-tuning), so one
