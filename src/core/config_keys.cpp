@@ -89,8 +89,8 @@ std::vector<KeySpec> build_registry() {
                  "Empty: one token per byte (vocabulary 256)."),
       string_key("data.test_path", "",
                  "`images`: the test split's root folder, with class folders named as the "
-                 "training ones; `tensors`: a file or a directory of shards like `data.path` "
-                 "(read into memory); empty = no test split."),
+                 "training ones; `tensors`: a file (read into memory) or a directory of shards "
+                 "(read a shard at a time, like `data.path`); empty = no test split."),
       list_key("data.size", "",
                "`images`: the size every image is resized to (bilinear), `[H, W]`, `H,W` or "
                "`HxW` (`28x28`; one number N = NxN); required for `images`."),

@@ -85,9 +85,17 @@ struct DataSplits {
   // null for every in-memory split. Code that only draws batches uses training(); code that
   // needs the tensors themselves (federated partitioning) asks the loader for memory instead.
   std::shared_ptr<const Dataset> lazy_train;
+  // The test split read on demand (image folders and shard directories loaded with `lazy`);
+  // `test` is then absent. Evaluation reads it a batch at a time through testing().
+  std::shared_ptr<const Dataset> lazy_test;
 
   // The training split, wherever it lives.
   const Dataset& training() const { return lazy_train ? *lazy_train : train; }
+  // The test split, wherever it lives; null when there is none.
+  const Dataset* testing() const {
+    if (lazy_test) return lazy_test.get();
+    return test ? &*test : nullptr;
+  }
 };
 
 // Fashion-MNIST from the four IDX files in `dir` (Debian's dataset-fashion-mnist installs them
@@ -170,7 +178,9 @@ struct TensorsOptions {
 // A single file, or a directory without `lazy`, is read into memory. A directory with `lazy`
 // is opened as a ShardedDataset in lazy_train: only each shard's header and labels are read
 // now, the examples when a batch needs them, at most cache_mb MiB at a time (data/shards.h).
-// The test split (test_path, a file or a directory) is always read into memory.
+// The test split (test_path) likewise: a file, or a directory without `lazy`, is read into
+// memory; a directory with `lazy` becomes a ShardedDataset in lazy_test whose cache holds its
+// largest shard (evaluation reads it in order, one shard at a time, besides the training cache).
 //
 // InvalidArgument naming the file (or the data.* key): a missing path; a directory without
 // shards; a file that is not a torch.save dict with tensors "x" and "y"; x and y of different

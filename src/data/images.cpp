@@ -273,7 +273,14 @@ DataSplits load_images(const std::string& root, const ImageOptions& o, int64_t* 
     skipped_total += decoded.skipped;
     splits.train = std::move(decoded.data);
   }
-  if (!o.test_path.empty()) {
+  if (!o.test_path.empty() && o.lazy) {
+    ImageFolder test =
+        checked_headers(scan_image_folder(o.test_path, train.classes), o, skipped_total);
+    ImageOptions uncached = o;
+    uncached.cache_mb = 0;  // read once per evaluation, in order: a cache would only hold memory
+    splits.lazy_test =
+        std::make_shared<ImageFolderDataset>(std::move(test), uncached, channels, o.threads);
+  } else if (!o.test_path.empty()) {
     DecodedImages test =
         decode_image_folder(scan_image_folder(o.test_path, train.classes), o, channels);
     skipped_total += test.skipped;
@@ -308,8 +315,12 @@ void augment_images(at::Tensor& x, const std::vector<int64_t>& idx, uint64_t see
   }
 }
 
-ImageFolderDataset::ImageFolderDataset(ImageFolder folder, ImageOptions options, int64_t channels)
-    : folder_(std::move(folder)), options_(std::move(options)), channels_(channels) {
+ImageFolderDataset::ImageFolderDataset(ImageFolder folder, ImageOptions options, int64_t channels,
+                                       int64_t get_threads)
+    : folder_(std::move(folder)),
+      options_(std::move(options)),
+      channels_(channels),
+      get_threads_(std::max<int64_t>(1, get_threads)) {
   const Normalisation norm = checked_options(options_, channels_);
   mean_ = norm.mean;
   std_ = norm.std;
@@ -410,11 +421,20 @@ std::pair<at::Tensor, at::Tensor> ImageFolderDataset::get(const std::vector<int6
   at::Tensor x = torch::empty({n, channels_, options_.height, options_.width}, torch::kFloat32);
   at::Tensor y = torch::empty({n}, torch::kInt64);
   int64_t* labels = y.data_ptr<int64_t>();
-  for (int64_t r = 0; r < n; ++r) {
-    auto [image, label] = example(idx[r]);
-    x[r].copy_(image);
-    labels[r] = label;
-  }
+  // Each row is written by one thread; the first failure (an unreadable file, in order of the
+  // rows) is rethrown on the caller's thread.
+  std::vector<std::exception_ptr> failed(n);
+  parallel_for(n, get_threads_, [&](int64_t r) {
+    try {
+      auto [image, label] = example(idx[r]);
+      x[r].copy_(image);
+      labels[r] = label;
+    } catch (...) {
+      failed[r] = std::current_exception();
+    }
+  });
+  for (const std::exception_ptr& e : failed)
+    if (e) std::rethrow_exception(e);
   return {x, y};
 }
 

@@ -20,7 +20,10 @@
 //              are decoded when a batch asks for them (ImageFolderDataset in lazy_train), on
 //              the prefetcher's threads (prefetch_image_batches), so a folder larger than
 //              memory trains. Decoded images may be kept in a bounded LRU cache (cache_mb).
-// Both give the same tensors bit for bit. The test split is always decoded at load.
+// Both give the same tensors bit for bit. The test split (options.test_path) likewise: decoded
+// at load, or (lazy) header-checked at load and decoded at each evaluation, a batch at a time on
+// options.threads threads, without a cache (DataSplits::lazy_test), so that a test set larger
+// than memory evaluates too.
 //
 // Augmentation (training only, ImageOptions::random_crop / random_flip) is applied per batch,
 // after the batch is drawn, by augment_images(): the random numbers of example i in epoch e come
@@ -120,8 +123,12 @@ DecodedImages decode_image_folder(const ImageFolder& folder, const ImageOptions&
 // is the same on every worker and for any number of threads.
 class ImageFolderDataset final : public Dataset {
  public:
-  // InvalidArgument for bad options (size, threads, mean / std for `channels`).
-  ImageFolderDataset(ImageFolder folder, ImageOptions options, int64_t channels);
+  // InvalidArgument for bad options (size, threads, mean / std for `channels`). get() decodes
+  // the examples of one call on `get_threads` threads: 1 for a training split, whose batches
+  // the prefetcher's threads already make side by side; options.threads for a test split,
+  // which evaluation reads from the training thread.
+  ImageFolderDataset(ImageFolder folder, ImageOptions options, int64_t channels,
+                     int64_t get_threads = 1);
 
   int64_t size() const override { return static_cast<int64_t>(folder_.files.size()); }
   std::pair<at::Tensor, at::Tensor> get(const std::vector<int64_t>& idx) const override;
@@ -146,6 +153,7 @@ class ImageFolderDataset final : public Dataset {
   ImageFolder folder_;
   ImageOptions options_;
   int64_t channels_;
+  int64_t get_threads_;
   std::vector<float> mean_, std_;
   int64_t entry_bytes_ = 0, capacity_ = 0;  // bytes of one decoded image; cache size in images
 
@@ -155,9 +163,9 @@ class ImageFolderDataset final : public Dataset {
   mutable std::map<int64_t, int64_t> replaced_;  // unreadable example -> the one used instead
 };
 
-// The training folder at `root` (and options.test_path's, when set). The training split is
-// decoded into memory (DataSplits::train), or with options.lazy listed and header-checked only
-// (an ImageFolderDataset in DataSplits::lazy_train); the test split is decoded into memory.
+// The training folder at `root` (and options.test_path's, when set). Both splits are decoded
+// into memory (DataSplits::train, test), or with options.lazy listed and header-checked only
+// (ImageFolderDatasets in DataSplits::lazy_train, lazy_test; the test one keeps no cache).
 // input_shape is {C, H, W}; num_classes the number of training class folders. `skipped`, when
 // not null, receives the number of images skip_bad left out of both splits at load.
 DataSplits load_images(const std::string& root, const ImageOptions& options,

@@ -145,7 +145,17 @@ DataSplits load_tensors(const std::string& path, const TensorsOptions& options) 
         check_below(
             test.largest[i], d.num_classes, test.files[i],
             options.num_classes > 0 ? "(data.num_classes)" : "(the largest training label + 1)");
-    d.test = read_all(test.files);
+    if (options.lazy && std::filesystem::is_directory(options.test_path)) {
+      int64_t largest_test = 1;
+      for (const TensorFileInfo& info : test.infos)
+        largest_test = std::max(largest_test, info.bytes);
+      const int64_t labels =
+          classes ? *std::max_element(test.largest.begin(), test.largest.end()) : -1;
+      d.lazy_test =
+          std::make_shared<ShardedDataset>(test.files, test.infos, largest_test, 1, labels);
+    } else {
+      d.test = read_all(test.files);
+    }
   }
   return d;
 }

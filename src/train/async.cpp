@@ -225,10 +225,9 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
                             Clock::time_point t_start) {
   core::unflatten_into(col.flat, job.params);
   RunOutcome out;
-  if (job.d.test) {
+  if (const data::Dataset* test = job.d.testing()) {
     job.model->eval();
-    const double value =
-        evaluate_range(*job.model, job.metric, *job.d.test, 0, job.d.test->size()).value();
+    const double value = evaluate_range(*job.model, job.metric, *test, 0, test->size()).value();
     if (job.metric == Metric::kLoss)
       out.test_loss = value;
     else

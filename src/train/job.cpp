@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <numeric>
 #include <thread>
 #include <tuple>
 
@@ -157,14 +158,47 @@ void Straggler::after_compute(std::chrono::steady_clock::duration compute) const
     std::this_thread::sleep_for(compute * (factor_ - 1));
 }
 
-std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
+namespace {
+
+// Examples lo..lo+len of `test`: views of an in-memory split, or read (decoded) from a lazy one.
+std::pair<at::Tensor, at::Tensor> test_batch(const data::Dataset& test, int64_t lo, int64_t len) {
+  if (const auto* memory = dynamic_cast<const data::TensorDataset*>(&test))
+    return {memory->inputs.narrow(0, lo, len), memory->targets.narrow(0, lo, len)};
+  std::vector<int64_t> idx(static_cast<size_t>(len));
+  std::iota(idx.begin(), idx.end(), lo);
+  return test.get(idx);
+}
+
+// The test split's labels where they are known without reading its examples, for the model's
+// range check: all of them (in memory, image folders) or the largest (shards); undefined when
+// there is no test split.
+at::Tensor known_test_labels(const data::DataSplits& d) {
+  if (d.test) return d.test->targets.flatten();
+  if (const auto* images = dynamic_cast<const data::ImageFolderDataset*>(d.lazy_test.get()))
+    return images->targets();
+  if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(d.lazy_test.get()))
+    if (shards->largest_label() >= 0) return torch::tensor({shards->largest_label()}, torch::kLong);
+  return {};
+}
+
+// The dtype of the test split's labels (one example read when the split is lazy); Undefined
+// when there is no test data.
+at::ScalarType test_label_dtype(const data::DataSplits& d) {
+  const data::Dataset* test = d.testing();
+  if (test == nullptr || test->size() == 0) return at::ScalarType::Undefined;
+  if (d.test) return d.test->targets.scalar_type();
+  return test->get({0}).second.scalar_type();
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Dataset& test,
                                           int64_t lo, int64_t hi) {
   torch::NoGradGuard no_grad;
   int64_t correct = 0, total = 0;
   for (int64_t i = lo; i < hi; i += 512) {
-    const int64_t len = std::min<int64_t>(512, hi - i);
-    auto logits = model.predict(test.inputs.narrow(0, i, len));
-    auto [c, t] = model.correct(logits, test.targets.narrow(0, i, len));
+    auto [x, y] = test_batch(test, i, std::min<int64_t>(512, hi - i));
+    auto [c, t] = model.correct(model.predict(x), y);
     correct += c;
     total += t;
   }
@@ -175,7 +209,9 @@ Metric resolve_metric(const core::Config& c, models::Model& model, const data::D
   const std::string& asked = c.get_string("train.metric");
   const std::string& loss = c.get_string("train.loss");
   const bool regression = loss == "mse" || loss == "bce_with_logits";
-  const bool float_labels = d.test && d.test->targets.is_floating_point();
+  const at::ScalarType label_dtype = test_label_dtype(d);
+  const bool float_labels =
+      label_dtype != at::ScalarType::Undefined && at::isFloatingType(label_dtype);
   if (asked == "loss") return Metric::kLoss;
   if (asked == "accuracy") {
     KRAB_CHECK_ARG(
@@ -183,7 +219,7 @@ Metric resolve_metric(const core::Config& c, models::Model& model, const data::D
         " compares outputs with target values, not classes; use train.metric: loss (or auto)");
     KRAB_CHECK_ARG(!float_labels,
                    "train.metric: accuracy needs class labels, but the test labels are ",
-                   d.test->targets.scalar_type(), "; use train.metric: loss (or auto)");
+                   label_dtype, "; use train.metric: loss (or auto)");
     return Metric::kAccuracy;
   }
   KRAB_CHECK_ARG(asked == "auto", "train.metric: unknown metric '", asked,
@@ -197,8 +233,8 @@ const char* metric_name(Metric metric) { return metric == Metric::kLoss ? "loss"
 
 std::string metric_key(Metric metric) { return str_cat("test_", metric_name(metric)); }
 
-EvalSums evaluate_range(models::Model& model, Metric metric, const data::TensorDataset& test,
-                        int64_t lo, int64_t hi) {
+EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset& test, int64_t lo,
+                        int64_t hi) {
   EvalSums s;
   if (metric == Metric::kAccuracy) {
     const auto [correct, total] = count_correct(model, test, lo, hi);
@@ -207,8 +243,8 @@ EvalSums evaluate_range(models::Model& model, Metric metric, const data::TensorD
   torch::NoGradGuard no_grad;
   for (int64_t i = lo; i < hi; i += 512) {
     const int64_t len = std::min<int64_t>(512, hi - i);
-    const at::Tensor loss =
-        model.training_loss(test.inputs.narrow(0, i, len), test.targets.narrow(0, i, len));
+    auto [x, y] = test_batch(test, i, len);
+    const at::Tensor loss = model.training_loss(x, y);
     s.sum += loss.item<double>() * static_cast<double>(len);
     s.count += static_cast<double>(len);
   }
@@ -230,7 +266,8 @@ void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(d.lazy_train.get()))
     if (shards->largest_label() >= 0)
       labels = torch::cat({labels, torch::tensor({shards->largest_label()}, labels.options())});
-  if (d.test) labels = torch::cat({labels, d.test->targets.flatten()});
+  if (const at::Tensor test = known_test_labels(d); test.defined())
+    labels = torch::cat({labels, test.to(labels.scalar_type())});
   ts->check_fits(x, y, labels);
 }
 

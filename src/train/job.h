@@ -72,8 +72,9 @@ class Straggler {
 // InvalidArgument naming model.path and the shapes or labels at fault.
 void check_model_fits_data(models::Model& model, const data::DataSplits& d);
 
-// Test accuracy of `model` (its predict()) on examples lo..hi of `test`: (correct, total).
-std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::TensorDataset& test,
+// Test accuracy of `model` (its predict()) on examples lo..hi of `test`, in memory or read a
+// batch of 512 at a time: (correct, total).
+std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Dataset& test,
                                           int64_t lo, int64_t hi);
 
 // What evaluation measures on the test split (train.metric, resolved for the job's model).
@@ -104,7 +105,7 @@ struct EvalSums {
 // the mode the model is in (the caller puts it in eval()). The loss is the one training
 // backpropagates (training_loss: train.loss of forward, or the module's own), assumed to be a
 // mean over the batch's examples.
-EvalSums evaluate_range(models::Model& model, Metric metric, const data::TensorDataset& test,
-                        int64_t lo, int64_t hi);
+EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset& test, int64_t lo,
+                        int64_t hi);
 
 }  // namespace krab::train

@@ -43,7 +43,7 @@ std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
 
 // The metric on the whole test split: each rank evaluates its share, the sums add up over the
 // group.
-double evaluate(models::Model& model, Metric metric, const data::TensorDataset& test,
+double evaluate(models::Model& model, Metric metric, const data::Dataset& test,
                 comm::Communicator& comm) {
   const int64_t n = test.size();
   const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
@@ -54,7 +54,7 @@ double evaluate(models::Model& model, Metric metric, const data::TensorDataset& 
 }
 
 // The metric of `model` on the whole test split, on this rank alone.
-double evaluate_alone(models::Model& model, Metric metric, const data::TensorDataset& test) {
+double evaluate_alone(models::Model& model, Metric metric, const data::Dataset& test) {
   return evaluate_range(model, metric, test, 0, test.size()).value();
 }
 
@@ -255,13 +255,14 @@ void Trainer::Loop::maybe_checkpoint(int64_t done) {
 
 // EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
 void Trainer::Loop::maybe_evaluate(int64_t done) {
-  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps || !d.test)
+  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
+      d.testing() == nullptr)
     return;
   const auto t_eval = Clock::now();
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
   models::Model& model = engine->model();
   model.eval();
-  const double value = evaluate(model, metric, *d.test, *group);
+  const double value = evaluate(model, metric, *d.testing(), *group);
   model.train();
   eval_secs += seconds_between(t_eval, Clock::now());
   events.gauge("train_seconds", trained, done);
@@ -274,7 +275,7 @@ void Trainer::Loop::maybe_evaluate(int64_t done) {
 // evaluates the copies after training. Memory: one parameter copy per evaluation.
 void Trainer::Loop::maybe_snapshot(const engine::StepPlan& plan) {
   if (engine->evaluation_mode() != engine::EvaluationMode::kDeferred || !rank0() ||
-      o.eval_every <= 0 || !d.test || plan.step < next_eval || computed == 0)
+      o.eval_every <= 0 || d.testing() == nullptr || plan.step < next_eval || computed == 0)
     return;
   next_eval = (plan.step / o.eval_every + 1) * o.eval_every;
   snapshots.push_back({plan.step, seconds_between(t_loop, Clock::now()),
@@ -304,9 +305,9 @@ nlohmann::json Trainer::Loop::finish_group() {
   const comm::TrafficStats traffic = group->traffic();
   out.train_seconds = seconds_between(t_loop, t_end) - eval_secs;
   models::Model& model = engine->model();
-  if (d.test) {
+  if (d.testing() != nullptr) {
     model.eval();
-    const double value = evaluate(model, metric, *d.test, *group);
+    const double value = evaluate(model, metric, *d.testing(), *group);
     if (metric == Metric::kLoss)
       out.test_loss = value;
     else
@@ -390,7 +391,7 @@ nlohmann::json Trainer::Loop::finish_alone() {
     for (const Snapshot& snap : snapshots) {
       engine->keep_alive();  // one evaluation must take less than sync.worker_timeout_s
       core::unflatten_into(snap.values, params);
-      const double value = evaluate_alone(model, metric, *d.test);
+      const double value = evaluate_alone(model, metric, *d.testing());
       engine::Evaluation e{snap.step, snap.trained_seconds};
       (metric == Metric::kLoss ? e.test_loss : e.test_accuracy) = value;
       summary.evals.push_back(e);
@@ -454,7 +455,8 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   PreflightInfo info;
   info.parameters = models::parameter_count(*model);
   // A lazily read training split counts what it may hold in memory, not its size on disk.
-  info.data_bytes = d.training().resident_bytes() + (d.test ? d.test->resident_bytes() : 0);
+  info.data_bytes =
+      d.training().resident_bytes() + (d.testing() ? d.testing()->resident_bytes() : 0);
   return info;
 }
 

@@ -80,9 +80,12 @@ class ImagesE2E : public ::testing::Test {
 };
 
 TEST_F(ImagesE2E, TrainsWithAugmentationAndTheSameLossOnOneOrTwoWorkers) {
-  const Result two = train(2, 8, "two");
+  // The training folder doubles as the test split, read at evaluation a batch at a time: each of
+  // two workers decodes half of it, one worker all of it.
+  const std::string test = "--set data.test_path=" + dir_.file("train");
+  const Result two = train(2, 8, "two", test);
   ASSERT_EQ(two.code, 0) << two.output;
-  const Result one = train(1, 16, "one");
+  const Result one = train(1, 16, "one", test + " --set data.decode_threads=1");
   ASSERT_EQ(one.code, 0) << one.output;
   const nlohmann::json a = report("two"), b = report("one");
   ASSERT_TRUE(a.contains("data_wait_fraction")) << a.dump();
@@ -90,6 +93,9 @@ TEST_F(ImagesE2E, TrainsWithAugmentationAndTheSameLossOnOneOrTwoWorkers) {
   EXPECT_LE(a["data_wait_fraction"].get<double>(), 1.0);
   const double la = a["final_loss"].get<double>(), lb = b["final_loss"].get<double>();
   EXPECT_LE(std::abs(la - lb), 1e-5 * std::abs(lb)) << la << " vs " << lb;
+  ASSERT_TRUE(a.contains("test_accuracy")) << a.dump();
+  EXPECT_EQ(a["test_accuracy"].get<double>(), b["test_accuracy"].get<double>());
+  EXPECT_GT(a["test_accuracy"].get<double>(), 0.0);
 }
 
 TEST_F(ImagesE2E, UnreadableImageIsNamedOrSkipped) {

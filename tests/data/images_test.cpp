@@ -279,6 +279,38 @@ TEST(LazyImages, SameTensorsAsDecodedAtLoadAndAsTheCodec) {
   }
 }
 
+TEST(LazyImages, TestSplitIsReadAtEvaluationWithTheSameTensorsOnAnyThreads) {
+  TempDir train, test;
+  write_folder(train.path());
+  write_folder(test.path());
+  ImageOptions o = options(6, 5);
+  o.test_path = test.path().string();
+  o.cache_mb = 64;
+  const DataSplits eager = load_images(train.path().string(), o);
+  ASSERT_TRUE(eager.test.has_value());
+  for (const int64_t threads : {1, 3}) {
+    o.threads = threads;
+    const DataSplits s = load_images(train.path().string(), lazy(o));
+    EXPECT_FALSE(s.test.has_value());  // nothing decoded into memory
+    ASSERT_NE(s.lazy_test, nullptr);
+    ASSERT_EQ(s.testing(), s.lazy_test.get());
+    const auto* images = dynamic_cast<const ImageFolderDataset*>(s.lazy_test.get());
+    ASSERT_NE(images, nullptr);
+    EXPECT_EQ(images->resident_bytes(), 0);  // no cache: evaluation reads it in order once
+    const auto [x, y] = s.lazy_test->get(all_indices(s.lazy_test->size()));
+    EXPECT_TRUE(torch::equal(x, eager.test->inputs)) << threads << " thread(s)";
+    EXPECT_TRUE(torch::equal(y, eager.test->targets)) << threads << " thread(s)";
+    EXPECT_TRUE(torch::equal(images->targets(), eager.test->targets));
+  }
+  // An unreadable test image fails on the caller's thread, named, whichever thread met it.
+  damage_png_pixels(test.file("zebra/img3.png"));
+  o.threads = 3;
+  const DataSplits s = load_images(train.path().string(), lazy(o));
+  expect_throw_containing<InvalidArgument>(
+      [&] { s.lazy_test->get(all_indices(s.lazy_test->size())); },
+      {test.file("zebra/img3.png"), "cannot be read"});
+}
+
 TEST(LazyImages, ListingChecksHeadersButDecodesNothing) {
   TempDir dir;
   write_folder(dir.path());

@@ -1,7 +1,8 @@
 // data.name: tensors through the krab binary: shards written by Python train on 2 workers
 // exactly as on 1 worker with the doubled batch (the determinism contract, with the sampler's
-// shard windows and a cache a third of the data set), and a bad tensor file stops the job
-// before any worker starts.
+// shard windows and a cache a third of the data set), a test split read lazily from shards gives
+// the accuracy of the same split in memory, and a bad tensor file stops the job before any
+// worker starts.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -40,7 +41,13 @@ def part(n):
     return {"x": x, "y": (x @ w).argmax(1)}
 for i in range(12):
     torch.save(part(256), os.path.join(d, "shards", "train-%02d.pt" % i))
-torch.save(part(512), os.path.join(d, "test.pt"))
+test = part(512)
+torch.save(test, os.path.join(d, "test.pt"))
+# The same test split as a directory of two shards, which a worker reads lazily.
+os.makedirs(os.path.join(d, "test_shards"))
+for i in range(2):
+    torch.save({k: v[i * 256:(i + 1) * 256] for k, v in test.items()},
+               os.path.join(d, "test_shards", "test-%d.pt" % i))
 # A scripted model with 3 outputs, one fewer than the shards' classes.
 torch.jit.script(torch.nn.Linear(256, 3)).save(os.path.join(d, "three.ts"))
 bad = part(10)
@@ -80,6 +87,15 @@ TEST_F(Cli, TensorShardsTrainOnTwoWorkersAsOnOne) {
   EXPECT_GT(max_rel_diff(a, load_model_pt((dir_ / "w0/model.pt").string())), 1e-3);
   const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "w2.json").string()));
   EXPECT_GT(report["test_accuracy"].get<double>(), 0.3);  // 4 classes: chance is 0.25
+  // The test split as a directory of shards, read a batch at a time at evaluation: the same
+  // training (the test split does not touch it), the same accuracy to the last digit.
+  auto sharded_test =
+      run(krab("train job.yaml --set checkpoint.dir=w2s --set data.test_path=test_shards --report "
+               "w2s.json"));
+  ASSERT_EQ(sharded_test.code, 0) << sharded_test.output;
+  const auto lazy = nlohmann::json::parse(krab::core::read_file((dir_ / "w2s.json").string()));
+  EXPECT_EQ(lazy["test_accuracy"].get<double>(), report["test_accuracy"].get<double>());
+  EXPECT_EQ(lazy["final_loss"].get<double>(), report["final_loss"].get<double>());
 }
 
 TEST_F(Cli, TensorFileOfUnequalLengthsIsRefusedBeforeTraining) {

@@ -401,6 +401,30 @@ TEST_F(TensorsTest, ShardedEqualsConcatenatedInMemoryAndLazy) {
                                            {"example 30 outside"});
 }
 
+TEST_F(TensorsTest, ATestDirectoryIsReadLazilyOneShardAtATime) {
+  TensorsOptions o = lazy_options(1);
+  o.test_path = file("small");
+  const DataSplits lazy = load_tensors(file("small"), o);
+  const DataSplits all = load_tensors(file("small_all.pt"), {});
+  EXPECT_FALSE(lazy.test.has_value());
+  ASSERT_NE(lazy.lazy_test, nullptr);
+  const auto* shards = dynamic_cast<const ShardedDataset*>(lazy.lazy_test.get());
+  ASSERT_NE(shards, nullptr);
+  EXPECT_EQ(shards->largest_label(), all.train.targets.max().item<int64_t>());
+  // The whole split, read in order as evaluation does, equals the file of all examples, and
+  // never held more than its largest shard.
+  std::vector<int64_t> idx(30);
+  for (int64_t i = 0; i < 30; ++i) idx[i] = i;
+  const auto [x, y] = lazy.testing()->get(idx);
+  EXPECT_TRUE(x.equal(all.train.inputs));
+  EXPECT_TRUE(y.equal(all.train.targets));
+  EXPECT_LE(shards->cached_bytes(), shards->resident_bytes());
+  EXPECT_LT(shards->resident_bytes(), all.train.resident_bytes() / 2);
+  // Without lazy (or for one file) the test split stays in memory.
+  o.lazy = false;
+  EXPECT_TRUE(load_tensors(file("small"), o).test->inputs.equal(all.train.inputs));
+}
+
 TEST_F(TensorsTest, ShardLargerThanTheCacheIsRefused) {
   TensorsOptions o = lazy_options(1);
   o.shuffle_window = 2;  // two 1 MiB shards cannot share a 1 MiB cache
