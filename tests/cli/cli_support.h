@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -141,6 +142,21 @@ inline std::map<std::string, at::Tensor> load_model_pt(const std::string& path) 
   std::map<std::string, at::Tensor> out;
   for (const auto& kv : iv.toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
   return out;
+}
+
+// The largest relative difference ||a_k - b_k|| / ||a_k|| over the tensors of `a` (1e9, and a
+// failed expectation, when `b` lacks one): how far two runs' model.pt files are apart.
+inline double max_rel_diff(const std::map<std::string, at::Tensor>& a,
+                           const std::map<std::string, at::Tensor>& b) {
+  double worst = 0;
+  for (const auto& [k, t] : a) {
+    EXPECT_TRUE(b.count(k)) << k;
+    if (!b.count(k)) return 1e9;
+    const double diff = (t - b.at(k)).norm().item<double>();
+    const double scale = std::max(t.norm().item<double>(), 1e-12);
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
 }
 
 }  // namespace krab::cli_test

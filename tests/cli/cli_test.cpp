@@ -20,19 +20,6 @@ namespace {
 
 using namespace krab::cli_test;
 
-double max_rel_diff(const std::map<std::string, at::Tensor>& a,
-                    const std::map<std::string, at::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [k, t] : a) {
-    EXPECT_TRUE(b.count(k)) << k;
-    if (!b.count(k)) return 1e9;
-    const double diff = (t - b.at(k)).norm().item<double>();
-    const double scale = std::max(t.norm().item<double>(), 1e-12);
-    worst = std::max(worst, diff / scale);
-  }
-  return worst;
-}
-
 // The determinism contract, the engine's strongest test: W workers with per-worker batch b
 // end where one worker with batch W*b ends, up to float reduction order.
 TEST_F(Cli, FourWorkersMatchOneWorkerOnTheCnn) {

@@ -16,17 +16,6 @@ namespace {
 
 using namespace krab::cli_test;
 
-double max_rel_diff(const std::map<std::string, at::Tensor>& a,
-                    const std::map<std::string, at::Tensor>& b) {
-  double worst = 0;
-  for (const auto& [k, t] : a) {
-    if (!b.count(k)) return 1e9;
-    const double diff = (t - b.at(k)).norm().item<double>();
-    worst = std::max(worst, diff / std::max(t.norm().item<double>(), 1e-12));
-  }
-  return worst;
-}
-
 // 12 shards of 256 examples x 256 float32 features (258 KiB each with their labels): 3 MiB,
 // three times data.cache_mb 1, whose window holds 3 shards. Labels are a linear function of x
 // so that the MLP learns something; the test split is one more file.
