@@ -334,25 +334,29 @@ TEST(Rounds, FailedDpRoundsAreChargedAndReported) {
   EXPECT_DOUBLE_EQ(report["epsilon"].get<double>(), rec.epsilon);
 }
 
-// With DP the cohorts come from a secure source: two runs with the same train.seed draw
-// different cohorts (without DP they are reproducible from the seed, as before).
-TEST(Rounds, DpCohortsCannotBePredictedFromTheSeed) {
+// Cohorts come from a secure source, with DP or without: two runs with the same train.seed
+// (which every client is sent) draw different cohorts. Only fl-sim may ask for cohorts that
+// follow the seed (seeded_cohorts), and then only without DP.
+TEST(Rounds, CohortsCannotBePredictedFromTheSeed) {
   std::vector<std::unique_ptr<Scripted>> c;
   for (int i = 0; i < 20; ++i)
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({2}), 1));
-  for (const char* dp : {"none", "local", "central"}) {
-    FederatedOptions o = all_clients(2);
-    o.fraction = 0.25;
-    o.dp = parse_dp_mode(dp);
-    o.seed = 7;
-    RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
-    int same = 0;
-    for (int r = 0; r < 8; ++r) same += a.run_round(ptrs(c)).cohort == b.run_round(ptrs(c)).cohort;
-    if (std::string(dp) == "none")
-      EXPECT_EQ(same, 8);
-    else
-      EXPECT_LE(same, 1) << dp;  // 15504 possible 5-of-20 cohorts (more for Poisson ones)
-  }
+  for (bool seeded : {false, true})
+    for (const char* dp : {"none", "local", "central"}) {
+      FederatedOptions o = all_clients(2);
+      o.fraction = 0.25;
+      o.dp = parse_dp_mode(dp);
+      o.seed = 7;
+      o.seeded_cohorts = seeded;
+      RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
+      int same = 0;
+      for (int r = 0; r < 8; ++r)
+        same += a.run_round(ptrs(c)).cohort == b.run_round(ptrs(c)).cohort;
+      if (seeded && std::string(dp) == "none")
+        EXPECT_EQ(same, 8);
+      else
+        EXPECT_LE(same, 1) << dp << seeded;  // 15504 possible 5-of-20 cohorts (more for Poisson)
+    }
 }
 
 TEST(Rounds, LocalDpChargesTheMostAskedClientAtRateOne) {
@@ -561,6 +565,102 @@ TEST(Rounds, AnExampleCountAboveTheBoundIsRejected) {
     EXPECT_NE(rec.rejected[0].reason.find("federated.max_client_examples"), std::string::npos);
     EXPECT_TRUE(torch::allclose(run.global(), torch::full({4}, 2.f), 1e-4, 1e-4)) << secure;
   }
+}
+
+// The bound is on by default: a job that never mentions it still refuses a client that claims
+// more examples than any genuine one holds.
+TEST(Rounds, TheDefaultExampleBoundRefusesAClientClaimingMore) {
+  FederatedOptions o = FederatedOptions::from_config(core::Config());
+  EXPECT_EQ(o.max_client_examples, 1000000);
+  o.fraction = 1.0;
+  o.min_clients = 2;
+  std::vector<std::unique_ptr<Scripted>> c;
+  c.push_back(std::make_unique<Scripted>("a", torch::full({4}, 1.f), 60000));
+  c.push_back(std::make_unique<Scripted>("b", torch::full({4}, 3.f), 60000));
+  c.push_back(std::make_unique<Scripted>("greedy", torch::full({4}, 50.f), 1000001));
+  RoundRunner run(o, torch::zeros({4}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(rec.rejected.size(), 1u);
+  EXPECT_EQ(rec.rejected[0].client, "greedy");
+  EXPECT_NE(rec.rejected[0].reason.find("federated.max_client_examples (1000000)"),
+            std::string::npos)
+      << rec.rejected[0].reason;
+}
+
+// A client that answers round 3 with a bad share (well-formed, of another value) is set aside
+// by name; the sum over the cohort is still exact, and the round goes on.
+class BadSharer : public Scripted {
+ public:
+  using Scripted::Scripted;
+  std::vector<uint8_t> secagg(const SecAggRequest& req) override {
+    std::vector<uint8_t> out = Scripted::secagg(req);
+    if (req.stage != SecAggRequest::kUnmask) return out;
+    auto msg = secagg::UnmaskResponse::from_bytes(out);
+    msg.self_mask_shares.at(1).share.y.at(0) ^= 1;  // another client's seed, one chunk off
+    return msg.to_bytes();
+  }
+};
+
+TEST(Rounds, ABadUnmaskingShareDropsItsSenderAndTheSumStaysExact) {
+  std::vector<at::Tensor> u = {torch::full({16}, 1.f), torch::full({16}, 2.f),
+                               torch::full({16}, 3.f), torch::full({16}, 4.f),
+                               torch::full({16}, 5.f)};
+  std::vector<std::unique_ptr<Scripted>> c;
+  // First in the cohort: its shares are among the first t the server would combine.
+  c.push_back(std::make_unique<BadSharer>("liar", u[0], 1));
+  for (int i = 1; i < 5; ++i) c.push_back(std::make_unique<Scripted>(str_cat("c", i), u[i], 1));
+  FederatedOptions o = all_clients(2);
+  o.secure = true;
+  o.secagg_threshold = 0.6;  // t = 3 of 5
+  RoundRunner run(o, torch::zeros({16}), false);
+  const RoundRecord rec = run.run_round(ptrs(c));
+  ASSERT_TRUE(rec.ok) << rec.failure;
+  // Its masked update was summed in round 2; only its round-3 answer is set aside.
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"liar", "c1", "c2", "c3", "c4"}));
+  ASSERT_EQ(rec.dropped.size(), 1u);
+  EXPECT_EQ(rec.dropped[0].client, "liar");
+  EXPECT_NE(rec.dropped[0].reason.find("round-3 shares"), std::string::npos);
+  EXPECT_LT((run.global() - torch::full({16}, 3.f)).abs().max().item<double>(), 1e-5);
+}
+
+// The client checks the threshold against the cohort size the round announced (2t > n), so a
+// roster with more members than that is refused: t would no longer be a majority of it.
+TEST(Rounds, ARosterLargerThanTheAnnouncedCohortIsRefused) {
+  FitInstruction ins;
+  ins.round = 4;
+  ins.secure = true;
+  ins.secagg_threshold = 3;
+  ins.secagg_clients = 4;  // 2t > n holds for the n announced
+  ins.secagg_clip = 1.0;
+  ins.secagg_id = 1;
+  SecureClient me(ins, torch::zeros({8}));
+  secagg::Roster roster;
+  roster.round = 4;
+  roster.clients.push_back(secagg::AdvertiseKeys::from_bytes(me.advertise()));
+  std::vector<std::unique_ptr<secagg::Client>> others;
+  for (uint64_t id = 2; id <= 5; ++id) {
+    FitInstruction theirs = ins;
+    theirs.secagg_id = id;
+    others.push_back(std::make_unique<secagg::Client>(id, secagg_config(theirs, 8)));
+    roster.clients.push_back(others.back()->advertise_keys());
+  }
+  SecAggRequest req;
+  req.stage = SecAggRequest::kShareKeys;
+  req.weight = 0.2;
+  req.payload = roster.to_bytes();  // 5 members for a round of 4: 2t = 6 is not > 5
+  try {
+    me.handle(req);
+    ADD_FAILURE() << "a roster of 5 was accepted for a round of 4";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the roster has 5 clients, more than the 4"),
+              std::string::npos)
+        << e.what();
+  }
+  roster.clients.pop_back();  // exactly n: accepted (fewer, down to t, is a dropout)
+  req.payload = roster.to_bytes();
+  EXPECT_NO_THROW(me.handle(req));
 }
 
 // A client's own minimums hold whatever the server asks (client_policy.h).

@@ -16,6 +16,7 @@
 
 #include "core/errors.h"
 #include "federated/processes.h"
+#include "federated/tls_files.h"
 
 namespace krab::federated {
 namespace {
@@ -67,6 +68,49 @@ TEST(Tokens, BadLinesAreNamedByFileAndLine) {
   EXPECT_NE(error_of("lonely\n").find("expected 'NAME TOKEN [EXPIRES]'"), std::string::npos);
   EXPECT_NE(error_of("# nothing\n").find("lists no clients"), std::string::npos);
   EXPECT_THROW(read_tokens("/nonexistent/tokens.txt"), InvalidArgument);
+}
+
+// A client's token: from its file (trailing newline removed), the environment, or the command
+// line with a warning; a missing or empty file is refused by name.
+TEST(Tokens, AClientsTokenComesFromItsFileTheEnvironmentOrWithAWarningTheFlag) {
+  const std::string path = write_tokens("token-of-north-0123456789\n");
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(client_token({path, "", "from-env-0123456789"}, warnings), "token-of-north-0123456789");
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(client_token({"", "", "from-env-0123456789"}, warnings), "from-env-0123456789");
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(client_token({"", "on-the-line-0123456789", "from-env"}, warnings),
+            "on-the-line-0123456789");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("`ps` shows it to every user"), std::string::npos) << warnings[0];
+  warnings.clear();
+  std::filesystem::permissions(
+      path, std::filesystem::perms::group_read | std::filesystem::perms::others_read,
+      std::filesystem::perm_options::add);
+  EXPECT_EQ(client_token({path, "", nullptr}, warnings), "token-of-north-0123456789");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("readable by other users (mode 0644)"), std::string::npos)
+      << warnings[0];
+
+  auto refusal = [&](const TokenSources& s) {
+    try {
+      client_token(s, warnings);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(refusal({path + ".missing", "", "env"}).find("--token-file " + path + ".missing"),
+            std::string::npos);
+  std::ofstream(path) << "\n";
+  EXPECT_NE(refusal({path, "", "env"}).find("--token-file " + path + " is empty"),
+            std::string::npos);
+  std::filesystem::remove(path);
+  EXPECT_NE(refusal({"", "", nullptr}).find("KRAB_FL_TOKEN"), std::string::npos);
+  EXPECT_NE(refusal({"", "", ""}).find("KRAB_FL_TOKEN"), std::string::npos);
+  EXPECT_NE(refusal({"f", "t", nullptr}).find("not both"), std::string::npos);
 }
 
 // A CA and a server certificate for 127.0.0.1, made with openssl for this test.
@@ -285,6 +329,35 @@ checkpoint: {dir: )",
   for (const auto& r : report["rounds"]) EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
   // A linear rule in two features: far above the majority class (about 0.5).
   EXPECT_GT(report["test_accuracy"].get<double>(), 0.85);
+}
+
+// A server whose job sets a path (where the client's data is, when it gave no --data; the model
+// file) is refused by name at Hello: the client reads nothing and never joins.
+TEST_F(Tls, AClientRefusesAServerJobThatSetsAPath) {
+  const std::string d = dir_->string();
+  std::ofstream(d + "/not-yours.csv") << "x1,label\n0.5,1\n-0.5,0\n0.25,1\n-0.25,0\n";
+  for (const std::string key : {"data.path", "model.path"}) {
+    ServerTransportOptions so = server_options();
+    so.config_yaml = key == "data.path"
+                         ? "model: {name: mlp}\ndata: {name: csv, path: " + d + "/not-yours.csv}\n"
+                         : "model: {name: torchscript, path: " + d + "/not-yours.csv}\n";
+    FederationServer server(so);
+    ClientRunOptions co;
+    co.server = "127.0.0.1:" + std::to_string(server.port());
+    co.ca_file = d + "/ca.pem";
+    co.token = "token-of-alice-0123456";
+    co.retry_s = 1;
+    std::string why = "(the client ran)";
+    try {
+      run_fl_client(co);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    } catch (const std::exception& e) {
+      why = str_cat("(not InvalidArgument) ", e.what());
+    }
+    EXPECT_NE(why.find("the server's job sets " + key + ":"), std::string::npos) << why;
+    EXPECT_EQ(server.wait_for_clients(1, std::chrono::milliseconds(0)), 0u);
+  }
 }
 
 // The resident memory of process `pid` in bytes (VmRSS), or -1.
