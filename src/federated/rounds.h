@@ -142,7 +142,7 @@ struct FederatedOptions {
   StrategyOptions strategy_options;
   std::string aggregator = "mean";
   AggregatorOptions aggregator_options;
-  double max_update_norm = 0;       // 0 = no bound
+  double max_update_norm = 0;             // 0 = no bound
   int64_t max_client_examples = 1000000;  // 0 = no bound on a client's self-reported count
   bool secure = false;
   double secagg_threshold = 0.66;  // of the cohort size

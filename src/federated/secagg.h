@@ -77,7 +77,7 @@ struct Config {
   // client_policy.h), so the roster may list no more than n clients: with more, t would no
   // longer be a majority of them. Fewer is a dropout between fit and the roster.
   size_t clients = 0;
-  FixedPoint fp;             // how updates become integers; see FixedPoint::for_clients()
+  FixedPoint fp;  // how updates become integers; see FixedPoint::for_clients()
 
   // Throws InvalidArgument if a field is out of range.
   void validate() const;
@@ -315,7 +315,7 @@ class Server {
   UnmaskRequest request_;
   // Round 3's shares, by owner then holder.
   std::map<uint64_t, std::map<uint64_t, shamir::Share>> b_shares_, sk_shares_;
-  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;            // U3's, from round 2
+  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;  // U3's, from round 2
   std::set<uint64_t> responders_;
   Result result_;
   std::array<RoundTraffic, 4> traffic_{};

@@ -125,15 +125,15 @@ std::vector<uint64_t> lagrange_weights(const std::vector<uint64_t>& xs, uint64_t
 }
 
 Share share_at(const std::vector<Share>& shares, const std::vector<uint64_t>& weights, uint64_t x) {
-  KRAB_CHECK_ARG(!weights.empty() && shares.size() >= weights.size(), "shamir::share_at: ",
-                 shares.size(), " shares for ", weights.size(), " weights");
+  KRAB_CHECK_ARG(!weights.empty() && shares.size() >= weights.size(),
+                 "shamir::share_at: ", shares.size(), " shares for ", weights.size(), " weights");
   Share out;
   out.x = x;
   out.secret_length = shares[0].secret_length;
   out.y.assign(shares[0].y.size(), 0);
   for (size_t i = 0; i < weights.size(); ++i) {
-    KRAB_CHECK_ARG(shares[i].y.size() == out.y.size(), "shamir::share_at: share x = ",
-                   shares[i].x, " has ", shares[i].y.size(), " values, not ", out.y.size());
+    KRAB_CHECK_ARG(shares[i].y.size() == out.y.size(), "shamir::share_at: share x = ", shares[i].x,
+                   " has ", shares[i].y.size(), " values, not ", out.y.size());
     for (size_t c = 0; c < out.y.size(); ++c)
       out.y[c] = field_add(out.y[c], field_mul(weights[i], shares[i].y[c]));
   }

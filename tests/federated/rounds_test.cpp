@@ -608,8 +608,8 @@ TEST(Rounds, ABadUnmaskingShareDropsItsSenderAndTheSumStaysExact) {
                                torch::full({16}, 3.f), torch::full({16}, 4.f),
                                torch::full({16}, 5.f)};
   std::vector<std::unique_ptr<Scripted>> c;
-  // First in the cohort: its shares are among the first t the server would combine.
-  c.push_back(std::make_unique<BadSharer>("liar", u[0], 1));
+  // First in the cohort (ids sort): its shares are among the first t the server combines.
+  c.push_back(std::make_unique<BadSharer>("bad", u[0], 1));
   for (int i = 1; i < 5; ++i) c.push_back(std::make_unique<Scripted>(str_cat("c", i), u[i], 1));
   FederatedOptions o = all_clients(2);
   o.secure = true;
@@ -618,9 +618,9 @@ TEST(Rounds, ABadUnmaskingShareDropsItsSenderAndTheSumStaysExact) {
   const RoundRecord rec = run.run_round(ptrs(c));
   ASSERT_TRUE(rec.ok) << rec.failure;
   // Its masked update was summed in round 2; only its round-3 answer is set aside.
-  EXPECT_EQ(rec.counted, (std::vector<std::string>{"liar", "c1", "c2", "c3", "c4"}));
+  EXPECT_EQ(rec.counted, (std::vector<std::string>{"bad", "c1", "c2", "c3", "c4"}));
   ASSERT_EQ(rec.dropped.size(), 1u);
-  EXPECT_EQ(rec.dropped[0].client, "liar");
+  EXPECT_EQ(rec.dropped[0].client, "bad");
   EXPECT_NE(rec.dropped[0].reason.find("round-3 shares"), std::string::npos);
   EXPECT_LT((run.global() - torch::full({16}, 3.f)).abs().max().item<double>(), 1e-5);
 }

@@ -5,10 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
-#include <algorithm>
 #include <random>
 #include <set>
 #include <string>
@@ -367,8 +367,8 @@ TEST(SecAgg, ABadShareSetsAsideExactlyItsSenderAndTheSumStaysExact) {
     size_t victim;
     bool key;
   };
-  for (const Case& k : {Case{{0}, 3, false}, Case{{5}, 1, false}, Case{{1, 4}, 0, false},
-                        Case{{2}, 6, true}}) {
+  for (const Case& k :
+       {Case{{0}, 3, false}, Case{{5}, 1, false}, Case{{1, 4}, 0, false}, Case{{2}, 6, true}}) {
     Harness h(7, 4, 64);
     const BadShares got = run_with_bad_shares(h, k.liars, k.victim, k.key);
     ASSERT_EQ(got.error, "") << *k.liars.begin();
