@@ -33,6 +33,10 @@
 //                     PRG(b_u), reconstructs every dropped s_sk_u and cancels the masks
 //                     s_uv = agree(s_sk_u, s_pk_v) that survivors v added for it, and decodes
 //                     the sum. A client that sent y_u but did not answer round 3 still counts.
+//                     Every reconstructed secret is checked (b_u against its commitment, s_sk_u
+//                     against s_pk_u); an answer with a bad share is found by trying other sets
+//                     of t answers and set aside, and the round goes on while t good ones
+//                     remain (Server::result()).
 //
 // Why the server learns only the sum: y_u is hidden by PRG(b_u), removable only with t shares of
 // b_u, which honest clients hand over only while u is a survivor; and by the pairwise masks,

@@ -60,7 +60,8 @@ std::vector<Share> split(const uint8_t* secret, size_t size, size_t threshold,
 std::vector<Share> split(const std::vector<uint8_t>& secret, size_t threshold, size_t num_shares);
 
 // Reconstructs the secret from at least `threshold` shares (it interpolates through the first
-// `threshold` of them; extra shares are checked for shape but otherwise unused). Throws
+// `threshold` of them; extra shares are checked for shape but otherwise unused: share_at() is
+// how a caller checks them). Throws
 // InvalidArgument if there are fewer than threshold (>= 1) shares, two share the same x, some
 // x is 0 or >= p, or the shares disagree on the secret length or their y count. Shares of
 // different secrets, or damaged ones, reconstruct garbage — detected only when a chunk comes
