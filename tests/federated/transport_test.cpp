@@ -16,7 +16,9 @@
 
 #include "core/errors.h"
 #include "federated/processes.h"
+#include "federated/server_job.h"
 #include "federated/tls_files.h"
+#include "support/script_modules.h"
 
 namespace krab::federated {
 namespace {
@@ -358,6 +360,74 @@ TEST_F(Tls, AClientRefusesAServerJobThatSetsAPath) {
     EXPECT_NE(why.find("the server's job sets " + key + ":"), std::string::npos) << why;
     EXPECT_EQ(server.wait_for_clients(1, std::chrono::milliseconds(0)), 0u);
   }
+}
+
+// A TorchScript federation: the server states its module's SHA-256, a client with another file
+// is refused naming both digests before it joins, and a client with its own identical copy
+// trains with it.
+TEST_F(Tls, ATorchScriptFederationRunsEachClientsOwnCopyOfTheModule) {
+  const std::string d = dir_->string();
+  torch::manual_seed(5);
+  test::ScriptBuilder().net(2, 8, 2).save(d + "/net.ts");
+  std::filesystem::copy_file(d + "/net.ts", d + "/mine.ts",
+                             std::filesystem::copy_options::overwrite_existing);
+  test::ScriptBuilder().net(2, 8, 2).save(d + "/other.ts");  // same shape, other weights
+  {
+    std::ofstream table(d + "/ts.csv");
+    table << "x1,x2,label\n";
+    for (int i = 0; i < 200; ++i)
+      table << (i % 7) * 0.1 << "," << (i % 3) * 0.2 << "," << i % 2 << "\n";
+    std::ofstream(d + "/ts-tokens.txt") << "north token-of-north-0123456789\n";
+  }
+  core::Config c = core::Config::parse(str_cat(R"(
+model: {name: torchscript, path: )",
+                                               d, R"(/net.ts}
+data: {name: csv, batch_size: 20}
+train: {optimizer: {name: sgd, lr: 0.1, momentum: 0}}
+federated: {rounds: 1, clients: 1, fraction: 1.0, min_clients: 1, local_steps: 2,
+            address: "127.0.0.1:0", wait_clients_s: 30, round_deadline_s: 30}
+checkpoint: {dir: )",
+                                               d, "/tsrun}\n"),
+                                       "test");
+  c.set("federated.tls_cert", d + "/server.pem");
+  c.set("federated.tls_key", d + "/server.key");
+  c.set("federated.tokens", d + "/ts-tokens.txt");
+  c.set("federated.eval_data", d + "/ts.csv");
+  ServerRunOptions so;
+  so.port_file = d + "/ts.port";
+  so.show_progress = false;
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      run_fl_server(c, so);
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  for (int i = 0; i < 300 && !std::filesystem::exists(so.port_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(so.port_file)) << server_error;
+  std::string port;
+  std::ifstream(so.port_file) >> port;
+  ClientRunOptions co;
+  co.server = "127.0.0.1:" + port;
+  co.ca_file = d + "/ca.pem";
+  co.token = "token-of-north-0123456789";
+  co.data = d + "/ts.csv";
+  co.model = d + "/other.ts";
+  try {
+    run_fl_client(co);
+    ADD_FAILURE() << "a module with another digest was run";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--model " + co.model + ": SHA-256 "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(file_sha256(d + "/net.ts", "")), std::string::npos)
+        << e.what();
+  }
+  co.model = d + "/mine.ts";
+  EXPECT_EQ(run_fl_client(co), 1);
+  server.join();
+  EXPECT_TRUE(server_error.empty()) << server_error;
 }
 
 // The resident memory of process `pid` in bytes (VmRSS), or -1.
