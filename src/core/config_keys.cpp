@@ -389,9 +389,13 @@ std::vector<KeySpec> build_registry() {
                 "`trimmed_mean`: fraction trimmed at each end per coordinate.", 0, 0.499999),
       int_key("federated.byzantine_f", "0", "`krum`/`multi_krum`: byzantine clients tolerated.", 0),
       int_key("federated.krum_m", "1", "`multi_krum`: lowest-score updates averaged.", 1),
-      int_key("federated.max_client_examples", "0",
-              "A client reporting more training examples than this is rejected (its example "
-              "count is its weight in the mean, and it reports the count itself); 0 = no bound.",
+      int_key("federated.max_client_examples", "1000000",
+              "A client reporting more training examples than this is rejected: its example "
+              "count is its weight in the mean, and it reports the count itself, so without a "
+              "bound one liar outweighs every other client. The default is above any one "
+              "client's share of the data sets krab is tried on (Fashion-MNIST holds 60,000 "
+              "training examples in all); set it to the most a genuine client of your "
+              "federation holds. 0 = no bound.",
               0),
       float_key("federated.max_update_norm", "0",
                 "Updates with a larger L2 norm are rejected and logged; 0 = no bound.", 0),
