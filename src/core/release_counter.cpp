@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "core/errors.h"
@@ -36,6 +37,10 @@ ReleaseCounter::ReleaseCounter(const std::string& key_file, std::string key, std
 
 int64_t ReleaseCounter::value() const {
   if (!enabled() || !path_exists(path_)) return 0;
+  std::error_code ec;
+  if (std::filesystem::file_size(path_, ec) != kFileBytes || ec)
+    throw CorruptData(str_cat("'", path_, "' (the count of this run's released rounds) is not ",
+                              kFileBytes, " bytes long"));
   const std::string bytes = read_file(path_);
   const std::string want =
       hmac_sha256(hmac_sha256(key_, "krab-release-counter\n" + job_), bytes.substr(0, kBodyBytes));

@@ -154,10 +154,12 @@ ServerCheckpoint::ServerCheckpoint(const core::Config& config, const std::string
       counter_(config.get_string("checkpoint.hmac_key_file"), seal_key_, job_) {
   // The counter is written after every round: find out now, not after the first round, that
   // the key's directory does not take it.
-  if (counter_.enabled())
-    core::check_writable_dir(
-        std::filesystem::path(counter_.path()).parent_path().lexically_normal().string(),
-        "checkpoint.hmac_key_file (the count of released rounds is kept beside the key)");
+  if (counter_.enabled()) {
+    const std::filesystem::path dir = std::filesystem::path(counter_.path()).parent_path();
+    core::check_writable_dir(dir.empty() ? "." : dir.string(),
+                             "checkpoint.hmac_key_file (the count of released rounds is kept "
+                             "beside the key)");
+  }
 }
 
 void ServerCheckpoint::resume(RoundRunner& runner) const {

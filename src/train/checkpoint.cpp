@@ -1,5 +1,6 @@
 #include "train/checkpoint.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -167,7 +168,8 @@ void restore_state(const core::Record& in, torch::nn::Module& module,
     throw CorruptData(
         str_cat("checkpoint '", in.source(), "': 'rng' is not a CPU generator state"));
   try {
-    gen.clone().set_state(rng);
+    // A fresh generator, not gen.clone(): LibTorch 1.13's CPU clone leaks its copy.
+    at::make_generator<at::CPUGeneratorImpl>().set_state(rng);
   } catch (const c10::Error& e) {
     throw CorruptData(str_cat(
         "checkpoint '", in.source(),
