@@ -462,8 +462,10 @@ std::vector<KeySpec> build_registry() {
                  "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
       string_key("checkpoint.hmac_key_file", "",
                  "A file (outside the run directory, at least 32 bytes) holding a key: "
-                 "checkpoints and `fl-state.krab` are then sealed with HMAC-SHA256 and only "
-                 "sealed files are read back (docs/security.md); empty = CRC only."),
+                 "checkpoints and `fl-state.krab` are then sealed with HMAC-SHA256, bound to "
+                 "their run directory and model, and only such files are read back; the "
+                 "federated rounds released are counted in a file beside the key, so an older "
+                 "or deleted `fl-state.krab` is refused (docs/security.md); empty = CRC only."),
       int_key("checkpoint.every_steps", "0",
               "Write a checkpoint every N steps; 0 writes one only at the end.", 0),
       bool_key("checkpoint.resume", "false",

@@ -26,6 +26,14 @@ std::string mac(const std::string& key, const char* data, size_t n) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+// The key a job's seals are made with: a separate key per job, derived from the user's, so a
+// seal cannot be moved from one job's file to another's.
+std::string job_key(const std::string& key, const std::string& job) {
+  if (job.empty()) return key;
+  const std::string label = "krab-seal-job\n" + job;
+  return mac(key, label.data(), label.size());
+}
+
 bool sealed(const std::string& bytes) {
   return bytes.size() >= kSealBytes &&
          bytes.compare(bytes.size() - kSealBytes, kTagBytes, kTag, kTagBytes) == 0;
@@ -51,15 +59,26 @@ std::string read_seal_key(const std::string& path, const std::string& run_dir) {
   return bytes;
 }
 
-std::string seal(std::string bytes, const std::string& key) {
+std::string job_identity(const std::string& kind, const std::string& run_dir,
+                         const std::string& signature) {
+  namespace fs = std::filesystem;
+  return str_cat(kind, "\n", fs::absolute(run_dir).lexically_normal().string(), "\n", signature);
+}
+
+std::string hmac_sha256(const std::string& key, const std::string& data) {
+  return mac(key, data.data(), data.size());
+}
+
+std::string seal(std::string bytes, const std::string& key, const std::string& job) {
   if (key.empty()) return bytes;
-  const std::string m = mac(key, bytes.data(), bytes.size());
+  const std::string m = mac(job_key(key, job), bytes.data(), bytes.size());
   bytes.append(kTag, kTagBytes);
   bytes += m;
   return bytes;
 }
 
-std::string unseal(std::string bytes, const std::string& key, const std::string& source) {
+std::string unseal(std::string bytes, const std::string& key, const std::string& source,
+                   const std::string& job) {
   if (key.empty()) {
     if (sealed(bytes))
       throw CorruptData(str_cat("'", source,
@@ -72,11 +91,11 @@ std::string unseal(std::string bytes, const std::string& key, const std::string&
                               "' carries no seal, and checkpoint.hmac_key_file is "
                               "set: refusing a file that may have been replaced"));
   const size_t body = bytes.size() - kSealBytes;
-  const std::string want = mac(key, bytes.data(), body);
+  const std::string want = mac(job_key(key, job), bytes.data(), body);
   if (CRYPTO_memcmp(want.data(), bytes.data() + body + kTagBytes, kMacBytes) != 0)
     throw CorruptData(str_cat("'", source,
-                              "' fails its seal (HMAC): it was changed, or written "
-                              "with another key"));
+                              "' fails its seal (HMAC): it was changed, written "
+                              "with another key, or written for another run or model"));
   bytes.resize(body);
   return bytes;
 }

@@ -22,11 +22,23 @@ namespace krab::core {
 // `run_dir`: the run directory, which must not contain the key file.
 std::string read_seal_key(const std::string& path, const std::string& run_dir);
 
-// `bytes` with its seal appended; `bytes` unchanged when `key` is "".
-std::string seal(std::string bytes, const std::string& key);
+// "kind\nABSOLUTE RUN DIRECTORY\nsignature": what a seal and a release counter are bound to.
+// The directory is made absolute and normalised lexically, without following symbolic links: a
+// link swapped in for the run directory does not make it another job.
+std::string job_identity(const std::string& kind, const std::string& run_dir,
+                         const std::string& signature);
 
-// The bytes without their seal, after checking it. With `key` "", a sealed file is refused (it
-// was written with a key this run does not have) and an unsealed one returned as it is.
-std::string unseal(std::string bytes, const std::string& key, const std::string& source);
+// `bytes` with its seal for `job` appended; `bytes` unchanged when `key` is "". (`job` "" gives
+// the seal of a file bound to no job, the MAC of the bytes under `key` itself.)
+std::string seal(std::string bytes, const std::string& key, const std::string& job = "");
+
+// The bytes without their seal, after checking it against `key` and `job`. With `key` "", a
+// sealed file is refused (it was written with a key this run does not have) and an unsealed one
+// returned as it is.
+std::string unseal(std::string bytes, const std::string& key, const std::string& source,
+                   const std::string& job = "");
+
+// HMAC-SHA256 of `data` under `key`: 32 bytes.
+std::string hmac_sha256(const std::string& key, const std::string& data);
 
 }  // namespace krab::core

@@ -1,6 +1,6 @@
 #include "train/checkpoint.h"
 
-#include <torch/serialize.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -11,7 +11,10 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "core/printable.h"
+#include "core/record.h"
+#include "core/seal.h"
 #include "models/torchscript.h"
+#include "train/optimizer_state.h"
 
 namespace krab::train {
 namespace {
@@ -19,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr char kMagic[8] = {'K', 'R', 'A', 'B', 'C', 'K', 'P', 'T'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderBytes = 8 + 4 + 8 + 4;
 
 template <typename T>
@@ -85,6 +88,14 @@ uint64_t check_frame(const std::string& bytes, const std::string& source) {
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0)
     throw CorruptData(str_cat("checkpoint '", source, "' is not a krab checkpoint (bad header)"));
   const auto version = get<uint32_t>(bytes, 8);
+  // Version 1 was a LibTorch archive, that is a TorchScript archive: parsing one runs the code a
+  // forged file carries. It is refused on its version alone, before anything else is read.
+  if (version == 1)
+    throw CorruptData(str_cat(
+        "checkpoint '", source,
+        "' is in format version 1, a LibTorch archive that could run code when loaded; this krab "
+        "no longer reads it: start the run afresh (checkpoint.resume: false, or a new run "
+        "directory), or finish it with the krab that wrote it"));
   if (version != kVersion)
     throw CorruptData(str_cat("checkpoint '", source, "' has format version ", version,
                               "; this krab reads version ", kVersion));
@@ -98,42 +109,15 @@ uint64_t check_frame(const std::string& bytes, const std::string& source) {
   return length;
 }
 
-// Runs `read`, which reads from an archive whose bytes passed their CRC: they are what some
-// writer wrote, but not necessarily krab, so any read can meet a missing entry or the wrong
-// type, which LibTorch reports as c10::Error (or, for an unknown pickled class, TorchScript's
-// ErrorReport). That is a corrupt file, not a bug; say so, naming it. krab's own errors pass.
-template <typename Read>
-void reading_archive(const std::string& source, Read&& read) {
-  const auto corrupt = [&source](const char* why) {
-    return CorruptData(str_cat("checkpoint '", source,
-                               "' is not a valid krab checkpoint: ", core::printable(why)));
-  };
-  try {
-    read();
-  } catch (const Error&) {
-    throw;
-  } catch (const c10::Error& e) {
-    throw corrupt(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    throw corrupt(e.what());
-  }
-}
-
-CheckpointMeta read_meta(torch::serialize::InputArchive& archive, const std::string& source) {
+CheckpointMeta read_meta(const core::Record& in) {
   CheckpointMeta meta;
-  reading_archive(source, [&] {
-    c10::IValue v;
-    archive.read("meta.step", v);
-    meta.step = v.toInt();
-    archive.read("meta.model_name", v);
-    meta.model_name = v.toStringRef();
-    archive.read("meta.signature", v);
-    meta.signature = v.toStringRef();
-    archive.read("meta.global_batch", v);
-    meta.global_batch = v.toInt();
-    archive.read("meta.seed", v);
-    meta.seed = v.toInt();
-  });
+  meta.step = in.integer("meta.step");
+  meta.model_name = in.text("meta.model_name");
+  meta.signature = in.text("meta.signature");
+  meta.global_batch = in.integer("meta.global_batch");
+  meta.seed = in.integer("meta.seed");
+  if (meta.step < 0)
+    throw CorruptData(str_cat("checkpoint '", in.source(), "': meta.step is ", meta.step));
   return meta;
 }
 
@@ -157,34 +141,45 @@ void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
                                   "train.grad_accum must match to resume)"));
 }
 
-// Restores parameters, buffers, optimizer state and the CPU generator from `archive`.
-void restore_state(torch::serialize::InputArchive& archive, const std::string& source,
-                   torch::nn::Module& module, torch::optim::Optimizer& optimizer) {
+// Restores parameters, buffers, optimizer state and the CPU generator from `in`.
+void restore_state(const core::Record& in, torch::nn::Module& module,
+                   torch::optim::Optimizer& optimizer) {
   // Every tensor is read and checked before any is copied, so a checkpoint whose tensors
   // contradict its signature leaves the model as it was. Copy into the existing tensors:
   // Module::load() swaps their storage with set_(), which the optimizer and DataParallel
   // (holding the same parameters) must not be exposed to.
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, saved)
-  const auto take = [&](const std::string& key, const at::Tensor& dest, bool is_buffer) {
-    at::Tensor t;
-    archive.read(key, t, is_buffer);
-    if (!t.defined() || t.sizes() != dest.sizes() || t.scalar_type() != dest.scalar_type())
-      throw CorruptData(str_cat("checkpoint '", source, "': '", key, "' does not match the ",
-                                "model's tensor ", dest.sizes(), " ", dest.scalar_type()));
+  const auto take = [&](const std::string& key, const at::Tensor& dest) {
+    const at::Tensor& t = in.tensor(key);
+    if (t.sizes() != dest.sizes() || t.scalar_type() != dest.scalar_type())
+      throw CorruptData(str_cat("checkpoint '", in.source(), "': '", key, "' is ", t.sizes(), " ",
+                                t.scalar_type(), ", the model's tensor ", dest.sizes(), " ",
+                                dest.scalar_type()));
     copies.emplace_back(dest, t);
   };
-  for (auto& item : module.named_parameters()) take("param." + item.key(), item.value(), false);
-  for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value(), true);
-  torch::serialize::InputArchive optim_archive;
-  archive.read("optimizer", optim_archive);
-  at::Tensor rng;
-  archive.read("rng", rng, /*is_buffer=*/true);
+  for (auto& item : module.named_parameters()) take("param." + item.key(), item.value());
+  for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value());
+  const auto install_optimizer = read_optimizer_state(in, optimizer);
+  // The generator's state is checked on a copy first: set_state() refuses a state of the wrong
+  // size or kind only when it is called, and by then nothing may have changed yet.
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  const at::Tensor& rng = in.tensor("rng");
+  if (rng.scalar_type() != at::kByte || rng.dim() != 1 || rng.numel() != gen.get_state().numel())
+    throw CorruptData(
+        str_cat("checkpoint '", in.source(), "': 'rng' is not a CPU generator state"));
+  try {
+    // A fresh generator, not gen.clone(): LibTorch 1.13's CPU clone leaks its copy.
+    at::make_generator<at::CPUGeneratorImpl>().set_state(rng);
+  } catch (const c10::Error& e) {
+    throw CorruptData(str_cat(
+        "checkpoint '", in.source(),
+        "': 'rng' is not a CPU generator state: ", core::printable(e.what_without_backtrace())));
+  }
   {
     torch::NoGradGuard no_grad;
     for (auto& [dest, saved] : copies) dest.copy_(saved);
   }
-  optimizer.load(optim_archive);
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  install_optimizer();
   gen.set_state(rng);
 }
 
@@ -199,26 +194,20 @@ std::string model_signature(const torch::nn::Module& module) {
 
 std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer) {
-  torch::serialize::OutputArchive archive;
-  archive.write("meta.step", c10::IValue(meta.step));
-  archive.write("meta.model_name", c10::IValue(meta.model_name));
-  archive.write("meta.signature", c10::IValue(meta.signature));
-  archive.write("meta.global_batch", c10::IValue(meta.global_batch));
-  archive.write("meta.seed", c10::IValue(meta.seed));
+  core::RecordWriter record;
+  record.add_int("meta.step", meta.step);
+  record.add_string("meta.model_name", meta.model_name);
+  record.add_string("meta.signature", meta.signature);
+  record.add_int("meta.global_batch", meta.global_batch);
+  record.add_int("meta.seed", meta.seed);
   for (const auto& item : module.named_parameters())
-    archive.write("param." + item.key(), item.value().detach());
+    record.add_tensor("param." + item.key(), item.value());
   for (const auto& item : module.named_buffers())
-    archive.write("buffer." + item.key(), item.value().detach(), /*is_buffer=*/true);
-  torch::serialize::OutputArchive optim_archive;
-  optimizer.save(optim_archive);
-  archive.write("optimizer", optim_archive);
-  archive.write("rng", at::detail::getDefaultCPUGenerator().get_state(), /*is_buffer=*/true);
+    record.add_tensor("buffer." + item.key(), item.value());
+  write_optimizer_state(optimizer, record);
+  record.add_tensor("rng", at::detail::getDefaultCPUGenerator().get_state());
 
-  std::string payload;
-  archive.save_to([&payload](const void* buf, size_t n) {
-    payload.append(static_cast<const char*>(buf), n);
-    return n;
-  });
+  const std::string payload = record.bytes();
   std::string out;
   out.reserve(kHeaderBytes + payload.size());
   out.append(kMagic, sizeof(kMagic));
@@ -233,16 +222,26 @@ CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& so
                                  const CheckpointMeta& expect, torch::nn::Module& module,
                                  torch::optim::Optimizer& optimizer) {
   const uint64_t length = check_frame(bytes, source);
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(bytes.data() + kHeaderBytes, length);
-  } catch (const std::exception& e) {
-    throw CorruptData(str_cat("checkpoint '", source, "' cannot be parsed"));
-  }
-  const CheckpointMeta meta = read_meta(archive, source);
+  // The payload passed its CRC, so some writer wrote it, but not necessarily krab: the record
+  // reader checks every entry, and the accessors below refuse a missing or mistyped one.
+  const core::Record record = core::Record::parse(bytes.data() + kHeaderBytes, length, source);
+  const CheckpointMeta meta = read_meta(record);
   check_resumable(meta, expect, source);
-  reading_archive(source, [&] { restore_state(archive, source, module, optimizer); });
+  restore_state(record, module, optimizer);
   return meta;
+}
+
+std::string checkpoint_job(const std::string& run_dir, const std::string& signature) {
+  return core::job_identity("train-checkpoint", run_dir, signature);
+}
+
+std::string read_checkpoint_file(const std::string& path, const std::string& seal_key,
+                                 const std::string& job) {
+  std::string bytes = core::read_file(path);
+  if (bytes.size() >= kHeaderBytes && std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) == 0 &&
+      get<uint32_t>(bytes, 8) == 1)
+    check_frame(bytes, path);  // throws: version 1
+  return core::unseal(std::move(bytes), seal_key, path, job);
 }
 
 std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,

@@ -5,10 +5,17 @@
 //   runs/NAME/latest                     text: the name of the newest complete step directory
 //   runs/NAME/model.pt                   final parameters, name -> tensor, for Python torch.load
 //
-// state.krab = header (magic "KRABCKPT", format version, payload length, CRC-32 of the
-// payload) + a LibTorch archive. Files are written atomically (temp, fsync, rename) and
-// `latest` moves only after the step directory is complete, so a crash mid-write leaves the
-// previous checkpoint in force. Loading verifies magic, length and CRC before parsing, and
+// state.krab = header (magic "KRABCKPT", format version 2, payload length, CRC-32 of the
+// payload) + a record (core/record.h: data only, read by a validating reader; nothing in a
+// checkpoint is handed to a LibTorch parser) holding
+//   meta.step meta.model_name meta.signature meta.global_batch meta.seed   (CheckpointMeta)
+//   param.NAME, buffer.NAME                                              (the module's tensors)
+//   optimizer.*                                       (train/optimizer_state.h: SGD, Adam, AdamW)
+//   rng                                               (the CPU generator's state, uint8)
+// Version 1 files (a LibTorch archive, which is a TorchScript archive: loading one ran the code
+// inside it) are refused with CorruptData saying so. Files are written atomically (temp, fsync,
+// rename) and `latest` moves only after the step directory is complete, so a crash mid-write leaves
+// the previous checkpoint in force. Loading verifies magic, length and CRC before parsing, and
 // compares the model signature (parameter names and shapes) with the job's model: a corrupt,
 // truncated or foreign checkpoint is refused with CorruptData / InvalidArgument, never loaded.
 //
@@ -36,16 +43,29 @@ struct CheckpointMeta {
 // "name:shape;name:shape;..." over the module's parameters, in registration order.
 std::string model_signature(const torch::nn::Module& module);
 
-// Serialises the full state to bytes (header + archive).
+// Serialises the full state to bytes (header + record). NotSupported for an optimizer other
+// than SGD, Adam and AdamW.
 std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer);
 
-// Verifies and loads. `source` names the file in messages. Throws CorruptData when the bytes
-// fail their checks, InvalidArgument when the checkpoint belongs to another model or global
-// batch size.
+// Verifies and loads, all or nothing: every entry is read and checked before the module, the
+// optimizer or the generator changes. `source` names the file in messages. Throws CorruptData
+// when the bytes fail their checks (a version 1 file included), InvalidArgument when the
+// checkpoint belongs to another model, optimizer or global batch size, NotSupported for an
+// optimizer other than SGD, Adam and AdamW.
 CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& source,
                                  const CheckpointMeta& expect, torch::nn::Module& module,
                                  torch::optim::Optimizer& optimizer);
+
+// What a sealed checkpoint is bound to (core/seal.h): core::job_identity() of the run directory
+// and the model signature. A sealed state.krab copied from another run fails its seal.
+std::string checkpoint_job(const std::string& run_dir, const std::string& signature);
+
+// The bytes of `path` for decode_checkpoint(), unsealed (core::unseal with `seal_key` and
+// `job`). A version 1 file is refused first, by its header alone, so that its message says what
+// it is rather than that its seal (made before seals were bound to jobs) fails.
+std::string read_checkpoint_file(const std::string& path, const std::string& seal_key,
+                                 const std::string& job);
 
 // Writes step directory + moves `latest`; prunes all but the newest `keep` step directories.
 // Returns the state file's path.

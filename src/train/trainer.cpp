@@ -101,7 +101,7 @@ struct Trainer::Loop {
   std::unique_ptr<engine::Engine> engine;
   comm::Communicator* group = nullptr;  // null for engines without one
 
-  std::string run_dir, seal_key, model_name, signature, last_checkpoint;
+  std::string run_dir, seal_key, seal_job, model_name, signature, last_checkpoint;
   Metric metric = Metric::kAccuracy;
   int64_t start_step = 0;
 
@@ -146,6 +146,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   group = engine->group();
   run_dir = run_directory(c);
   seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
+  seal_job = checkpoint_job(run_dir, signature);
   attach_sinks();
   if (o.resume && group != nullptr) resume();
   engine->start_at(start_step);
@@ -160,7 +161,7 @@ void Trainer::Loop::resume() {
   if (rank0())
     if (auto p = latest_checkpoint(run_dir)) {
       path = *p;
-      bytes = core::unseal(core::read_file(path), seal_key, path);
+      bytes = read_checkpoint_file(path, seal_key, seal_job);
     }
   bytes = broadcast_bytes(*group, bytes);
   if (bytes.empty()) return;
@@ -249,7 +250,8 @@ void Trainer::Loop::maybe_checkpoint(int64_t done) {
     return;
   const engine::TrainState state = engine->state();
   last_checkpoint = save_checkpoint(
-      run_dir, core::seal(encode_checkpoint(meta(done), *state.model, *state.optimizer), seal_key),
+      run_dir,
+      core::seal(encode_checkpoint(meta(done), *state.model, *state.optimizer), seal_key, seal_job),
       done, o.checkpoint_keep);
 }
 
@@ -346,9 +348,11 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   const engine::TrainState state = engine->state();
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
   save_model_pt(out.checkpoint, *state.model);
-  out.state = save_checkpoint(
-      run_dir, core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer), seal_key),
-      steps, o.checkpoint_keep);
+  out.state =
+      save_checkpoint(run_dir,
+                      core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer),
+                                 seal_key, seal_job),
+                      steps, o.checkpoint_keep);
   out.workers = world.size;
   out.global_batch = o.batch * world.size * o.micro_batches;
   out.steps = steps;
@@ -448,8 +452,9 @@ PreflightInfo preflight(const core::Config& job, int workers) {
       auto opt = make_optimizer(c, model->parameters());
       CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
                             global * c.get_int("train.grad_accum"), c.get_int("train.seed")};
-      decode_checkpoint(core::unseal(core::read_file(*path), seal_key, *path), *path, expect,
-                        *model, *opt);
+      decode_checkpoint(
+          read_checkpoint_file(*path, seal_key, checkpoint_job(dir, expect.signature)), *path,
+          expect, *model, *opt);
     }
   }
   PreflightInfo info;

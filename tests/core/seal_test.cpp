@@ -9,6 +9,8 @@
 #include <functional>
 
 #include "core/errors.h"
+#include "core/fs.h"
+#include "core/release_counter.h"
 
 namespace krab::core {
 namespace {
@@ -66,6 +68,56 @@ TEST(Seal, TheKeyFileMustBeLongAndOutsideTheRunDirectory) {
               read_seal_key((dir / "none").string(), (dir / "run").string());
             }).find("does not exist"),
             std::string::npos);
+  fs::remove_all(dir);
+}
+
+// A seal is bound to its job: the same bytes sealed for one run directory or model fail their
+// seal in another, so a sealed file cannot be moved between runs.
+TEST(Seal, ASealIsBoundToItsJob) {
+  const std::string key(32, 'k'), file = "state bytes";
+  const std::string a = job_identity("fl", "runs/a", "w:[2];"),
+                    b = job_identity("fl", "runs/b", "w:[2];");
+  const std::string other_model = job_identity("fl", "runs/a", "w:[3];");
+  EXPECT_EQ(job_identity("fl", "runs/./a/", "w:[2];"), job_identity("fl", "runs/a/", "w:[2];"));
+  const std::string sealed = seal(file, key, a);
+  EXPECT_EQ(unseal(sealed, key, "fl-state.krab", a), file);
+  for (const std::string& job : {b, other_model, std::string()})
+    EXPECT_NE(error_of([&] { unseal(sealed, key, "fl-state.krab", job); }).find("fails its seal"),
+              std::string::npos);
+}
+
+TEST(ReleaseCounter, GrowsOnlyIsPerJobAndCannotBeForgedOrMoved) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("krab-counter-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string key_file = (dir / "key").string(), key(32, 'k');
+  const ReleaseCounter a(key_file, key, "job a"), b(key_file, key, "job b");
+  EXPECT_EQ(fs::path(a.path()).parent_path(), dir);  // beside the key
+  EXPECT_NE(a.path(), b.path());
+  EXPECT_EQ(a.value(), 0);
+  a.advance(3);
+  a.advance(2);  // never lowers
+  EXPECT_EQ(a.value(), 3);
+  EXPECT_EQ(ReleaseCounter(key_file, key, "job a").value(), 3);  // durable
+  EXPECT_EQ(b.value(), 0);
+  // Job b's counter copied over job a's, or a changed count: refused.
+  const std::string saved = read_file(a.path());
+  b.advance(1);
+  fs::copy_file(b.path(), a.path(), fs::copy_options::overwrite_existing);
+  EXPECT_NE(error_of([&] { a.value(); }).find("fails its check"), std::string::npos);
+  std::string edited = saved;
+  edited[8] = 1;  // 3 -> 1
+  std::ofstream(a.path(), std::ios::binary | std::ios::trunc) << edited;
+  EXPECT_THROW(a.value(), CorruptData);
+  std::ofstream(a.path(), std::ios::binary | std::ios::trunc) << saved;
+  EXPECT_EQ(a.value(), 3);
+  EXPECT_NE(ReleaseCounter(key_file, std::string(32, 'o'), "job a").path(), a.path());
+  // No key file: no counter.
+  const ReleaseCounter off("", "", "job a");
+  EXPECT_FALSE(off.enabled());
+  off.advance(5);
+  EXPECT_EQ(off.value(), 0);
   fs::remove_all(dir);
 }
 

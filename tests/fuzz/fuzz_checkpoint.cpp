@@ -1,10 +1,11 @@
 // Fuzzes checkpoint loading, decode_checkpoint(bytes, ...), into a small model and optimizer.
 //
-// A random header almost never passes the CRC-32, which would leave the LibTorch archive behind
-// it unexplored; so the first byte picks a mode. Odd: the rest is the whole file, header and
-// all. Even: the rest is the payload, and a valid header (magic, version, length, CRC) is put
+// A random header almost never passes the CRC-32, which would leave the record (core/record.h)
+// behind it unexplored; so the first byte picks a mode. Odd: the rest is the whole file, header and
+// all. Even: the rest is the payload, and a valid header (magic, version 2, length, CRC) is put
 // in front of it, as a writer with a bug (or a forger) would. Either way the only acceptable
-// outcomes are a loaded checkpoint or a krab::Error naming the file.
+// outcomes are a loaded checkpoint or a krab::Error naming the file. No byte reaches a LibTorch
+// parser, so this target runs without -fork: any crash is a finding.
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -15,7 +16,7 @@ namespace {
 
 std::string with_header(const uint8_t* payload, size_t n) {
   std::string out("KRABCKPT", 8);
-  const uint32_t version = 1;
+  const uint32_t version = 2;
   const uint64_t length = n;
   const uint32_t crc =
       static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), payload, static_cast<uInt>(n)));

@@ -4,7 +4,8 @@
 // As for fuzz_checkpoint, the first byte picks a mode so the fuzzer gets past the CRC: odd, the
 // rest is the whole file; even, the rest is the payload and a valid header is put in front of
 // it. A file that loads must leave a runner that can report its history; one that is refused
-// must leave the runner as it was.
+// must leave the runner as it was. The payload is a record (core/record.h), read without
+// LibTorch's parsers, so this target runs without -fork: any crash is a finding.
 #include <torch/torch.h>
 #include <zlib.h>
 
@@ -14,7 +15,7 @@
 namespace {
 
 std::string with_header(const uint8_t* payload, size_t n) {
-  std::string out("KRABFLS1", 8);
+  std::string out("KRABFLS2", 8);
   const uint64_t length = n;
   const uint32_t crc =
       static_cast<uint32_t>(crc32(crc32(0L, Z_NULL, 0), payload, static_cast<uInt>(n)));

@@ -1,6 +1,8 @@
 // Writes the seed corpus of every fuzz target, corpus/<target>/, with krab's own encoders
 // (protobuf messages are spelled out by hand: the generated code belongs to the transports).
-// Usage: fuzz_make_seeds SOURCE_DIR — writes SOURCE_DIR/tests/fuzz/corpus/. Deterministic
+// Usage: fuzz_make_seeds SOURCE_DIR [TARGET...] — writes SOURCE_DIR/tests/fuzz/corpus/ (only
+// the named targets' seeds when targets are given, so that a format change rewrites only its
+// own corpus). Deterministic
 // except where the format holds random bytes (keys, nonces, the checkpoint's RNG state).
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
@@ -10,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/config.h"
@@ -25,8 +28,10 @@ using namespace std::string_literals;
 using Bytes = std::string;
 
 fs::path g_out;
+std::set<std::string> g_only;  // empty: every target
 
 void seed(const std::string& target, const std::string& name, const Bytes& bytes) {
+  if (!g_only.empty() && g_only.count(target) == 0) return;
   const fs::path dir = g_out / target;
   fs::create_directories(dir);
   std::ofstream(dir / name, std::ios::binary) << bytes;
@@ -294,11 +299,12 @@ void payload_seeds() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: fuzz_make_seeds SOURCE_DIR\n";
+  if (argc < 2) {
+    std::cerr << "usage: fuzz_make_seeds SOURCE_DIR [TARGET...]\n";
     return 2;
   }
   const fs::path source = argv[1];
+  g_only.insert(argv + 2, argv + argc);
   g_out = source / "tests" / "fuzz" / "corpus";
   config_seeds(source);
   checkpoint_seeds();

@@ -10,8 +10,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
 
 #include "core/errors.h"
+#include "core/record.h"
 
 namespace krab::train {
 namespace {
@@ -63,9 +66,8 @@ TEST(LatestPointer, OnlyStepAndDigitsNameAStep) {
 }
 
 // A checkpoint file around `payload` with a valid header, as a buggy writer or a forger makes.
-std::string with_header(const std::string& payload) {
+std::string with_header(const std::string& payload, uint32_t version = 2) {
   std::string out("KRABCKPT", 8);
-  const uint32_t version = 1;
   const uint64_t length = payload.size();
   const uint32_t crc = static_cast<uint32_t>(
       crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(payload.data()), payload.size()));
@@ -75,64 +77,174 @@ std::string with_header(const std::string& payload) {
   return out + payload;
 }
 
-std::string archive_bytes(torch::serialize::OutputArchive& archive) {
-  std::ostringstream os;
-  archive.save_to(os);
-  return os.str();
-}
-
 struct Job {
   torch::nn::Linear model{torch::nn::LinearOptions(3, 2)};
-  torch::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.1)};
+  torch::optim::SGD optimizer{model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9)};
   CheckpointMeta expect;
   Job() {
     expect.model_name = "linear";
     expect.signature = model_signature(*model);
     expect.global_batch = 8;
   }
-  void write_meta(torch::serialize::OutputArchive& a) const {
-    a.write("meta.step", c10::IValue(int64_t{3}));
-    a.write("meta.model_name", c10::IValue(expect.model_name));
-    a.write("meta.signature", c10::IValue(expect.signature));
-    a.write("meta.global_batch", c10::IValue(expect.global_batch));
-    a.write("meta.seed", c10::IValue(int64_t{0}));
+  void write_meta(core::RecordWriter& r) const {
+    r.add_int("meta.step", 3);
+    r.add_string("meta.model_name", expect.model_name);
+    r.add_string("meta.signature", expect.signature);
+    r.add_int("meta.global_batch", expect.global_batch);
+    r.add_int("meta.seed", 0);
   }
 };
 
 TEST(Checkpoint, AMissingOrMistypedEntryBehindAValidCrcIsCorruptDataNamingTheFile) {
   Job job;
-  torch::serialize::OutputArchive missing;  // no meta.step at all
-  missing.write("meta.model_name", c10::IValue(std::string("linear")));
+  core::RecordWriter missing;  // no meta.step at all
+  missing.add_string("meta.model_name", "linear");
   std::string msg = message_of([&] {
-    decode_checkpoint(with_header(archive_bytes(missing)), "run/state.krab", job.expect, *job.model,
+    decode_checkpoint(with_header(missing.bytes()), "run/state.krab", job.expect, *job.model,
                       job.optimizer);
   });
   EXPECT_NE(msg.find("run/state.krab"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'meta.step' is missing"), std::string::npos) << msg;
 
-  torch::serialize::OutputArchive mistyped;  // meta.step is a string
-  mistyped.write("meta.step", c10::IValue(std::string("three")));
-  mistyped.write("meta.model_name", c10::IValue(job.expect.model_name));
+  core::RecordWriter mistyped;  // meta.step is a string
+  mistyped.add_string("meta.step", "three");
+  mistyped.add_string("meta.model_name", job.expect.model_name);
   msg = message_of([&] {
-    decode_checkpoint(with_header(archive_bytes(mistyped)), "run/state.krab", job.expect,
-                      *job.model, job.optimizer);
+    decode_checkpoint(with_header(mistyped.bytes()), "run/state.krab", job.expect, *job.model,
+                      job.optimizer);
   });
   EXPECT_NE(msg.find("run/state.krab"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("is a string, not an integer"), std::string::npos) << msg;
 }
 
 TEST(Checkpoint, ATensorThatContradictsTheSignatureIsRefusedAndNothingIsLoaded) {
   Job job;
   const at::Tensor before = job.model->weight.detach().clone();
-  torch::serialize::OutputArchive a;
+  core::RecordWriter a;
   job.write_meta(a);
   // The signature says [2, 3]; a [1] tensor would broadcast into it if it were copied unchecked.
-  a.write("param.weight", torch::full({1}, 7.f));
-  a.write("param.bias", torch::zeros({2}));
+  a.add_tensor("param.weight", torch::full({1}, 7.f));
+  a.add_tensor("param.bias", torch::zeros({2}));
   const std::string msg = message_of([&] {
-    decode_checkpoint(with_header(archive_bytes(a)), "run/state.krab", job.expect, *job.model,
+    decode_checkpoint(with_header(a.bytes()), "run/state.krab", job.expect, *job.model,
                       job.optimizer);
   });
   EXPECT_NE(msg.find("param.weight"), std::string::npos) << msg;
   EXPECT_TRUE(torch::equal(job.model->weight, before));
+}
+
+// Version 1 was a LibTorch (TorchScript) archive: parsing one ran the code in it. It is refused
+// on its header alone, whatever follows, and the message says why and what to do.
+TEST(Checkpoint, TheFirstFormatIsRefusedOnItsVersionSayingWhy) {
+  Job job;
+  for (const std::string payload : {std::string("PK\x03\x04 anything"), std::string()}) {
+    const std::string msg = message_of([&] {
+      decode_checkpoint(with_header(payload, 1), "run/state.krab", job.expect, *job.model,
+                        job.optimizer);
+    });
+    EXPECT_NE(msg.find("run/state.krab"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("format version 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("could run code"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("start the run afresh"), std::string::npos) << msg;
+  }
+}
+
+// Trains `steps` steps of a fixed problem with `opt` on `m`.
+void train(torch::nn::Linear& m, torch::optim::Optimizer& opt, int steps) {
+  const at::Tensor x = torch::linspace(-1, 1, 24).reshape({8, 3});
+  const at::Tensor y = torch::cos(x.sum(1, true)).expand({8, 2}) * torch::tensor({1.f, -2.f});
+  for (int i = 0; i < steps; ++i) {
+    opt.zero_grad();
+    torch::mse_loss(m(x), y).backward();
+    opt.step();
+  }
+}
+
+// For each optimizer krab builds: three steps, a checkpoint, three more steps, against a fresh
+// model and optimizer that load the checkpoint and take the same three steps. Bit-identical, so
+// every piece of optimizer state the next steps read (momentum, Adam's moments and step count,
+// AMSGrad's maximum, the group options) came back.
+TEST(Checkpoint, EveryOptimizerResumesBitIdentically) {
+  using namespace torch::optim;
+  using Make = std::function<std::unique_ptr<Optimizer>(std::vector<at::Tensor>)>;
+  const std::vector<std::pair<std::string, Make>> makers = {
+      {"sgd nesterov",
+       [](auto p) {
+         return std::make_unique<SGD>(
+             p, SGDOptions(0.1).momentum(0.9).nesterov(true).weight_decay(1e-3));
+       }},
+      {"adam", [](auto p) { return std::make_unique<Adam>(p, AdamOptions(0.01)); }},
+      {"adamw amsgrad",
+       [](auto p) { return std::make_unique<AdamW>(p, AdamWOptions(0.01).amsgrad(true)); }},
+  };
+  for (const auto& [name, make] : makers) {
+    torch::manual_seed(1);
+    torch::nn::Linear a(torch::nn::LinearOptions(3, 2));
+    auto opt_a = make(a->parameters());
+    train(a, *opt_a, 3);
+    CheckpointMeta meta{3, "linear", model_signature(*a), 8, 0};
+    const std::string bytes = encode_checkpoint(meta, *a, *opt_a);
+    train(a, *opt_a, 3);
+
+    torch::manual_seed(2);  // other initial weights: they must all be overwritten
+    torch::nn::Linear b(torch::nn::LinearOptions(3, 2));
+    // Other options too: the saved ones replace them.
+    auto opt_b = make(b->parameters());
+    opt_b->param_groups()[0].options().set_lr(0.5);
+    EXPECT_EQ(decode_checkpoint(bytes, "state.krab", meta, *b, *opt_b).step, 3) << name;
+    train(b, *opt_b, 3);
+    EXPECT_TRUE(torch::equal(a->weight, b->weight)) << name;
+    EXPECT_TRUE(torch::equal(a->bias, b->bias)) << name;
+  }
+}
+
+TEST(Checkpoint, AnotherOptimizerIsNotSupportedByNameAndAnotherTypeIsRefused) {
+  torch::nn::Linear m(torch::nn::LinearOptions(3, 2));
+  torch::optim::RMSprop rms(m->parameters(), torch::optim::RMSpropOptions(0.1));
+  CheckpointMeta meta{0, "linear", model_signature(*m), 8, 0};
+  try {
+    encode_checkpoint(meta, *m, rms);
+    ADD_FAILURE() << "RMSprop state was written";
+  } catch (const NotSupported& e) {
+    EXPECT_NE(std::string(e.what()).find("RMSprop"), std::string::npos) << e.what();
+  }
+  torch::optim::SGD sgd(m->parameters(), torch::optim::SGDOptions(0.1));
+  torch::optim::Adam adam(m->parameters(), torch::optim::AdamOptions(0.1));
+  const std::string bytes = encode_checkpoint(meta, *m, sgd);
+  try {
+    decode_checkpoint(bytes, "run/state.krab", meta, *m, adam);
+    ADD_FAILURE() << "SGD state was loaded into Adam";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer 'sgd'"), std::string::npos) << e.what();
+  }
+}
+
+// A momentum buffer of the wrong shape is found before anything is copied: the parameters, the
+// optimizer and the generator stay as they were.
+TEST(Checkpoint, ABadOptimizerEntryLeavesEverythingAsItWas) {
+  Job job;
+  train(job.model, job.optimizer, 1);
+  const at::Tensor weight = job.model->weight.detach().clone();
+  const at::Tensor rng = at::detail::getDefaultCPUGenerator().get_state();
+  core::RecordWriter a;
+  job.write_meta(a);
+  a.add_tensor("param.weight", torch::full({2, 3}, 7.f));
+  a.add_tensor("param.bias", torch::zeros({2}));
+  a.add_string("optimizer.type", "sgd");
+  a.add_int("optimizer.groups", 1);
+  a.add_int("optimizer.group.0.params", 2);
+  for (const char* o : {"lr", "momentum", "dampening", "weight_decay", "nesterov"})
+    a.add_double(std::string("optimizer.group.0.") + o, 0.5);
+  a.add_tensor("optimizer.state.0.momentum_buffer", torch::zeros({3, 2}));
+  a.add_tensor("rng", torch::zeros({5056}, torch::kByte));
+  const std::string msg = message_of([&] {
+    decode_checkpoint(with_header(a.bytes()), "run/state.krab", job.expect, *job.model,
+                      job.optimizer);
+  });
+  EXPECT_NE(msg.find("optimizer.state.0.momentum_buffer"), std::string::npos) << msg;
+  EXPECT_TRUE(torch::equal(job.model->weight, weight));
+  EXPECT_EQ(job.optimizer.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng));
 }
 
 }  // namespace

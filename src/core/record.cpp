@@ -1,0 +1,254 @@
+#include "core/record.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <set>
+
+#include "core/errors.h"
+#include "core/printable.h"
+
+namespace krab::core {
+namespace {
+
+constexpr char kMagic[4] = {'K', 'R', 'E', 'C'};
+enum Kind : uint8_t { kTensor = 1, kInt = 2, kDouble = 3, kString = 4 };
+constexpr const char* kKindNames[] = {"?", "a tensor", "an integer", "a double", "a string"};
+// The largest size one dimension may state: far above any real tensor.
+constexpr int64_t kMaxDim = int64_t{1} << 48;
+
+// The dtypes a record holds, with their codes on disk. Codes are krab's own, not LibTorch's
+// ScalarType numbers, so a LibTorch upgrade cannot change what a file means.
+struct Dtype {
+  uint8_t code;
+  at::ScalarType type;
+  const char* name;
+};
+constexpr Dtype kDtypes[] = {
+    {1, at::kFloat, "float32"},     {2, at::kDouble, "float64"}, {3, at::kHalf, "float16"},
+    {4, at::kBFloat16, "bfloat16"}, {5, at::kLong, "int64"},     {6, at::kInt, "int32"},
+    {7, at::kShort, "int16"},       {8, at::kChar, "int8"},      {9, at::kByte, "uint8"},
+    {10, at::kBool, "bool"},
+};
+
+const Dtype* dtype_by_code(uint8_t code) {
+  for (const Dtype& d : kDtypes)
+    if (d.code == code) return &d;
+  return nullptr;
+}
+
+const Dtype* dtype_by_type(at::ScalarType type) {
+  for (const Dtype& d : kDtypes)
+    if (d.type == type) return &d;
+  return nullptr;
+}
+
+bool valid_name(const std::string& name) {
+  return !name.empty() && name.size() <= kMaxNameBytes &&
+         std::all_of(name.begin(), name.end(), [](char c) { return c > ' ' && c < 0x7f; });
+}
+
+template <typename T>
+void put(std::string& out, T v) {
+  unsigned char b[sizeof(T)];
+  std::memcpy(b, &v, sizeof(T));
+  // krab only builds for little-endian hosts; the layout is little-endian by definition.
+  out.append(reinterpret_cast<const char*>(b), sizeof(T));
+}
+
+// The walk over untrusted bytes: every read is checked against what remains, and every
+// failure names the source and the entry being read.
+class Reader {
+ public:
+  Reader(const char* p, size_t n, const std::string& source) : p_(p), n_(n), source_(source) {}
+
+  [[noreturn]] void fail(const std::string& why) const {
+    throw CorruptData(str_cat(source_, ": not a valid krab record: ",
+                              entry_.empty() ? "" : str_cat("entry '", entry_, "': "), why));
+  }
+  void need(uint64_t bytes, const char* what) const {
+    if (bytes > n_ - at_)
+      fail(str_cat(what, " needs ", bytes, " bytes at offset ", at_, ", only ", n_ - at_,
+                   " remain"));
+  }
+  template <typename T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    std::memcpy(&v, p_ + at_, sizeof(T));
+    at_ += sizeof(T);
+    return v;
+  }
+  const char* take(uint64_t bytes, const char* what) {
+    need(bytes, what);
+    const char* at = p_ + at_;
+    at_ += bytes;
+    return at;
+  }
+  bool done() const { return at_ == n_; }
+  void set_entry(std::string name) { entry_ = std::move(name); }
+
+ private:
+  const char* p_;
+  size_t n_, at_ = 0;
+  const std::string& source_;
+  std::string entry_;
+};
+
+at::Tensor read_tensor(Reader& in) {
+  const Dtype* dtype = dtype_by_code(in.get<uint8_t>("dtype"));
+  if (dtype == nullptr) in.fail("unknown dtype code");
+  const uint8_t rank = in.get<uint8_t>("rank");
+  if (rank > kMaxRank) in.fail(str_cat("rank ", int{rank}, " is above ", kMaxRank));
+  std::vector<int64_t> sizes(rank);
+  for (auto& s : sizes) {
+    s = in.get<int64_t>("size");
+    if (s < 0 || s > kMaxDim) in.fail(str_cat("size ", s, " is out of range"));
+  }
+  // The byte count the sizes imply, refused where it would overflow (unless a zero size makes
+  // the tensor empty whatever the others say).
+  const uint64_t elem = at::elementSize(dtype->type);
+  uint64_t numel = 1;
+  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) {
+    numel = 0;
+  } else {
+    const uint64_t limit = std::numeric_limits<uint64_t>::max() / elem;
+    for (const int64_t s : sizes) {
+      if (numel > limit / static_cast<uint64_t>(s)) in.fail("its sizes overflow a byte count");
+      numel *= static_cast<uint64_t>(s);
+    }
+  }
+  const uint64_t bytes = in.get<uint64_t>("byte count");
+  if (bytes != numel * elem)
+    in.fail(str_cat("states ", bytes, " bytes for ", numel, " ", dtype->name, " elements"));
+  const char* data = in.take(bytes, "tensor data");
+  if (dtype->type == at::kBool &&
+      std::any_of(data, data + bytes, [](char c) { return c != 0 && c != 1; }))
+    in.fail("a bool tensor holds a byte other than 0 and 1");
+  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype->type));
+  if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
+  return t;
+}
+
+}  // namespace
+
+void RecordWriter::begin(const std::string& name, uint8_t kind) {
+  KRAB_CHECK(valid_name(name), "record entry name '", printable(name), "' is not valid");
+  KRAB_CHECK(std::find(names_.begin(), names_.end(), name) == names_.end(), "record entry '", name,
+             "' written twice");
+  names_.push_back(name);
+  put<uint16_t>(body_, static_cast<uint16_t>(name.size()));
+  body_ += name;
+  put<uint8_t>(body_, kind);
+}
+
+void RecordWriter::add_tensor(const std::string& name, const at::Tensor& tensor) {
+  KRAB_CHECK(tensor.defined(), "record entry '", name, "': undefined tensor");
+  const Dtype* dtype = dtype_by_type(tensor.scalar_type());
+  KRAB_CHECK(dtype != nullptr && tensor.dim() <= kMaxRank, "record entry '", name,
+             "': a tensor of ", tensor.scalar_type(), " and rank ", tensor.dim(),
+             " cannot be stored");
+  begin(name, kTensor);
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  put<uint8_t>(body_, dtype->code);
+  put<uint8_t>(body_, static_cast<uint8_t>(t.dim()));
+  for (const int64_t s : t.sizes()) put<int64_t>(body_, s);
+  const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
+  put<uint64_t>(body_, bytes);
+  if (bytes > 0) body_.append(static_cast<const char*>(t.data_ptr()), bytes);
+}
+
+void RecordWriter::add_int(const std::string& name, int64_t value) {
+  begin(name, kInt);
+  put<int64_t>(body_, value);
+}
+
+void RecordWriter::add_double(const std::string& name, double value) {
+  begin(name, kDouble);
+  put<double>(body_, value);
+}
+
+void RecordWriter::add_string(const std::string& name, const std::string& value) {
+  KRAB_CHECK(value.size() <= kMaxStringBytes, "record entry '", name, "': string of ", value.size(),
+             " bytes");
+  begin(name, kString);
+  put<uint64_t>(body_, value.size());
+  body_ += value;
+}
+
+std::string RecordWriter::bytes() const {
+  std::string out(kMagic, sizeof(kMagic));
+  put<uint32_t>(out, static_cast<uint32_t>(names_.size()));
+  return out + body_;
+}
+
+Record Record::parse(const char* data, size_t n, const std::string& source) {
+  Record r;
+  r.source_ = source;
+  Reader in(data, n, source);
+  if (std::memcmp(in.take(sizeof(kMagic), "the magic"), kMagic, sizeof(kMagic)) != 0)
+    in.fail("bad magic");
+  const uint32_t count = in.get<uint32_t>("the entry count");
+  for (uint32_t i = 0; i < count; ++i) {
+    in.set_entry("");
+    const uint16_t len = in.get<uint16_t>("a name length");
+    std::string name(in.take(len, "a name"), len);
+    if (!valid_name(name))
+      in.fail(str_cat("entry #", i, " has a bad name '", printable(name), "'"));
+    if (r.entries_.count(name) != 0) in.fail(str_cat("entry '", name, "' appears twice"));
+    in.set_entry(name);
+    Value v;
+    switch (in.get<uint8_t>("the kind")) {
+      case kTensor:
+        v = read_tensor(in);
+        break;
+      case kInt:
+        v = in.get<int64_t>("the integer");
+        break;
+      case kDouble:
+        v = in.get<double>("the double");
+        break;
+      case kString: {
+        const uint64_t bytes = in.get<uint64_t>("the string length");
+        if (bytes > kMaxStringBytes) in.fail(str_cat("a string of ", bytes, " bytes"));
+        v = std::string(in.take(bytes, "the string"), bytes);
+        break;
+      }
+      default:
+        in.fail("unknown kind");
+    }
+    r.order_.push_back(name);
+    r.entries_.emplace(std::move(name), std::move(v));
+  }
+  in.set_entry("");
+  if (!in.done()) in.fail("bytes after the last entry");
+  return r;
+}
+
+bool Record::has(const std::string& name) const { return entries_.count(name) != 0; }
+
+const Record::Value& Record::find(const std::string& name, size_t kind, const char* what) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) throw CorruptData(str_cat(source_, ": entry '", name, "' is missing"));
+  if (it->second.index() != kind)
+    throw CorruptData(str_cat(source_, ": entry '", name, "' is ",
+                              kKindNames[it->second.index() + 1], ", not ", what));
+  return it->second;
+}
+
+const at::Tensor& Record::tensor(const std::string& name) const {
+  return std::get<at::Tensor>(find(name, 0, "a tensor"));
+}
+int64_t Record::integer(const std::string& name) const {
+  return std::get<int64_t>(find(name, 1, "an integer"));
+}
+double Record::real(const std::string& name) const {
+  return std::get<double>(find(name, 2, "a double"));
+}
+const std::string& Record::text(const std::string& name) const {
+  return std::get<std::string>(find(name, 3, "a string"));
+}
+
+}  // namespace krab::core

@@ -1,0 +1,95 @@
+// Records: krab's data-only container for its own state files (checkpoints, fl-state.krab).
+//
+// A record is an ordered list of named entries; each entry is one of
+//   - a dense tensor (a dtype from a short allowlist, rank <= kMaxRank, row-major bytes),
+//   - an int64, a double, or a string (at most kMaxStringBytes).
+// Nothing in a record is code, and nothing in it is handed to a LibTorch parser: the reader
+// walks the bytes itself, the way data/tensor_file.cpp walks a torch.save archive, and builds
+// each tensor with at::empty + memcpy once its size has been checked against the bytes that are
+// there. A forged file can therefore at worst be refused, never run, and it cannot make the
+// reader allocate more than the file's own size (plus the map of entries).
+//
+// Byte layout (all integers little-endian):
+//   "KREC" | u32 entry count
+//   entry: u16 name length | name | u8 kind
+//     kind 1 tensor: u8 dtype | u8 rank | rank x i64 size | u64 byte count | bytes
+//     kind 2 int64:  8 bytes
+//     kind 3 double: 8 bytes (IEEE 754 binary64)
+//     kind 4 string: u64 length | bytes
+// The framing around a record (magic, version, length, CRC, seal) belongs to the file that holds
+// it (train/checkpoint.h, federated/server_state.h).
+//
+// What parse() checks, each failure a CorruptData naming the source and what is wrong:
+// names of 1..kMaxNameBytes printable ASCII bytes, unique; a known kind and dtype; rank <=
+// kMaxRank; sizes >= 0 whose product, times the element size, neither overflows nor differs
+// from the stated byte count; every byte inside the buffer; bool tensors hold only 0 and 1; no
+// bytes after the last entry.
+//
+// Thread safety: a RecordWriter is used by one thread at a time; a Record is immutable once
+// parsed and may be read from several threads.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace krab::core {
+
+constexpr size_t kMaxNameBytes = 256;
+constexpr int kMaxRank = 8;
+constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
+
+// Builds a record's bytes entry by entry. Names must be unique and valid (see above);
+// add() of a bad name, a repeated name, or a tensor of a dtype outside the allowlist is a bug in
+// the caller and throws Error.
+class RecordWriter {
+ public:
+  // Writes the tensor's values (detached, made contiguous, on the CPU).
+  void add_tensor(const std::string& name, const at::Tensor& tensor);
+  void add_int(const std::string& name, int64_t value);
+  void add_double(const std::string& name, double value);
+  void add_string(const std::string& name, const std::string& value);
+
+  // The record so far.
+  std::string bytes() const;
+
+ private:
+  void begin(const std::string& name, uint8_t kind);
+
+  std::string body_;
+  std::vector<std::string> names_;
+};
+
+// A parsed, fully checked record. Accessors throw CorruptData naming the source when an entry is
+// missing or of another kind: a file that passed its CRC was still not necessarily written by
+// this krab.
+class Record {
+ public:
+  // Walks and checks `n` bytes at `data` (see the list above); `source` names the file in
+  // messages. The tensors are copied out, so `data` need not outlive the Record.
+  static Record parse(const char* data, size_t n, const std::string& source);
+
+  bool has(const std::string& name) const;
+  // The tensor `name`, any allowed dtype and shape: the caller checks what it expects.
+  const at::Tensor& tensor(const std::string& name) const;
+  int64_t integer(const std::string& name) const;
+  double real(const std::string& name) const;
+  const std::string& text(const std::string& name) const;
+  // Entry names in file order.
+  const std::vector<std::string>& names() const { return order_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  using Value = std::variant<at::Tensor, int64_t, double, std::string>;
+  const Value& find(const std::string& name, size_t kind, const char* what) const;
+
+  std::string source_;
+  std::vector<std::string> order_;
+  std::map<std::string, Value> entries_;
+};
+
+}  // namespace krab::core

@@ -1,0 +1,236 @@
+#include "train/optimizer_state.h"
+
+#include <c10/util/Type.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+
+#include <cmath>
+#include <memory>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "core/errors.h"
+#include "core/printable.h"
+
+namespace krab::train {
+namespace {
+
+using torch::optim::Optimizer;
+using torch::optim::OptimizerOptions;
+using torch::optim::OptimizerParamState;
+
+enum class Type { kSgd, kAdam, kAdamW };
+
+const char* type_name(Type t) {
+  return t == Type::kSgd ? "sgd" : t == Type::kAdam ? "adam" : "adamw";
+}
+
+Type type_of(const Optimizer& o) {
+  if (dynamic_cast<const torch::optim::SGD*>(&o)) return Type::kSgd;
+  if (dynamic_cast<const torch::optim::Adam*>(&o)) return Type::kAdam;
+  if (dynamic_cast<const torch::optim::AdamW*>(&o)) return Type::kAdamW;
+  throw NotSupported(str_cat("checkpoints hold the state of SGD, Adam and AdamW; optimizer ",
+                             c10::demangle(typeid(o).name()), " cannot be saved or restored"));
+}
+
+std::string group_key(size_t g, const char* field) {
+  return str_cat("optimizer.group.", g, ".", field);
+}
+std::string state_key(size_t k, const char* field) {
+  return str_cat("optimizer.state.", k, ".", field);
+}
+
+// How LibTorch keys Optimizer::state(): the parameter's TensorImpl address as text.
+std::string state_id(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+
+// --- Options -----------------------------------------------------------------------------------
+// Each optimizer's options as (name, getter, setter) over doubles, so that writing and reading
+// walk the same list.
+template <typename Options>
+struct Field {
+  const char* name;
+  double (*get)(const Options&);
+  void (*set)(Options&, double);
+};
+
+const std::vector<Field<torch::optim::SGDOptions>>& sgd_fields() {
+  using O = torch::optim::SGDOptions;
+  static const std::vector<Field<O>> f = {
+      {"lr", [](const O& o) { return o.lr(); }, [](O& o, double v) { o.lr(v); }},
+      {"momentum", [](const O& o) { return o.momentum(); }, [](O& o, double v) { o.momentum(v); }},
+      {"dampening", [](const O& o) { return o.dampening(); },
+       [](O& o, double v) { o.dampening(v); }},
+      {"weight_decay", [](const O& o) { return o.weight_decay(); },
+       [](O& o, double v) { o.weight_decay(v); }},
+      {"nesterov", [](const O& o) { return o.nesterov() ? 1.0 : 0.0; },
+       [](O& o, double v) { o.nesterov(v != 0); }},
+  };
+  return f;
+}
+
+// Adam and AdamW have the same options in two unrelated types.
+template <typename O>
+const std::vector<Field<O>>& adam_fields() {
+  static const std::vector<Field<O>> f = {
+      {"lr", [](const O& o) { return o.lr(); }, [](O& o, double v) { o.lr(v); }},
+      {"beta1", [](const O& o) { return std::get<0>(o.betas()); },
+       [](O& o, double v) {
+         o.betas({v, std::get<1>(o.betas())});
+       }},
+      {"beta2", [](const O& o) { return std::get<1>(o.betas()); },
+       [](O& o, double v) {
+         o.betas({std::get<0>(o.betas()), v});
+       }},
+      {"eps", [](const O& o) { return o.eps(); }, [](O& o, double v) { o.eps(v); }},
+      {"weight_decay", [](const O& o) { return o.weight_decay(); },
+       [](O& o, double v) { o.weight_decay(v); }},
+      {"amsgrad", [](const O& o) { return o.amsgrad() ? 1.0 : 0.0; },
+       [](O& o, double v) { o.amsgrad(v != 0); }},
+  };
+  return f;
+}
+
+template <typename O>
+void write_options(const std::vector<Field<O>>& fields, const OptimizerOptions& options, size_t g,
+                   core::RecordWriter& out) {
+  for (const auto& f : fields)
+    out.add_double(group_key(g, f.name), f.get(static_cast<const O&>(options)));
+}
+
+template <typename O>
+std::unique_ptr<OptimizerOptions> read_options(const std::vector<Field<O>>& fields,
+                                               const OptimizerOptions& current, size_t g,
+                                               const core::Record& in) {
+  auto options = current.clone();
+  for (const auto& f : fields) {
+    const double v = in.real(group_key(g, f.name));
+    if (!std::isfinite(v))
+      throw CorruptData(str_cat(in.source(), ": ", group_key(g, f.name), " is ", v));
+    f.set(static_cast<O&>(*options), v);
+  }
+  return options;
+}
+
+// --- Per-parameter state -----------------------------------------------------------------------
+
+const at::Tensor& like(const core::Record& in, const std::string& key, const at::Tensor& param) {
+  const at::Tensor& t = in.tensor(key);
+  if (t.sizes() != param.sizes() || t.scalar_type() != param.scalar_type())
+    throw CorruptData(str_cat(in.source(), ": '", key, "' is ", t.sizes(), " ", t.scalar_type(),
+                              ", its parameter ", param.sizes(), " ", param.scalar_type()));
+  return t;
+}
+
+void write_sgd_state(const OptimizerParamState& s, size_t k, core::RecordWriter& out) {
+  const auto& st = static_cast<const torch::optim::SGDParamState&>(s);
+  if (st.momentum_buffer().defined())
+    out.add_tensor(state_key(k, "momentum_buffer"), st.momentum_buffer());
+}
+
+std::unique_ptr<OptimizerParamState> read_sgd_state(const core::Record& in, size_t k,
+                                                    const at::Tensor& param) {
+  if (!in.has(state_key(k, "momentum_buffer"))) return nullptr;
+  auto st = std::make_unique<torch::optim::SGDParamState>();
+  st->momentum_buffer(like(in, state_key(k, "momentum_buffer"), param));
+  return st;
+}
+
+template <typename S>
+void write_adam_state(const OptimizerParamState& s, size_t k, core::RecordWriter& out) {
+  const auto& st = static_cast<const S&>(s);
+  out.add_int(state_key(k, "step"), st.step());
+  out.add_tensor(state_key(k, "exp_avg"), st.exp_avg());
+  out.add_tensor(state_key(k, "exp_avg_sq"), st.exp_avg_sq());
+  if (st.max_exp_avg_sq().defined())
+    out.add_tensor(state_key(k, "max_exp_avg_sq"), st.max_exp_avg_sq());
+}
+
+template <typename S>
+std::unique_ptr<OptimizerParamState> read_adam_state(const core::Record& in, size_t k,
+                                                     const at::Tensor& param) {
+  if (!in.has(state_key(k, "step"))) return nullptr;
+  auto st = std::make_unique<S>();
+  const int64_t step = in.integer(state_key(k, "step"));
+  if (step < 0) throw CorruptData(str_cat(in.source(), ": ", state_key(k, "step"), " is ", step));
+  st->step(step);
+  st->exp_avg(like(in, state_key(k, "exp_avg"), param));
+  st->exp_avg_sq(like(in, state_key(k, "exp_avg_sq"), param));
+  if (in.has(state_key(k, "max_exp_avg_sq")))
+    st->max_exp_avg_sq(like(in, state_key(k, "max_exp_avg_sq"), param));
+  return st;
+}
+
+}  // namespace
+
+void write_optimizer_state(const Optimizer& optimizer, core::RecordWriter& out) {
+  const Type type = type_of(optimizer);
+  out.add_string("optimizer.type", type_name(type));
+  const auto& groups = optimizer.param_groups();
+  out.add_int("optimizer.groups", static_cast<int64_t>(groups.size()));
+  size_t k = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    out.add_int(group_key(g, "params"), static_cast<int64_t>(groups[g].params().size()));
+    if (type == Type::kSgd) write_options(sgd_fields(), groups[g].options(), g, out);
+    if (type == Type::kAdam)
+      write_options(adam_fields<torch::optim::AdamOptions>(), groups[g].options(), g, out);
+    if (type == Type::kAdamW)
+      write_options(adam_fields<torch::optim::AdamWOptions>(), groups[g].options(), g, out);
+    for (const auto& p : groups[g].params()) {
+      const auto it = optimizer.state().find(state_id(p));
+      if (it != optimizer.state().end()) {
+        if (type == Type::kSgd) write_sgd_state(*it->second, k, out);
+        if (type == Type::kAdam)
+          write_adam_state<torch::optim::AdamParamState>(*it->second, k, out);
+        if (type == Type::kAdamW)
+          write_adam_state<torch::optim::AdamWParamState>(*it->second, k, out);
+      }
+      ++k;
+    }
+  }
+}
+
+std::function<void()> read_optimizer_state(const core::Record& in, Optimizer& optimizer) {
+  const Type type = type_of(optimizer);
+  if (in.text("optimizer.type") != type_name(type))
+    throw InvalidArgument(str_cat(in.source(), " holds the state of optimizer '",
+                                  core::printable(in.text("optimizer.type")),
+                                  "'; this job's train.optimizer.name is '", type_name(type), "'"));
+  auto& groups = optimizer.param_groups();
+  if (in.integer("optimizer.groups") != static_cast<int64_t>(groups.size()))
+    throw CorruptData(str_cat(in.source(), ": optimizer.groups is ", in.integer("optimizer.groups"),
+                              ", the optimizer has ", groups.size()));
+  // Everything is read into these first; the returned action only moves it in.
+  auto options = std::make_shared<std::vector<std::unique_ptr<OptimizerOptions>>>();
+  auto states =
+      std::make_shared<std::vector<std::pair<std::string, std::unique_ptr<OptimizerParamState>>>>();
+  size_t k = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& params = groups[g].params();
+    if (in.integer(group_key(g, "params")) != static_cast<int64_t>(params.size()))
+      throw CorruptData(str_cat(in.source(), ": ", group_key(g, "params"), " is ",
+                                in.integer(group_key(g, "params")), ", the group has ",
+                                params.size()));
+    const OptimizerOptions& now = groups[g].options();
+    options->push_back(type == Type::kSgd ? read_options(sgd_fields(), now, g, in)
+                       : type == Type::kAdam
+                           ? read_options(adam_fields<torch::optim::AdamOptions>(), now, g, in)
+                           : read_options(adam_fields<torch::optim::AdamWOptions>(), now, g, in));
+    for (const auto& p : params) {
+      auto st = type == Type::kSgd    ? read_sgd_state(in, k, p)
+                : type == Type::kAdam ? read_adam_state<torch::optim::AdamParamState>(in, k, p)
+                                      : read_adam_state<torch::optim::AdamWParamState>(in, k, p);
+      if (st) states->emplace_back(state_id(p), std::move(st));
+      ++k;
+    }
+  }
+  return [&optimizer, options, states] {
+    auto& groups = optimizer.param_groups();
+    for (size_t g = 0; g < groups.size(); ++g) groups[g].set_options(std::move((*options)[g]));
+    optimizer.state().clear();
+    for (auto& [id, st] : *states) optimizer.state()[id] = std::move(st);
+  };
+}
+
+}  // namespace krab::train

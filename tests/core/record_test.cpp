@@ -1,0 +1,138 @@
+// The data-only record format of krab's state files (core/record.h): what it writes reads back
+// exactly, and every lie a forged record can tell about its sizes is refused by name, before
+// anything of the stated size is allocated.
+#include "core/record.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cstring>
+#include <functional>
+
+#include "core/errors.h"
+
+namespace krab::core {
+namespace {
+
+std::string refusal(const std::string& bytes) {
+  try {
+    Record::parse(bytes.data(), bytes.size(), "dir/state.krab");
+  } catch (const CorruptData& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "the record was accepted";
+  return "";
+}
+
+// The bytes of one tensor entry as a forger writes them: any dtype code, rank, sizes and count.
+std::string tensor_entry(const std::string& name, uint8_t dtype, std::vector<int64_t> sizes,
+                         uint64_t count, const std::string& data) {
+  std::string out("KREC", 4);
+  const uint32_t n = 1;
+  out.append(reinterpret_cast<const char*>(&n), 4);
+  const uint16_t len = static_cast<uint16_t>(name.size());
+  out.append(reinterpret_cast<const char*>(&len), 2);
+  out += name;
+  out += '\x01';
+  out += static_cast<char>(dtype);
+  out += static_cast<char>(sizes.size());
+  for (const int64_t s : sizes) out.append(reinterpret_cast<const char*>(&s), 8);
+  out.append(reinterpret_cast<const char*>(&count), 8);
+  return out + data;
+}
+
+TEST(Record, EveryKindReadsBackExactlyInOrder) {
+  RecordWriter w;
+  const at::Tensor f = torch::randn({2, 3, 4}).transpose(0, 2);  // not contiguous
+  w.add_tensor("f", f);
+  w.add_tensor("scalar", torch::tensor(int64_t{-5}));
+  w.add_tensor("empty", torch::zeros({0, 7}, torch::kHalf));
+  w.add_tensor("mask", torch::tensor({true, false, true}));
+  w.add_tensor("rng", torch::arange(0, 200, torch::kByte));
+  w.add_int("i", -(int64_t{1} << 40));
+  w.add_double("d", 0.1);
+  w.add_string("s", std::string("a\0b", 3));
+  const std::string bytes = w.bytes();
+  const Record r = Record::parse(bytes.data(), bytes.size(), "x");
+  EXPECT_EQ(r.names(),
+            (std::vector<std::string>{"f", "scalar", "empty", "mask", "rng", "i", "d", "s"}));
+  EXPECT_TRUE(torch::equal(r.tensor("f"), f));
+  EXPECT_EQ(r.tensor("scalar").dim(), 0);
+  EXPECT_EQ(r.tensor("scalar").item<int64_t>(), -5);
+  EXPECT_EQ(r.tensor("empty").sizes(), (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(r.tensor("empty").scalar_type(), at::kHalf);
+  EXPECT_TRUE(torch::equal(r.tensor("mask"), torch::tensor({true, false, true})));
+  EXPECT_TRUE(torch::equal(r.tensor("rng"), torch::arange(0, 200, torch::kByte)));
+  EXPECT_EQ(r.integer("i"), -(int64_t{1} << 40));
+  EXPECT_EQ(r.real("d"), 0.1);
+  EXPECT_EQ(r.text("s"), std::string("a\0b", 3));
+  // Asking for the wrong kind, or for what is not there, names the entry.
+  try {
+    r.integer("s");
+    ADD_FAILURE();
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("'s' is a string, not an integer"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(r.tensor("nothing"), CorruptData);
+}
+
+TEST(Record, LiesAboutSizesAreRefusedBeforeAnythingIsAllocated) {
+  const std::string four(16, '\0');
+  // dtype 1 = float32. Each case states a size the 16 bytes behind it cannot hold.
+  const std::string valid = tensor_entry("t", 1, {4}, 16, four);  // the honest entry
+  EXPECT_NO_THROW(Record::parse(valid.data(), valid.size(), "x"));
+  const struct {
+    std::string bytes, needle;
+  } cases[] = {
+      {tensor_entry("t", 1, {1 << 30, 1 << 30}, 16, four), "states 16 bytes"},
+      {tensor_entry("t", 1, {int64_t{1} << 48, int64_t{1} << 48}, 0, ""), "overflow"},
+      {tensor_entry("t", 1, {-4}, 16, four), "size -4"},
+      {tensor_entry("t", 1, {4}, 1ull << 40, four), "states 1099511627776 bytes"},
+      {tensor_entry("t", 1, {8}, 32, four), "needs 32 bytes"},
+      {tensor_entry("t", 1, std::vector<int64_t>(9, 1), 4, four), "rank 9"},
+      {tensor_entry("t", 99, {4}, 16, four), "unknown dtype"},
+      {tensor_entry("t", 10, {16}, 16, std::string(15, '\0') + '\x02'), "bool"},
+      {tensor_entry("bad name", 1, {4}, 16, four), "bad name"},
+      {tensor_entry("", 1, {4}, 16, four), "bad name"},
+      {tensor_entry("t", 1, {4}, 16, four + "x"), "bytes after the last entry"},
+  };
+  for (const auto& c : cases) {
+    const std::string msg = refusal(c.bytes);
+    EXPECT_NE(msg.find("dir/state.krab"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.needle), std::string::npos) << msg;
+  }
+}
+
+TEST(Record, CountsNamesAndKindsAreChecked) {
+  RecordWriter w;
+  w.add_int("a", 1);
+  std::string bytes = w.bytes();
+  // The same entry twice.
+  std::string twice = bytes + bytes.substr(8);
+  twice[4] = 2;
+  EXPECT_NE(refusal(twice).find("'a' appears twice"), std::string::npos);
+  // More entries stated than there are.
+  std::string more = bytes;
+  more[4] = 3;
+  EXPECT_NE(refusal(more).find("remain"), std::string::npos);
+  // An unknown kind, a bad magic, a string longer than the file.
+  std::string kind = bytes;
+  kind[8 + 2 + 1] = 9;
+  EXPECT_NE(refusal(kind).find("unknown kind"), std::string::npos);
+  EXPECT_NE(refusal("KRAB" + bytes.substr(4)).find("bad magic"), std::string::npos);
+  RecordWriter s;
+  s.add_string("s", "hello");
+  std::string longer = s.bytes();
+  longer[8 + 2 + 1 + 1] = 100;  // length 100, 5 bytes there
+  EXPECT_NE(refusal(longer).find("remain"), std::string::npos);
+  // Every prefix of a valid record is refused, none crashes.
+  RecordWriter full;
+  full.add_tensor("t", torch::ones({3, 2}));
+  full.add_string("s", "text");
+  const std::string all = full.bytes();
+  for (size_t n = 0; n < all.size(); ++n) EXPECT_NE(refusal(all.substr(0, n)), "") << n;
+}
+
+}  // namespace
+}  // namespace krab::core
