@@ -60,7 +60,8 @@ data::DataSplits server_data(const core::Config& c) {
                    "held-out CSV file of its own, with the clients' columns and every class "
                    "(the model's shape is read from it)");
     data::DataSplits all =
-        data::load_csv(eval, c.get_string("data.label_column"), 0.0, c.get_bool("data.normalize"));
+        data::load_csv(eval, c.get_string("data.label_column"), 0.0, c.get_bool("data.normalize"),
+                       c.get_int("data.num_classes"));
     data::DataSplits d;
     d.input_shape = all.input_shape;
     d.num_classes = all.num_classes;
