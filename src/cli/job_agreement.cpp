@@ -1,11 +1,15 @@
 #include "cli/job_agreement.h"
 
+#include <openssl/evp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/errors.h"
 
@@ -16,21 +20,30 @@
 namespace krab::cli {
 namespace {
 
-// FNV-1a over a file's bytes, as 16 hex digits; "" when it cannot be read.
+// SHA-256 of a file's bytes, as 64 hex digits; "" when it cannot be read. A cryptographic hash
+// rather than a checksum: a node that wants another's fingerprint while training something else
+// would have to find a second file with the same SHA-256, not just patch 64 bits of FNV.
 std::string file_digest(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return "";
-  uint64_t h = 1469598103934665603ULL;
-  char buf[1 << 16];
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  KRAB_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "SHA-256 init");
+  std::vector<char> buf(1 << 16);
   while (in) {
-    in.read(buf, sizeof(buf));
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h ^= static_cast<unsigned char>(buf[i]);
-      h *= 1099511628211ULL;
-    }
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    KRAB_CHECK(EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount())) == 1,
+               "SHA-256 update");
   }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  if (in.bad()) return "";
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  KRAB_CHECK(EVP_DigestFinal_ex(ctx.get(), digest, &length) == 1, "SHA-256 final");
+  std::string hex;
+  char byte[3];
+  for (unsigned int i = 0; i < length; ++i) {
+    std::snprintf(byte, sizeof(byte), "%02x", digest[i]);
+    hex += byte;
+  }
   return hex;
 }
 

@@ -25,9 +25,13 @@
 //   comm.iface            each machine has its own network interfaces;
 //   train.threads_per_worker  machines may have different numbers of cores.
 // Files that shape the model itself (model.path, data.tokenizer.sentencepiece) are compared by
-// content (a 64-bit FNV-1a digest and the size), not by path: each node may keep them where it
-// likes, but two nodes training different TorchScript modules or tokenizers are refused. Data
-// files are not hashed (they may be terabytes, and each node may rightly read its own shards).
+// content (SHA-256 and the size), not by path: each node may keep them where it likes, but two
+// nodes training different TorchScript modules or tokenizers are refused. The executable's
+// digest is SHA-256 too. The comparison catches mistakes, and the hash being cryptographic, no
+// one can craft a different file that passes for the same one (64 bits of FNV-1a, used before,
+// can be matched at will). It is not authentication: a node that lies about its own files can
+// present node 0's fingerprint while running something else, since each node reports on itself.
+// Data files are not hashed (they may be terabytes, and each node may rightly read its own shards).
 // Workers started by torchrun, mpirun or Slurm have no krab launcher and are not compared.
 #pragma once
 

@@ -76,7 +76,8 @@ StorePtr under_secret(const std::string& secret, StorePtr base) {
 
 StoreServer::StoreServer(const Endpoint& at) {
   // FileStore opens the file with mode 0644; made first, it keeps 0600.
-  const int fd = ::open(at.file.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+  // O_NOFOLLOW: a symlink planted at the name would make FileStore append to its target.
+  const int fd = ::open(at.file.c_str(), O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
   KRAB_CHECK_ARG(fd >= 0, "cannot create the rendezvous file ", at.file, ": ",
                  std::strerror(errno));
   ::close(fd);

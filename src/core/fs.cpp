@@ -1,10 +1,12 @@
 #include "core/fs.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -24,18 +26,47 @@ bool path_exists(const std::string& path) {
 
 void make_dirs(const std::string& path) {
   if (path.empty()) return;
-  std::error_code ec;
-  fs::create_directories(path, ec);
-  if (ec) throw Error(str_cat("cannot create directory '", path, "': ", ec.message()));
+  // Level by level rather than std::filesystem::create_directories, which asks for 0777.
+  fs::path level;
+  for (const fs::path& part : fs::path(path)) {
+    level /= part;
+    if (part.empty() || part == "." || part == "/") continue;  // "runs/" ends in an empty part
+    std::error_code ec;
+    // An existing level is taken as it is (a symlink to a directory too), and before mkdir, which
+    // may fail for other reasons on a level that exists (a read-only mount, say).
+    if (fs::is_directory(level, ec) || ::mkdir(level.c_str(), 0700) == 0) continue;
+    const int err = errno;
+    if (err == EEXIST && fs::is_directory(level, ec)) continue;  // another process made it
+    throw Error(str_cat("cannot create directory '", path, "': ",
+                        err == EEXIST ? str_cat("'", level.string(), "' is not a directory")
+                                      : std::string(std::strerror(err))));
+  }
 }
 
-void write_file_atomic(const std::string& path, const std::string& data) {
-  const fs::path target(path);
-  const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
-  make_dirs(dir);
-  const std::string tmp = str_cat(path, ".tmp.", ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(str_cat("cannot write '", tmp, "': ", std::strerror(errno)));
+namespace {
+
+// Creates the temporary beside `path` for write_file_atomic. The old name, PATH.tmp.<pid>, could
+// be guessed: a symlink planted under every pid made krab write through it into the symlink's
+// target (O_CREAT without O_EXCL follows one). A random name is never there already, and should
+// it be (a clash, or a planted name), O_EXCL fails instead of opening it. The kernel applies the
+// umask to `mode`, so umask can only take bits away; no chmod is needed afterwards since the
+// file is new.
+int create_temporary(const std::string& path, mode_t mode, std::string& tmp) {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    uint64_t bits = 0;
+    if (::getrandom(&bits, sizeof(bits), 0) != static_cast<ssize_t>(sizeof(bits)))
+      throw Error(str_cat("cannot write '", path, "': getrandom: ", std::strerror(errno)));
+    char suffix[17];
+    std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(bits));
+    tmp = str_cat(path, ".tmp.", suffix);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+    if (fd >= 0) return fd;
+    if (errno != EEXIST) break;
+  }
+  throw Error(str_cat("cannot write '", tmp, "': ", std::strerror(errno)));
+}
+
+void write_all(int fd, const std::string& data, const std::string& path, const std::string& tmp) {
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -48,6 +79,17 @@ void write_file_atomic(const std::string& path, const std::string& data) {
     }
     done += static_cast<size_t>(n);
   }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& data, FileAccess access) {
+  const fs::path target(path);
+  const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
+  make_dirs(dir);
+  std::string tmp;
+  const int fd = create_temporary(path, access == FileAccess::kPrivate ? 0600 : 0644, tmp);
+  write_all(fd, data, path, tmp);
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string why = std::strerror(errno);
     ::unlink(tmp.c_str());
@@ -82,7 +124,7 @@ void check_writable_dir(const std::string& dir, const std::string& what) {
   std::string why;
   std::vector<fs::path> created;
   for (auto it = missing.rbegin(); it != missing.rend() && why.empty(); ++it) {
-    if (::mkdir(it->c_str(), 0755) == 0)
+    if (::mkdir(it->c_str(), 0700) == 0)
       created.push_back(*it);
     else if (errno != EEXIST)  // another process's run may be creating it too
       why = str_cat("cannot create '", it->string(), "': ", std::strerror(errno));

@@ -6,17 +6,31 @@
 
 namespace krab::core {
 
-// Writes `data` to `path` atomically: a temporary file in the same directory, fsync, rename
+// Who a file krab writes is for. krab asks for the mode below when it creates the file; the
+// user's umask can only take bits away (umask 077 makes a shared file private too).
+enum class FileAccess {
+  kPrivate,  // 0600: checkpoints, `latest`, fl-state.krab: the run's state
+  kShared,   // 0644: what a user hands on: report.json, model.pt, model.ts, --port-file
+};
+
+// Writes `data` to `path` atomically: a new temporary file in the same directory, fsync, rename
 // over the target, fsync of the directory. A crash leaves either the old file or the new one,
-// never a torn one. Parent directories are created. Throws krab::Error naming the path.
-void write_file_atomic(const std::string& path, const std::string& data);
+// never a torn one. The temporary's name ends in 64 random bits and it is created with O_EXCL
+// and O_NOFOLLOW, so nothing planted in the directory beforehand (a symlink to another file,
+// say) can be written through; the rename replaces a symlink at `path` itself rather than
+// following it. Missing parent directories are created as make_dirs() creates them. Throws
+// krab::Error naming the path.
+void write_file_atomic(const std::string& path, const std::string& data,
+                       FileAccess access = FileAccess::kPrivate);
 
 // Reads a whole file. Missing or unreadable -> InvalidArgument naming the path.
 std::string read_file(const std::string& path);
 
 bool path_exists(const std::string& path);
 
-// mkdir -p. Throws krab::Error naming the path.
+// mkdir -p: each missing level is created with mode 0700 (less if the umask says so), since
+// the directories krab creates hold a run's state (run directories, their step-N folders).
+// Levels that exist already are left as they are. Throws krab::Error naming the path.
 void make_dirs(const std::string& path);
 
 // Checks, before any work is done, that files can later be created in directory `dir`: the

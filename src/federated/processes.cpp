@@ -150,7 +150,8 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
                so.address.c_str(), server.port(),
                so.client_ca_file.empty() ? "" : ", client certificates required", so.tokens.size());
   if (!options.port_file.empty())
-    core::write_file_atomic(options.port_file, std::to_string(server.port()) + "\n");
+    core::write_file_atomic(options.port_file, std::to_string(server.port()) + "\n",
+                            core::FileAccess::kShared);
 
   RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true,
                      held_out_evaluator(*model, d, train::resolve_metric(config, *model, d)));
@@ -187,7 +188,8 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["refusals"] = st.refusals;
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty())
-    core::write_file_atomic(options.report_path, core::dump_json(report));
+    core::write_file_atomic(options.report_path, core::dump_json(report),
+                            core::FileAccess::kShared);
   std::fprintf(stderr, "krab: model %s/model.pt\n", run_dir.c_str());
   require_a_successful_round(runner);
   return report;

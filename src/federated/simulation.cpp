@@ -219,7 +219,8 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   add_history(report, runner);
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty())
-    core::write_file_atomic(options.report_path, core::dump_json(report));
+    core::write_file_atomic(options.report_path, core::dump_json(report),
+                            core::FileAccess::kShared);
   require_a_successful_round(runner);
   return report;
 }

@@ -186,7 +186,7 @@ void TorchScriptModel::save(const std::string& path) const {
   copy.eval();
   std::ostringstream out;
   copy.save(out);
-  core::write_file_atomic(path, out.str());
+  core::write_file_atomic(path, out.str(), core::FileAccess::kShared);
 }
 
 TorchScriptModel* as_torchscript(Model& model) { return dynamic_cast<TorchScriptModel*>(&model); }

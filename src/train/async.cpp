@@ -236,7 +236,7 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
   const WorkerTotals t = worker_totals(st, job.workers, job.metric);
   const std::string run_dir = run_directory(job.c);
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
-  fs::create_directories(run_dir);
+  core::make_dirs(run_dir);  // 0700, as every run directory
   save_model_pt(out.checkpoint, *job.model);
   const int64_t per_push = job.o.batch * job.o.micro_batches;
   out.workers = job.workers;
@@ -312,7 +312,8 @@ nlohmann::json run_param_server(const core::Config& c, int shard, const comm::En
   const Collected col = collect_shards(job, server, *state, *store, rendezvous);
   nlohmann::json report = chief_report(job, so, st, col, t_start);
   if (!options.report_path.empty())
-    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
+    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n",
+                            core::FileAccess::kShared);
   return report;
 }
 

@@ -285,7 +285,7 @@ void save_model_pt(const std::string& path, const torch::nn::Module& module) {
   for (const auto& item : module.named_parameters()) dict.insert(item.key(), item.value().detach());
   for (const auto& item : module.named_buffers()) dict.insert(item.key(), item.value().detach());
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  core::write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
+  core::write_file_atomic(path, std::string(bytes.begin(), bytes.end()), core::FileAccess::kShared);
   // Every mode's final model goes through here, so every mode hands a user's module back.
   if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&module))
     ts->save((std::filesystem::path(path).parent_path() / "model.ts").string());

@@ -377,7 +377,8 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
     report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
                                  {"lr", c.get_float("train.optimizer.lr")}};
   if (!options.report_path.empty())
-    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n");
+    core::write_file_atomic(options.report_path, core::dump_json(report) + "\n",
+                            core::FileAccess::kShared);
   return report;
 }
 

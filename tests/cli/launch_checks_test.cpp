@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -83,6 +84,29 @@ TEST(JobAgreement, ModelFilesAreComparedByContentNotPath) {
   EXPECT_EQ(first_difference(with_spm(here), with_spm(there), 1), "");
   EXPECT_NE(first_difference(with_spm(here), with_spm(other), 1), "");
   for (const std::string& key : content_keys()) EXPECT_NE(core::find_key(key), nullptr) << key;
+}
+
+// The content digest is SHA-256 of the file's bytes, as coreutils' sha256sum computes it.
+TEST(JobAgreement, TheContentDigestIsTheFilesSha256) {
+  std::string bytes;
+  for (int i = 0; i < 200000; ++i) bytes += static_cast<char>((i * 131 + i / 7) & 0xff);
+  const std::string path = write_file("digest.pt", bytes);
+  std::string expected;
+  {
+    std::FILE* p = ::popen(("sha256sum " + path).c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    char hex[65] = {};
+    ASSERT_EQ(std::fscanf(p, "%64s", hex), 1);
+    ASSERT_EQ(::pclose(p), 0);
+    expected = hex;
+  }
+  ASSERT_EQ(expected.size(), 64u);
+  const Fingerprint f =
+      job_fingerprint(job({"model.name=torchscript", "model.path=" + path}), 2, 1);
+  const auto it =
+      std::find_if(f.begin(), f.end(), [](const auto& kv) { return kv.first == "model.path"; });
+  ASSERT_NE(it, f.end());
+  EXPECT_EQ(it->second, "file content " + expected + ", 200000 bytes");
 }
 
 TEST(JobAgreement, NodesExchangeThroughTheStore) {

@@ -8,11 +8,14 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/fs.h"
 #include "data/dataset.h"
 #include "test_util.h"
 
@@ -113,6 +116,49 @@ TEST_F(SentencePieceText, AFileThatIsNotAModelIsRefusedNamingTheKeyAndTheFile) {
   testing::expect_throw_containing<InvalidArgument>(
       [&] { sentencepiece_tokenizer(text_path_ + ".absent", "data.tokenizer.sentencepiece"); },
       {"data.tokenizer.sentencepiece", "does not exist"});
+}
+
+// A program named spm_encode (or spm_export_vocab) earlier in PATH is not the one krab runs: it
+// runs Debian's, by absolute path. The fake passes through to the real one, so on a krab that
+// searched PATH the ids would still be right and only the fake's record would tell (with
+// whether it saw the job secret and which descriptors it held).
+TEST_F(SentencePieceText, ProgramsEarlierInPathAreNotRun) {
+  const std::string bin = (dir_.path() / "bin").string();
+  const std::string record = (dir_.path() / "fake-ran").string();
+  std::filesystem::create_directories(bin);
+  for (const char* name : {"spm_encode", "spm_export_vocab"}) {
+    const std::string fake = bin + "/" + name;
+    std::ofstream(fake) << "#!/bin/sh\n{ echo " << name
+                        << " ran, job secret: ${KRAB_JOB_SECRET:+set},"
+                        << " descriptors: $(ls /proc/$$/fd | tr '\\n' ' '); } >> " << record
+                        << "\nexec /usr/bin/" << name << " \"$@\"\n";
+    std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  }
+  std::vector<int64_t> expected;
+  {
+    const std::string cmd =
+        "/usr/bin/spm_encode --model=" + model_path_ + " --output_format=id < " + text_path_;
+    std::FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    for (long long id; std::fscanf(p, "%lld", &id) == 1;) expected.push_back(id);
+    ASSERT_EQ(pclose(p), 0);
+  }
+  const std::string old_path = std::getenv("PATH") ? std::getenv("PATH") : "";
+  ::setenv("PATH", (bin + ":" + old_path).c_str(), 1);
+  ::setenv("KRAB_JOB_SECRET", "not-for-helpers", 1);
+  std::vector<int64_t> ids;
+  try {
+    const auto tokenizer = sentencepiece_tokenizer(model_path_, "data.tokenizer.sentencepiece");
+    ids = tokenizer->encode(corpus());
+  } catch (...) {
+    ::setenv("PATH", old_path.c_str(), 1);
+    throw;
+  }
+  ::setenv("PATH", old_path.c_str(), 1);
+  ::unsetenv("KRAB_JOB_SECRET");
+  EXPECT_EQ(ids, expected);
+  EXPECT_FALSE(std::filesystem::exists(record)) << "the fake in PATH ran; it saw:\n"
+                                                << core::read_file(record);
 }
 
 }  // namespace
