@@ -203,6 +203,30 @@ TEST_F(ScriptInspection, ScansEverySourceRecordLibTorchCouldRead) {
       "t: .data/ts_code/code/__torch__.py line 1: ops.c10d.barrier");
 }
 
+// torch.jit.save deflates source records; LibTorch allocates a deflated record's stated size
+// before inflating it, so a size that the compressed bytes cannot hold is refused first.
+TEST_F(ScriptInspection, RefusesADeflatedRecordStatingMoreThanItsBytesCanHold) {
+  const std::string path = (dir_ / "deflated.ts").string();
+  {
+    caffe2::serialize::PyTorchStreamWriter writer(path);
+    const std::string code(4000, '\n');
+    writer.writeRecord("data.pkl", "N.", 2);
+    writer.writeRecord("code/__torch__.py", code.data(), code.size(), /*compress=*/true);
+    writer.writeEndOfFile();
+  }
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NO_THROW(inspect_torchscript_bytes(bytes, "t"));
+  // The central directory entry's uncompressed size (offset 24) says 2 GiB - 1.
+  const std::string entry = std::string("PK\x01\x02", 4);
+  for (size_t at = bytes.find(entry); at != std::string::npos; at = bytes.find(entry, at + 4))
+    if (bytes.compare(at + 46, 26, "deflated/code/__torch__.py") == 0)
+      for (int i = 0; i < 4; ++i) bytes[at + 24 + i] = static_cast<char>(0x7fffffffu >> (8 * i));
+  expect_throws<CorruptData>([&] { inspect_torchscript_bytes(bytes, "t"); },
+                             "t: damaged TorchScript archive: record deflated/code/__torch__.py "
+                             "states 2147483647 bytes inflated from ");
+}
+
 // Pickles are walked too: a global naming a custom class (whose C++ __setstate__ would run while
 // the file loads) or one that cannot be read without running the pickle is refused.
 TEST_F(ScriptInspection, RefusesPicklesNamingCustomClasses) {
