@@ -142,35 +142,54 @@ bool is_custom_class(const c10::TypePtr& type) {
   return cls->name()->qualifiedName().rfind("__torch__.torch.classes.", 0) == 0;
 }
 
-void check_block(const torch::jit::Block* block, const std::string& function, const Reader& r) {
-  for (const torch::jit::Node* node : block->nodes()) {
-    const std::string qual = node->kind().toQualString();
-    const size_t sep = qual.find("::");
-    const std::string ns = qual.substr(0, sep);
-    const std::string name = sep == std::string::npos ? "" : qual.substr(sep + 2);
-    const std::string why = refused_operator(ns, name);
-    if (!why.empty()) r.refuse(str_cat(function, " runs ", qual, ", which ", why));
-    for (const torch::jit::Value* v : node->outputs())
-      if (is_custom_class(v->type()))
-        r.refuse(str_cat(function, " makes a value of the custom class ", v->type()->repr_str(),
-                         ", which runs C++ code of its own"));
-    for (const torch::jit::Block* sub : node->blocks()) check_block(sub, function, r);
-    if (node->hasAttribute(c10::attr::Subgraph))
-      check_block(node->g(c10::attr::Subgraph)->block(), function, r);
-  }
-}
+// Walks graphs from the functions it is given and from every function or method they call, so
+// that what a graph can reach is walked even where the compilation unit does not list it.
+class GraphWalk {
+ public:
+  explicit GraphWalk(const Reader& r) : r_(r) {}
 
-void check_function(torch::jit::Function& fn, const Reader& r,
-                    std::set<const torch::jit::Function*>& seen) {
-  if (!seen.insert(&fn).second || !fn.isGraphFunction()) return;
-  const std::string function = core::printable(fn.qualname().qualifiedName(), 120);
-  const auto graph = torch::jit::toGraphFunction(fn).graph();
-  for (const torch::jit::Value* v : graph->inputs())
-    if (is_custom_class(v->type()))
-      r.refuse(str_cat(function, " takes a value of the custom class ", v->type()->repr_str(),
-                       ", which runs C++ code of its own"));
-  check_block(graph->block(), function, r);
-}
+  void function(torch::jit::Function& fn) {
+    if (!seen_.insert(&fn).second || !fn.isGraphFunction()) return;
+    const std::string name = core::printable(fn.qualname().qualifiedName(), 120);
+    const auto graph = torch::jit::toGraphFunction(fn).graph();
+    for (const torch::jit::Value* v : graph->inputs())
+      if (is_custom_class(v->type()))
+        r_.refuse(str_cat(name, " takes a value of the custom class ", v->type()->repr_str(),
+                          ", which runs C++ code of its own"));
+    block(graph->block(), name);
+  }
+
+ private:
+  void block(const torch::jit::Block* b, const std::string& name) {
+    for (const torch::jit::Node* node : b->nodes()) {
+      const std::string qual = node->kind().toQualString();
+      const size_t sep = qual.find("::");
+      const std::string why = refused_operator(
+          qual.substr(0, sep), sep == std::string::npos ? "" : qual.substr(sep + 2));
+      if (!why.empty()) r_.refuse(str_cat(name, " runs ", qual, ", which ", why));
+      for (const torch::jit::Value* v : node->outputs())
+        if (is_custom_class(v->type()))
+          r_.refuse(str_cat(name, " makes a value of the custom class ", v->type()->repr_str(),
+                            ", which runs C++ code of its own"));
+      callee(node);
+      for (const torch::jit::Block* sub : node->blocks()) block(sub, name);
+      if (node->hasAttribute(c10::attr::Subgraph))
+        block(node->g(c10::attr::Subgraph)->block(), name);
+    }
+  }
+  // The function a CallFunction node calls, or the method a CallMethod node calls on a class.
+  void callee(const torch::jit::Node* node) {
+    if (node->kind() == c10::prim::CallFunction && node->inputs().size() > 0)
+      if (const auto f = node->input(0)->type()->cast<c10::FunctionType>())
+        function(*f->function());
+    if (node->kind() == c10::prim::CallMethod && node->inputs().size() > 0)
+      if (const auto cls = node->input(0)->type()->cast<c10::ClassType>())
+        if (torch::jit::Function* m = cls->findMethod(node->s(c10::attr::name))) function(*m);
+  }
+
+  const Reader& r_;
+  std::set<const torch::jit::Function*> seen_;
+};
 
 }  // namespace
 
@@ -192,13 +211,13 @@ void inspect_torchscript_bytes(const std::string& bytes, const std::string& sour
 void check_script_graphs(const torch::jit::Module& module, const std::string& source,
                          const std::string& advice) {
   const Reader r{source, advice};
-  std::set<const torch::jit::Function*> seen;
+  GraphWalk walk(r);
   for (torch::jit::Function* fn : module.type()->compilation_unit()->get_functions())
-    check_function(*fn, r, seen);
+    walk.function(*fn);
   for (const torch::jit::Module& m : module.modules()) {
-    for (torch::jit::Function* fn : m.type()->methods()) check_function(*fn, r, seen);
-    for (torch::jit::Function* fn : m.type()->getForwardPreHooks()) check_function(*fn, r, seen);
-    for (torch::jit::Function* fn : m.type()->getForwardHooks()) check_function(*fn, r, seen);
+    for (torch::jit::Function* fn : m.type()->methods()) walk.function(*fn);
+    for (torch::jit::Function* fn : m.type()->getForwardPreHooks()) walk.function(*fn);
+    for (torch::jit::Function* fn : m.type()->getForwardHooks()) walk.function(*fn);
   }
 }
 

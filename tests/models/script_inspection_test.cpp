@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -133,6 +134,22 @@ def predict(self, x):
   EXPECT_NO_THROW(check_script_graphs(torch::jit::load(path), "net"));
 }
 
+// What torch.jit.script writes for most of torch.nn's layers (write_layer_zoo.py: depthwise
+// and 1x1 convolutions, BatchNorm, GroupNorm, LayerNorm, squeeze-and-excitation, pooling,
+// interpolation, LSTM, multi-head attention, a dozen activations) passes both steps, and the
+// loaded module runs.
+TEST_F(ScriptInspection, PassesWhatPythonScriptsForTorchNnLayers) {
+  const std::string path = (dir_ / "zoo.ts").string();
+  const std::string cmd =
+      std::string(KRAB_PYTHON) + " " + KRAB_SOURCE_DIR + "/tests/models/write_layer_zoo.py " + path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  torch::jit::Module zoo;
+  ASSERT_NO_THROW(zoo = load_inspected_torchscript_file(path, "zoo"));
+  zoo.eval();
+  const at::Tensor out = zoo.forward({torch::randn({2, 3, 16, 16})}).toTensor();
+  EXPECT_EQ(out.sizes(), (std::vector<int64_t>{2, 10}));
+}
+
 // A forward that reaches a file: refused from the file (record, line, operator, advice) and
 // from the graphs; make_model refuses it unless trust_code, and then loads it without running.
 TEST_F(ScriptInspection, RefusesAForwardThatWritesAFile) {
@@ -159,6 +176,24 @@ def forward(self, x):
                                  "set model.trust_code: true to load it anyway");
   spec.trust_code = true;
   EXPECT_NE(make_model(spec), nullptr);
+}
+
+// The graph walk follows calls: a method of a TorchScript class (not a module) that forward
+// calls is walked too. The file is loaded here without inspection, as model.trust_code would,
+// to show that the graphs alone refuse it.
+TEST_F(ScriptInspection, GraphWalkReachesMethodsOfClassesThatForwardCalls) {
+  const std::string path = (dir_ / "helper.ts").string(), target = (dir_ / "target").string();
+  const std::string cmd = std::string(KRAB_PYTHON) + " " + KRAB_SOURCE_DIR +
+                          "/tests/models/write_file_reaching_module.py " + target + " " + path +
+                          " helper";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  expect_throws<InvalidArgument>([&] { inspect_torchscript_file(path, "h"); },
+                                 "h: code/__torch__/payload_module.py line ");
+  const torch::jit::Module m = torch::jit::load(path);
+  expect_throws<InvalidArgument>(
+      [&] { check_script_graphs(m, "h"); },
+      "h: __torch__.payload_module.Helper.touch runs aten::from_file, which maps a file");
+  EXPECT_FALSE(fs::exists(target));
 }
 
 TEST_F(ScriptInspection, RefusesWhatIsNotAModernTorchScriptArchive) {
