@@ -129,11 +129,13 @@ class Tokenizer {
     at_ = end + n;
     return true;
   }
+  // Digits, and a dot when a digit follows; letters after them (an exponent, a hex digit, or a
+  // keyword the lexer would split off, as in `1if`) are left to be read as names.
   void number() {
     while (at_ < s_.size()) {
       const char c = s_[at_];
       const bool dot_digit = c == '.' && at_ + 1 < s_.size() && digit(s_[at_ + 1]);
-      if (!name_char(c) && !dot_digit) break;
+      if (!digit(c) && !dot_digit) break;
       ++at_;
     }
   }

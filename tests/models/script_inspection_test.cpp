@@ -77,7 +77,8 @@ TEST(ScriptScan, PassesWhatIsNotCode) {
                  "  return torch.linear(x, self.weight, self.bias)\n"),
             "");
   EXPECT_EQ(scan(""), "");
-  EXPECT_EQ(scan("x = 1.5e-3 + 0x1f\ny = a.owner\n"), "");
+  EXPECT_EQ(scan("x = 1.5e-3 + 0x1f\ny = a.owner\nz = 1if x else 2\n"), "");
+  EXPECT_TRUE(refused("y = 2.5.save(\"p\")", ".save"));
 }
 
 // --- Archives ----------------------------------------------------------------------------------
