@@ -2,7 +2,8 @@
 // `krab privacy epsilon --noise-multiplier S --sampling-rate Q --steps T --delta D`,
 // `krab fl-sim FED.yaml [--clients N] [--set key=value ...] [--report FILE]`,
 // `krab fl-server FED.yaml [--report FILE] [--port-file FILE]`,
-// `krab fl-client --server HOST:PORT --token T --ca CA.pem [--data PATH] [--partition K/N]`,
+// `krab fl-client --server HOST:PORT --token-file FILE --ca CA.pem [--data PATH] [--model FILE]
+//   [--partition K/N]` (the token also from KRAB_FL_TOKEN, or --token with a warning),
 // `krab config-doc`.
 //
 // Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
@@ -38,6 +39,7 @@
 #include "federated/accountant.h"
 #include "federated/processes.h"
 #include "federated/simulation.h"
+#include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "train/trainer.h"
 
@@ -495,6 +497,7 @@ struct Commands {
   SimArgs sim;
   ServerArgs server;
   federated::ClientRunOptions client;
+  federated::TokenSources client_token;
   EpsilonArgs epsilon;
   CLI::App* fl_sim = nullptr;
   CLI::App* fl_server = nullptr;
@@ -545,17 +548,27 @@ CLI::App* add_fl_server_command(CLI::App& app, ServerArgs& srv) {
   return fl_server;
 }
 
-CLI::App* add_fl_client_command(CLI::App& app, federated::ClientRunOptions& cli_opts) {
+CLI::App* add_fl_client_command(CLI::App& app, federated::ClientRunOptions& cli_opts,
+                                federated::TokenSources& token) {
   auto* fl_client = app.add_subcommand(
       "fl-client", "Federated client: trains on local data, sends back only model updates");
   fl_client->add_option("--server", cli_opts.server, "Server HOST:PORT")->required();
-  fl_client->add_option("--token", cli_opts.token, "This client's token")->required();
+  fl_client->add_option("--token-file", token.file,
+                        "File holding this client's token (or the environment variable "
+                        "KRAB_FL_TOKEN)");
+  fl_client->add_option("--token", token.flag,
+                        "This client's token on the command line (visible in `ps` to every "
+                        "local user: prefer --token-file or KRAB_FL_TOKEN)");
   fl_client
       ->add_option("--ca", cli_opts.ca_file,
                    "PEM file of the CA that signed the server's certificate")
       ->required();
   fl_client->add_option("--data", cli_opts.data,
-                        "This client's data: a dataset directory or file (data.path)");
+                        "This client's data: a dataset directory or file (data.path); never "
+                        "taken from the server");
+  fl_client->add_option("--model", cli_opts.model,
+                        "This client's copy of the TorchScript module, when the server's model "
+                        "is one (its SHA-256 must match the server's)");
   fl_client->add_option("--partition", cli_opts.partition,
                         "K/N: train on partition K of N of --data (experiments)");
   fl_client->add_option("--cert", cli_opts.cert_file, "PEM client certificate (mutual TLS)");
@@ -604,7 +617,7 @@ void add_commands(CLI::App& app, Commands& c) {
   add_train_command(app, c.train);
   c.fl_sim = add_fl_sim_command(app, c.sim);
   c.fl_server = add_fl_server_command(app, c.server);
-  c.fl_client = add_fl_client_command(app, c.client);
+  c.fl_client = add_fl_client_command(app, c.client, c.client_token);
   c.config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
   c.privacy_epsilon = add_privacy_command(app, c.epsilon);
 }
@@ -620,17 +633,24 @@ std::string error_prefix() {
 }
 
 // Runs the command `c` holds, once parsed; `train` when no other was given.
+// fl-client: the token from its file, the environment or (with a warning) the command line.
+int run_fl_client_command(federated::ClientRunOptions options, federated::TokenSources sources) {
+  sources.env = std::getenv("KRAB_FL_TOKEN");
+  std::vector<std::string> warnings;
+  options.token = federated::client_token(sources, warnings);
+  for (const std::string& w : warnings) std::fprintf(stderr, "krab: warning: %s\n", w.c_str());
+  keep_freed_memory();
+  federated::run_fl_client(options);
+  return 0;
+}
+
 int run_command(const Commands& c, int argc, char** argv) {
   if (c.privacy_epsilon->parsed()) return run_epsilon(c.epsilon);
   if (c.fl_server->parsed()) {
     keep_freed_memory();
     return run_fl_server(c.server);
   }
-  if (c.fl_client->parsed()) {
-    keep_freed_memory();
-    federated::run_fl_client(c.client);
-    return 0;
-  }
+  if (c.fl_client->parsed()) return run_fl_client_command(c.client, c.client_token);
   if (c.fl_sim->parsed()) {
     keep_freed_memory();
     return run_fl_sim(c.sim);

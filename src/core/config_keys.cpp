@@ -121,12 +121,20 @@ std::vector<KeySpec> build_registry() {
               "the images from disk, resizing, augmenting) while the training thread computes, "
               "at most 2 per thread ahead; also the threads that check the files at load.",
               1, 64),
+      int_key("data.max_pixels", "16777216",
+              "`images`: the most pixels (height x width) an image file may state; a larger one "
+              "is refused when its header is read, before its pixels are allocated (a 69-byte "
+              "PNG can state 65535 x 65535). The default, 4096 x 4096, holds 4K frames and "
+              "12-megapixel photos; every image is resized to `data.size` anyway.",
+              1),
       bool_key("data.skip_bad", "false",
                "`images`: skip unreadable image files (counted in one note) instead of stopping "
                "with an error naming the file."),
       int_key("data.num_classes", "0",
-              "`tensors` with integer labels: the number of classes; 0 means the largest "
-              "training label + 1. A label outside [0, classes) is an error naming its file.",
+              "`tensors` with integer labels and `csv`: the number of classes; 0 means the "
+              "largest training label + 1, at most 65536 (a larger label is an error naming it "
+              "and its file: state the number here). A label outside [0, classes) is an error "
+              "naming its file.",
               0),
       int_key("data.cache_mb", "1024",
               "`tensors` from a directory: MiB of shards each worker keeps in memory (least "
@@ -386,9 +394,13 @@ std::vector<KeySpec> build_registry() {
                 "`trimmed_mean`: fraction trimmed at each end per coordinate.", 0, 0.499999),
       int_key("federated.byzantine_f", "0", "`krum`/`multi_krum`: byzantine clients tolerated.", 0),
       int_key("federated.krum_m", "1", "`multi_krum`: lowest-score updates averaged.", 1),
-      int_key("federated.max_client_examples", "0",
-              "A client reporting more training examples than this is rejected (its example "
-              "count is its weight in the mean, and it reports the count itself); 0 = no bound.",
+      int_key("federated.max_client_examples", "1000000",
+              "A client reporting more training examples than this is rejected: its example "
+              "count is its weight in the mean, and it reports the count itself, so without a "
+              "bound one liar outweighs every other client. The default is above any one "
+              "client's share of the data sets krab is tried on (Fashion-MNIST holds 60,000 "
+              "training examples in all); set it to the most a genuine client of your "
+              "federation holds. 0 = no bound.",
               0),
       float_key("federated.max_update_norm", "0",
                 "Updates with a larger L2 norm are rejected and logged; 0 = no bound.", 0),

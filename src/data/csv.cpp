@@ -34,8 +34,6 @@ std::vector<std::string> split_fields(const std::string& line) {
   return out;
 }
 
-constexpr int64_t kMaxLabel = 65535;
-
 // The header line: column names and which one holds the label.
 struct CsvHeader {
   std::vector<std::string> names;
@@ -76,16 +74,21 @@ struct CsvRows {
   std::vector<float> features;
   std::vector<int64_t> labels;
   int64_t max_label = 0;
+  int64_t classes = 0;  // data.num_classes; 0: inferred, at most kMaxInferredClasses
 };
 
 void add_value(CsvRows& rows, double x, bool is_label, const std::string& v,
                const std::string& where) {
   if (is_label) {
     // A class index sizes the model's output layer: a hostile or mistyped 1e6 would make
-    // it a million wide. 65535 classes is beyond any table krab is meant for.
-    if (x < 0 || x != std::floor(x) || x > kMaxLabel)
-      throw CorruptData(str_cat(where, ": label '", core::printable(v, 40),
-                                "' is not a class index (0, 1, ... ", kMaxLabel, ")"));
+    // it a million wide. Inferred, the classes are bounded (dataset.h); stated, they bound.
+    const int64_t limit = rows.classes > 0 ? rows.classes : kMaxInferredClasses;
+    if (x < 0 || x != std::floor(x) || x >= static_cast<double>(limit))
+      throw CorruptData(str_cat(
+          where, ": label '", core::printable(v, 40), "' is not a class index (0, 1, ... ",
+          limit - 1, ")",
+          rows.classes > 0 ? " of data.num_classes " : "; set data.num_classes for more classes",
+          rows.classes > 0 ? std::to_string(rows.classes) : ""));
     rows.labels.push_back(static_cast<int64_t>(x));
     rows.max_label = std::max(rows.max_label, rows.labels.back());
   } else {
@@ -97,9 +100,11 @@ void add_value(CsvRows& rows, double x, bool is_label, const std::string& v,
   }
 }
 
-CsvRows read_rows(std::istream& in, const std::string& path, const CsvHeader& header) {
+CsvRows read_rows(std::istream& in, const std::string& path, const CsvHeader& header,
+                  int64_t classes) {
   const int64_t cols = static_cast<int64_t>(header.names.size());
   CsvRows rows;
+  rows.classes = classes;
   std::string line;
   for (int64_t no = 2; std::getline(in, line); ++no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -135,7 +140,8 @@ at::Tensor standardize(const at::Tensor& x, int64_t n_train, const std::string& 
 }  // namespace
 
 DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
-                    bool normalize) {
+                    bool normalize, int64_t num_classes) {
+  KRAB_CHECK_ARG(num_classes >= 0, "data.num_classes must be >= 0, got ", num_classes);
   KRAB_CHECK_ARG(core::path_exists(path), "CSV file '", path, "' does not exist");
   KRAB_CHECK_ARG(!std::filesystem::is_directory(path), "CSV file '", path,
                  "' is a directory (data.path names the .csv file)");
@@ -143,7 +149,7 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
                  "test fraction must be in [0, 1), got ", test_fraction);
   std::istringstream in(core::read_file(path));
   const CsvHeader header = read_header(in, path, label_column);
-  CsvRows rows = read_rows(in, path, header);
+  CsvRows rows = read_rows(in, path, header, num_classes);
   const int64_t n = static_cast<int64_t>(rows.labels.size());
   KRAB_CHECK_ARG(n >= 2, "CSV file '", path, "' has ", n, " data rows; need at least 2");
   const int64_t width = static_cast<int64_t>(header.names.size()) - 1;
@@ -166,7 +172,7 @@ DataSplits load_csv(const std::string& path, const std::string& label_column, do
     d.test =
         TensorDataset{x.narrow(0, n_train, n_test).clone(), y.narrow(0, n_train, n_test).clone()};
   d.input_shape = {width};
-  d.num_classes = std::max<int64_t>(2, rows.max_label + 1);
+  d.num_classes = num_classes > 0 ? num_classes : std::max<int64_t>(2, rows.max_label + 1);
   d.language_model = false;
   return d;
 }

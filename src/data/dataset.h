@@ -149,19 +149,28 @@ DataSplits load_text(const std::string& path, int64_t context, double test_fract
 // feature. Rows are shuffled with a fixed seed (so a file sorted by label still gives a fair
 // split) and the last round(rows * test_fraction) become the test split. With `normalize`, each
 // feature is standardised with the training split's mean and standard deviation (a constant
-// column is only centred). input_shape is {features}; num_classes is the largest label + 1
-// (at least 2).
+// column is only centred). input_shape is {features}; num_classes is `num_classes`
+// (data.num_classes), or when that is 0 the largest label + 1 (at least 2, at most
+// kMaxInferredClasses).
 // InvalidArgument: a missing file, no column `label_column` (the message lists the header),
 // test_fraction outside [0, 1), fewer than 2 rows, or no feature column. CorruptData naming the
 // file, line and column: a row with the wrong number of fields, an empty or non-numeric value,
-// a label that is not a non-negative integer.
+// a label that is not a non-negative integer below num_classes (below kMaxInferredClasses when
+// num_classes is 0: the message then says data.num_classes).
 DataSplits load_csv(const std::string& path, const std::string& label_column, double test_fraction,
-                    bool normalize);
+                    bool normalize, int64_t num_classes = 0);
+
+// The most classes a loader infers from the labels it reads (the largest label + 1) when the
+// job does not state the number (data.num_classes 0): the number sizes the model's output
+// layer, so a single forged label must not make it millions wide. 65536 is above any
+// classification data set krab is meant for (ImageNet-21k has 21,841 classes); a job with more
+// states data.num_classes.
+inline constexpr int64_t kMaxInferredClasses = 65536;
 
 // What load_tensors needs besides data.path (the data.* keys of the same names).
 struct TensorsOptions {
   std::string test_path;       // file or directory of the test split; empty: no test split
-  int64_t num_classes = 0;     // 0: the largest training label + 1
+  int64_t num_classes = 0;     // 0: the largest training label + 1, at most kMaxInferredClasses
   int64_t cache_mb = 1024;     // MiB of training shards kept in memory (lazy)
   int64_t shuffle_window = 0;  // shards per shuffle window; 0: as many as fit in cache_mb
   bool lazy = false;           // a directory becomes lazy_train instead of one tensor in memory
@@ -185,7 +194,10 @@ struct TensorsOptions {
 // InvalidArgument naming the file (or the data.* key): a missing path; a directory without
 // shards; a file that is not a torch.save dict with tensors "x" and "y"; x and y of different
 // lengths; shards or a test split whose x or y per-example shape or dtype differ from the first
-// training file's; with integer targets, a label below 0 or at or above num_classes; a shard
+// training file's; with integer targets, a label below 0 or at or above num_classes, or with
+// num_classes 0 a training label of kMaxInferredClasses or more (the message names the label,
+// the file and data.num_classes); a tensor stating more elements than its storage holds
+// (tensor_file.h, checked before it is read); a shard
 // larger than cache_mb, or a shuffle window that does not fit in it. CorruptData naming the
 // file: an archive torch cannot read (truncated, damaged).
 DataSplits load_tensors(const std::string& path, const TensorsOptions& options);

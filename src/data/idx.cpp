@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 #include "core/errors.h"
@@ -18,6 +19,13 @@ constexpr int kMaxDims = 4;
 // memory. 16 GiB is far above any IDX dataset in use.
 constexpr uint64_t kMaxPayload = uint64_t{16} << 30;
 constexpr unsigned kChunk = 1u << 20;
+// What a gzip file may expand to: its size times kMaxExpansion, or kSmallPayload when that is
+// more. Deflate reaches about 1000:1 on constant bytes, so a 16 MB file of zeros could state
+// (and deliver) the whole kMaxPayload, and the loader then makes floats of it, 4 bytes each.
+// Image and label sets compress 2-5x (Fashion-MNIST 1.8x, MNIST 4.7x); 32x leaves room for
+// mostly blank images, and kSmallPayload for the tiny files of tests.
+constexpr uint64_t kMaxExpansion = 32;
+constexpr uint64_t kSmallPayload = uint64_t{16} << 20;
 
 struct GzCloser {
   void operator()(gzFile_s* f) const { gzclose(f); }
@@ -91,6 +99,23 @@ at::Tensor read_idx(const std::string& path, uint32_t expected_magic) {
                                 kMaxPayload, " bytes)"));
     }
     payload *= static_cast<uint64_t>(dims[i]);
+  }
+
+  // The payload against the file's size, before reading it: what a plain file holds after its
+  // header, or what a gzip file of that size can plausibly expand to.
+  std::error_code ec;
+  const uint64_t file_bytes = std::filesystem::file_size(path, ec);
+  const uint64_t header = 4 + 4 * static_cast<uint64_t>(ndims);
+  if (!ec && gzdirect(file.get()) && payload > file_bytes - std::min(file_bytes, header)) {
+    throw CorruptData(str_cat("'", path, "': truncated: header promises ", payload,
+                              " bytes of data, file holds ",
+                              file_bytes - std::min(file_bytes, header)));
+  }
+  if (!ec && !gzdirect(file.get()) &&
+      payload > std::max(kSmallPayload, kMaxExpansion * file_bytes)) {
+    throw CorruptData(str_cat("'", path, "': header states ", payload, " bytes of data, more than ",
+                              kMaxExpansion, " times the ", file_bytes,
+                              " bytes of the gzip file (image and label sets compress 2-5x)"));
   }
 
   // Allocate the tensor only after the bytes have arrived: a corrupt header on a small file

@@ -31,7 +31,11 @@ inline constexpr uint32_t kIdxImagesMagic = 2051;  // ubyte, 3 dimensions
 //
 // Throws CorruptData naming `path` when: the header is short, the magic differs, a dimension is
 // zero, the payload is shorter than the header promises (truncated) or longer (trailing bytes),
-// or the gzip stream is damaged. Throws InvalidArgument naming `path` when it cannot be opened.
+// or the gzip stream is damaged. The size the header states is checked against the file's before
+// any of the payload is read: a plain file must hold it; a gzip file may expand at most 32 times
+// (or to 16 MiB), far above what image data compresses to, so that a small file cannot state
+// (and deliver, deflate reaches 1000:1) gigabytes. Throws InvalidArgument naming `path` when it
+// cannot be opened.
 at::Tensor read_idx(const std::string& path, uint32_t expected_magic);
 
 }  // namespace krab::data

@@ -31,14 +31,29 @@ bool is_jpeg(const std::string& b) {
   throw InvalidArgument(str_cat("image '", name, "' cannot be read: ", why));
 }
 
+// A header's size against the pixel limit, before anything that size is allocated: decoding
+// allocates height x width x channels bytes (and libjpeg a coefficient buffer as large for a
+// progressive file) whatever the file's length, so a 69-byte PNG stating 65535 x 65535 cost
+// 4.4 GB. The product is taken in 64 bits: both factors are below 2^32.
+void check_pixels(const std::string& name, uint64_t height, uint64_t width, int64_t max_pixels) {
+  if (height * width > static_cast<uint64_t>(max_pixels))
+    throw InvalidArgument(str_cat("image '", name, "': its header states ", height, "x", width,
+                                  " = ", height * width, " pixels, more than data.max_pixels (",
+                                  max_pixels, ")"));
+}
+
 // The simplified API keeps libpng's state in `img` and frees it on every failure path; the
 // caller only frees after a successful begin that is not followed by finish_read.
-Image decode_png(const std::string& bytes, const std::string& name) {
+Image decode_png(const std::string& bytes, const std::string& name, int64_t max_pixels) {
   png_image img;
   std::memset(&img, 0, sizeof(img));
   img.version = PNG_IMAGE_VERSION;
   if (!png_image_begin_read_from_memory(&img, bytes.data(), bytes.size()))
     unreadable(name, str_cat("PNG: ", img.message));
+  if (uint64_t{img.height} * img.width > static_cast<uint64_t>(max_pixels)) {
+    png_image_free(&img);
+    check_pixels(name, img.height, img.width, max_pixels);
+  }
   const bool color = (img.format & PNG_FORMAT_FLAG_COLOR) != 0;
   img.format = color ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   Image out;
@@ -69,7 +84,7 @@ void on_jpeg_error(j_common_ptr cinfo) {
 
 void on_jpeg_message(j_common_ptr, int) {}  // warnings (corrupt but decodable data) are silent
 
-Image decode_jpeg(const std::string& bytes, const std::string& name) {
+Image decode_jpeg(const std::string& bytes, const std::string& name, int64_t max_pixels) {
   jpeg_decompress_struct cinfo;
   JpegError err;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -83,6 +98,11 @@ Image decode_jpeg(const std::string& bytes, const std::string& name) {
   jpeg_create_decompress(&cinfo);
   jpeg_mem_src(&cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size());
   jpeg_read_header(&cinfo, TRUE);
+  const uint64_t height = cinfo.image_height, width = cinfo.image_width;
+  if (height * width > static_cast<uint64_t>(max_pixels)) {
+    jpeg_destroy_decompress(&cinfo);  // before the throw: no longjmp can come after it
+    check_pixels(name, height, width, max_pixels);
+  }
   const bool grey = cinfo.jpeg_color_space == JCS_GRAYSCALE;
   cinfo.out_color_space = grey ? JCS_GRAYSCALE : JCS_RGB;
   jpeg_start_decompress(&cinfo);
@@ -156,7 +176,8 @@ std::string read_at(std::ifstream& in, std::streamoff offset, size_t count) {
 // CRC); a complete file ends with the 12 bytes of an empty IEND chunk. libpng ignores bytes
 // after IEND, so a file that does not end so is decoded whole: only libpng can tell a truncated
 // file from one with a trailer.
-ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::string& name) {
+ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::string& name,
+                    int64_t max_pixels) {
   if (head.size() < 33) unreadable(name, "PNG: the file ends inside its header (truncated)");
   const uint32_t crc =
       static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(head.data() + 12), 17));
@@ -171,19 +192,21 @@ ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::strin
   if (depth < 1 || (depth & (depth - 1)) != 0 || depth > 16 ||
       (type != 0 && type != 2 && type != 3 && type != 4 && type != 6))
     unreadable(name, str_cat("PNG: bit depth ", depth, " and colour type ", type, " are invalid"));
+  check_pixels(name, info.height, info.width, max_pixels);  // before the decode below
   in.clear();
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
   static const char kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', '\xae', 'B', '`', '\x82'};
   if (size >= 45 && read_at(in, size - 12, 12) == std::string(kIend, 12)) return info;
-  decode_png(read_at(in, 0, static_cast<size_t>(std::max<std::streamoff>(size, 0))), name);
+  decode_png(read_at(in, 0, static_cast<size_t>(std::max<std::streamoff>(size, 0))), name,
+             max_pixels);
   return info;
 }
 
 // Walks the markers from SOI to the first frame header (SOF0..SOF15 but DHT, JPG and DAC) and
 // reads the size there. What libjpeg only warns about (stray bytes between segments) and a frame
 // header beyond the first 64 KiB are left to the decoder.
-ImageInfo probe_jpeg(const std::string& head, const std::string& name) {
+ImageInfo probe_jpeg(const std::string& head, const std::string& name, int64_t max_pixels) {
   size_t at = 2;
   while (at + 4 <= head.size()) {
     if (static_cast<unsigned char>(head[at]) != 0xFF) return {};
@@ -207,6 +230,7 @@ ImageInfo probe_jpeg(const std::string& head, const std::string& name) {
       if (info.height == 0 || info.width == 0)
         unreadable(name,
                    str_cat("JPEG: the header gives a size of ", info.height, "x", info.width));
+      check_pixels(name, info.height, info.width, max_pixels);
       return info;
     }
     if (length < 2) unreadable(name, "JPEG: a header segment has a bad length");
@@ -219,31 +243,33 @@ ImageInfo probe_jpeg(const std::string& head, const std::string& name) {
 
 }  // namespace
 
-ImageInfo probe_image_file(const std::string& path) {
+ImageInfo probe_image_file(const std::string& path, int64_t max_pixels) {
   std::ifstream in(path, std::ios::binary);
   if (!in) unreadable(path, "cannot open the file");
   const std::string head = read_at(in, 0, 33);
-  if (is_png(head)) return probe_png(in, head, path);
-  if (is_jpeg(head)) return probe_jpeg(read_at(in, 0, 64 * 1024), path);
+  if (is_png(head)) return probe_png(in, head, path, max_pixels);
+  if (is_jpeg(head)) return probe_jpeg(read_at(in, 0, 64 * 1024), path, max_pixels);
   unreadable(path, head.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");
 }
 
-Image decode_image(const std::string& bytes, const std::string& name, int64_t channels) {
+Image decode_image(const std::string& bytes, const std::string& name, int64_t channels,
+                   int64_t max_pixels) {
   KRAB_CHECK_ARG(channels == 0 || channels == 1 || channels == 3,
                  "image channels must be 0, 1 "
                  "or 3, got ",
                  channels);
-  if (is_png(bytes)) return convert_channels(decode_png(bytes, name), channels);
-  if (is_jpeg(bytes)) return convert_channels(decode_jpeg(bytes, name), channels);
+  KRAB_CHECK_ARG(max_pixels >= 1, "data.max_pixels must be >= 1, got ", max_pixels);
+  if (is_png(bytes)) return convert_channels(decode_png(bytes, name, max_pixels), channels);
+  if (is_jpeg(bytes)) return convert_channels(decode_jpeg(bytes, name, max_pixels), channels);
   unreadable(name, bytes.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");
 }
 
-Image decode_image_file(const std::string& path, int64_t channels) {
+Image decode_image_file(const std::string& path, int64_t channels, int64_t max_pixels) {
   std::ifstream in(path, std::ios::binary);
   if (!in) unreadable(path, "cannot open the file");
   std::ostringstream bytes;
   bytes << in.rdbuf();
-  return decode_image(bytes.str(), path, channels);
+  return decode_image(bytes.str(), path, channels, max_pixels);
 }
 
 at::Tensor image_to_tensor(const Image& image, int64_t height, int64_t width) {

@@ -30,12 +30,26 @@ struct Image {
   std::vector<uint8_t> pixels;
 };
 
+// The most pixels (height x width) an image may state unless the caller says otherwise: the
+// default of data.max_pixels, 4096 x 4096. A decoded image costs 3 bytes a pixel (48 MiB here)
+// on each decoding thread, whatever the file's length: a file's header states its size, and a
+// few hundred bytes can state 65535 x 65535 (12 GiB). PIL refuses images over about 179
+// megapixels as decompression bombs; krab resizes every image to data.size (tens to hundreds of
+// pixels a side), so it needs far less: 16.7 megapixels holds a 4K frame (8.3) and a 12-
+// megapixel phone photo, and a data set of larger photos raises the key.
+inline constexpr int64_t kDefaultMaxPixels = int64_t{1} << 24;
+
 // Decodes the PNG or JPEG file at `path`. With `channels` 1 or 3 the result has that many
-// (RGB to grey by ITU-R BT.601 luma, grey to RGB by copying); 0 keeps the file's own.
-Image decode_image_file(const std::string& path, int64_t channels = 0);
+// (RGB to grey by ITU-R BT.601 luma, grey to RGB by copying); 0 keeps the file's own. An image
+// whose header states more than `max_pixels` pixels is refused (InvalidArgument naming the
+// file, its size and data.max_pixels) after the header is read and before any pixel is
+// allocated.
+Image decode_image_file(const std::string& path, int64_t channels = 0,
+                        int64_t max_pixels = kDefaultMaxPixels);
 
 // The same from bytes already in memory; `name` is what messages call them.
-Image decode_image(const std::string& bytes, const std::string& name, int64_t channels = 0);
+Image decode_image(const std::string& bytes, const std::string& name, int64_t channels = 0,
+                   int64_t max_pixels = kDefaultMaxPixels);
 
 // What a file's first bytes say about it, without decoding its pixels.
 struct ImageInfo {
@@ -51,9 +65,11 @@ struct ImageInfo {
 // decode_image_file's, "image 'PATH' cannot be read: ...", for a file that cannot be opened, is
 // neither PNG nor JPEG, or whose header is cut short, malformed (a PNG's IHDR with a bad CRC,
 // a bit depth or colour type PNG does not have) or gives a zero size: each a file the decoder
-// refuses too. A file that passes may still fail to decode (damaged pixel data):
-// decode_image_file is the full check.
-ImageInfo probe_image_file(const std::string& path);
+// refuses too; and a size of more than `max_pixels` pixels (as decode_image_file, checked before
+// a PNG without its IEND trailer is decoded). A file that passes may still fail to decode
+// (damaged pixel data, or a JPEG whose frame header lies beyond the first 64 KiB, whose size
+// only the decoder checks): decode_image_file is the full check.
+ImageInfo probe_image_file(const std::string& path, int64_t max_pixels = kDefaultMaxPixels);
 
 // Pixels as float32 [channels, height, width] scaled to [0, 1], resized with bilinear
 // interpolation (pixel centres aligned, as torch's interpolate with align_corners=false and

@@ -88,7 +88,8 @@ Normalisation checked_options(const ImageOptions& o, int64_t channels) {
 // one place both the in-memory and the lazy split make their numbers.
 at::Tensor decode_example(const std::string& file, const ImageOptions& o, int64_t channels,
                           const std::vector<float>& mean, const std::vector<float>& std) {
-  at::Tensor x = image_to_tensor(decode_image_file(file, channels), o.height, o.width);
+  at::Tensor x =
+      image_to_tensor(decode_image_file(file, channels, o.max_pixels), o.height, o.width);
   for (int64_t c = 0; c < channels; ++c) x[c].sub_(mean[c]).div_(std[c]);
   return x;
 }
@@ -112,12 +113,12 @@ InvalidArgument unreadable_error(const std::string& what) {
 }
 
 // First image's channel count (grey 1, colour 3): what the whole data set is converted to.
-int64_t first_image_channels(const ImageFolder& folder, bool skip_bad) {
+int64_t first_image_channels(const ImageFolder& folder, const ImageOptions& o) {
   for (const std::string& file : folder.files) {
     try {
-      return decode_image_file(file).channels;
+      return decode_image_file(file, 0, o.max_pixels).channels;
     } catch (const InvalidArgument& e) {
-      if (!skip_bad) throw unreadable_error(e.what());
+      if (!o.skip_bad) throw unreadable_error(e.what());
     }
   }
   throw InvalidArgument(str_cat("image folder '", folder.root, "' holds no readable image"));
@@ -130,7 +131,7 @@ ImageFolder checked_headers(ImageFolder folder, const ImageOptions& o, int64_t& 
   std::vector<std::string> errors(n);
   std::vector<std::exception_ptr> fatal(n);
   parallel_for(n, o.threads, [&](int64_t i) {
-    keep_errors([&] { probe_image_file(folder.files[i]); }, errors[i], fatal[i]);
+    keep_errors([&] { probe_image_file(folder.files[i], o.max_pixels); }, errors[i], fatal[i]);
   });
   for (const std::exception_ptr& e : fatal)
     if (e) std::rethrow_exception(e);
@@ -261,10 +262,11 @@ DecodedImages decode_image_folder(const ImageFolder& folder, const ImageOptions&
 DataSplits load_images(const std::string& root, const ImageOptions& o, int64_t* skipped) {
   KRAB_CHECK_ARG(o.height >= 1 && o.width >= 1, "data.size must be set for data.name: images");
   KRAB_CHECK_ARG(o.threads >= 1, "data.decode_threads must be >= 1, got ", o.threads);
+  KRAB_CHECK_ARG(o.max_pixels >= 1, "data.max_pixels must be >= 1, got ", o.max_pixels);
   int64_t skipped_total = 0;
   ImageFolder train = scan_image_folder(root);
   if (o.lazy) train = checked_headers(std::move(train), o, skipped_total);
-  const int64_t channels = o.channels != 0 ? o.channels : first_image_channels(train, o.skip_bad);
+  const int64_t channels = o.channels != 0 ? o.channels : first_image_channels(train, o);
   DataSplits splits;
   if (o.lazy) {
     splits.lazy_train = std::make_shared<ImageFolderDataset>(train, o, channels);

@@ -32,7 +32,8 @@
 //
 // Failure, InvalidArgument naming the path: a missing ROOT or one that is not a directory; no
 // class folder in it; a class folder without images; an image that cannot be decoded, or (lazy)
-// whose header check fails, unless skip_bad; a test class that is not a training class; bad
+// whose header check fails (an image stating more than max_pixels pixels among them: refused
+// before its pixels are allocated), unless skip_bad; a test class that is not a training class; bad
 // options (size, mean/std lengths). Lazily, a file that passes the header check but fails to
 // decode (damaged pixel data) is found by the batch that first holds it: ImageFolderDataset::get
 // throws naming it, or with skip_bad replaces it by the next readable example (see there).
@@ -53,6 +54,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/image_codec.h"
 #include "data/prefetch.h"
 #include "data/sampler.h"
 
@@ -60,17 +62,18 @@ namespace krab::data {
 
 // What load_images needs besides the root (the data.* keys of the same names).
 struct ImageOptions {
-  int64_t height = 0, width = 0;  // data.size; >= 1
-  int64_t channels = 0;           // 1 or 3; 0 = the first training image's
-  std::vector<double> mean{0.0};  // one value for every channel, or one per channel
-  std::vector<double> std{1.0};   // likewise; every value > 0
-  int64_t random_crop = 0;        // padding of the random crop; 0 = no crop
-  bool random_flip = false;       // horizontal flip with probability 1/2
-  int64_t threads = 2;            // decoding threads (data.decode_threads), >= 1
-  bool skip_bad = false;          // skip unreadable images (counted) instead of failing
-  std::string test_path;          // "" = no test split
-  bool lazy = false;              // decode the training split per batch, not at load
-  int64_t cache_mb = 0;           // lazy: MiB of decoded training images kept (LRU); 0 = none
+  int64_t height = 0, width = 0;           // data.size; >= 1
+  int64_t channels = 0;                    // 1 or 3; 0 = the first training image's
+  std::vector<double> mean{0.0};           // one value for every channel, or one per channel
+  std::vector<double> std{1.0};            // likewise; every value > 0
+  int64_t random_crop = 0;                 // padding of the random crop; 0 = no crop
+  bool random_flip = false;                // horizontal flip with probability 1/2
+  int64_t threads = 2;                     // decoding threads (data.decode_threads), >= 1
+  bool skip_bad = false;                   // skip unreadable images (counted) instead of failing
+  int64_t max_pixels = kDefaultMaxPixels;  // data.max_pixels: larger images are unreadable
+  std::string test_path;                   // "" = no test split
+  bool lazy = false;                       // decode the training split per batch, not at load
+  int64_t cache_mb = 0;  // lazy: MiB of decoded training images kept (LRU); 0 = none
   // Lazy with skip_bad: told, once per file, of an image found unreadable while training and
   // what replaces it (one line, no prefix). Null: not told.
   std::function<void(const std::string&)> note;

@@ -184,17 +184,33 @@ XY parse(const c10::IValue& saved, const std::string& path) {
   return xy;
 }
 
+// The elements `t`'s sizes state, or -1 when a size is negative or their product overflows.
+int64_t stated_elements(const at::Tensor& t) {
+  int64_t n = 1;
+  for (const int64_t size : t.sizes())
+    if (size < 0 || __builtin_mul_overflow(n, size, &n)) return -1;
+  return n;
+}
+
 // A tensor's bytes must lie inside its storage, and its storage inside the record it came from
-// (read or not): a damaged header could otherwise point the tensor past the bytes there.
-void check_extent(const at::Tensor& t, const StorageLog& log, const std::string& path) {
-  if (t.numel() == 0) return;
+// (read or not): a damaged header could otherwise point the tensor past the bytes there. And it
+// may not state more elements than its storage holds: a view with a zero stride (x.expand()) or
+// overlapping strides passes the first check with any sizes, and compact() would copy it out in
+// full (a 4 KB file stating 10^6 expanded images took 1.1 GB). With this, what a file makes
+// krab allocate is bounded by its own size (8 x, for int8 labels widened to int64).
+void check_extent(const at::Tensor& t, const StorageLog& log, const std::string& path,
+                  const char* name) {
+  const int64_t elements = stated_elements(t);
+  if (elements == 0) return;
   const void* context = t.storage().data_ptr().get_context();
   auto key = log.read.find(context);
   if (key == log.read.end()) key = log.skipped.find(context);
   if (key == log.skipped.end())
     throw CorruptData(str_cat(path, ": a tensor whose bytes come from no storage record"));
   const uint64_t record = log.records.at("data/" + key->second);
-  // The last element's offset, in elements, without overflow: each size is >= 1 here.
+  const std::string storage = core::printable(key->second, 40);
+  // The last element's offset, in elements, without overflow: each size is >= 1 here (or
+  // negative, which the count below refuses).
   int64_t last = t.storage_offset(), term = 0;
   bool ok = last >= 0;
   for (int64_t d = 0; ok && d < t.dim(); ++d)
@@ -205,8 +221,13 @@ void check_extent(const at::Tensor& t, const StorageLog& log, const std::string&
   if (!ok || static_cast<uint64_t>(end_bytes) > t.storage().nbytes() ||
       t.storage().nbytes() > record)
     throw CorruptData(str_cat(path, ": a tensor of shape ", t.sizes(),
-                              " reaches past its storage '", core::printable(key->second, 40),
-                              "' of ", record, " bytes"));
+                              " reaches past its storage '", storage, "' of ", record, " bytes"));
+  const int64_t held = static_cast<int64_t>(t.storage().nbytes() / t.element_size());
+  if (elements < 0 || elements > held)
+    throw CorruptData(str_cat(path, ": '", name, "' of shape ", t.sizes(), " states ",
+                              elements < 0 ? std::string("more") : std::to_string(elements),
+                              " elements but its storage '", storage, "' holds ", held,
+                              " (an expanded or overlapping view; save x.contiguous() instead)"));
 }
 
 // A tensor that owns exactly its own bytes, contiguous.
@@ -238,8 +259,8 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
   const XY header = parse(open_and_unpickle(
                               path, [](const std::string&) { return false; }, &header_log),
                           path);
-  check_extent(header.x, header_log, path);
-  check_extent(header.y, header_log, path);
+  check_extent(header.x, header_log, path, "x");
+  check_extent(header.y, header_log, path, "y");
   TensorFileInfo info = describe(header);
   if (!with_labels) return info;
   if (header.y.numel() == 0) {
@@ -253,7 +274,7 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels) {
   const XY xy = parse(open_and_unpickle(
                           path, [&](const std::string& key) { return key == y_key; }, &log),
                       path);
-  check_extent(xy.y, log, path);
+  check_extent(xy.y, log, path, "y");
   info.labels = compact(xy.y);
   return info;
 }
@@ -263,8 +284,8 @@ TensorDataset read_tensor_file(const std::string& path) {
   const XY xy = parse(open_and_unpickle(
                           path, [](const std::string&) { return true; }, &log),
                       path);
-  check_extent(xy.x, log, path);
-  check_extent(xy.y, log, path);
+  check_extent(xy.x, log, path, "x");
+  check_extent(xy.y, log, path, "y");
   at::Tensor y = integer_targets(xy.y.scalar_type()) ? xy.y.to(at::kLong) : xy.y;
   return TensorDataset(compact(xy.x), compact(y));
 }

@@ -58,7 +58,11 @@ TensorFileInfo inspect_tensor_file(const std::string& path, bool with_labels);
 // archive that LibTorch cannot read (truncated, damaged); a zip directory or pickle that states
 // sizes, lengths or memo indices its bytes do not back, or whose opcodes take stack items that
 // are not there (checked before LibTorch's reader, which believes them, sees the file); a
-// tensor reaching past its storage, or a storage past its record.
+// tensor reaching past its storage, or a storage past its record; a tensor that states more
+// elements than its storage holds (a view with a zero or overlapping stride, x.expand(...)),
+// which would be copied out in full: refused before anything the size of a tensor is allocated,
+// so that what a file makes krab allocate is bounded by the file's own size (at most 8 x, for
+// one-byte labels widened to int64).
 TensorDataset read_tensor_file(const std::string& path);
 
 }  // namespace krab::data

@@ -90,6 +90,17 @@ Indexed index_files(const std::string& path, const char* key, const Indexed* tra
   return out;
 }
 
+// With data.num_classes 0 the classes come from the largest label, and that number sizes the
+// model's output layer: one label of 2*10^7 in a 10 KB file made a 2*10^7-wide layer (6.6 GB
+// before it was killed). Past kMaxInferredClasses the number must be given, not inferred.
+void check_inferable(const Indexed& train) {
+  for (size_t i = 0; i < train.files.size(); ++i)
+    KRAB_CHECK_ARG(train.largest[i] < kMaxInferredClasses, train.files[i], ": label ",
+                   train.largest[i], " would make ", train.largest[i] + 1,
+                   " classes, more than krab infers from labels (", kMaxInferredClasses,
+                   "); set data.num_classes if the data really has that many");
+}
+
 TensorDataset read_all(const std::vector<std::string>& files) {
   if (files.size() == 1) return read_tensor_file(files.front());
   std::vector<at::Tensor> xs, ys;
@@ -118,6 +129,7 @@ DataSplits load_tensors(const std::string& path, const TensorsOptions& options) 
   const bool classes = integer_targets(first.y_dtype);
   const int64_t largest = *std::max_element(train.largest.begin(), train.largest.end());
   if (classes) {
+    if (options.num_classes == 0) check_inferable(train);
     d.num_classes =
         options.num_classes > 0 ? options.num_classes : std::max<int64_t>(2, largest + 1);
     for (size_t i = 0; i < train.files.size(); ++i)

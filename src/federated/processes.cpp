@@ -18,6 +18,7 @@
 #include "federated/privacy.h"
 #include "federated/rounds.h"
 #include "federated/secure_client.h"
+#include "federated/server_job.h"
 #include "federated/server_state.h"
 #include "federated/simulation.h"
 #include "federated/transport.h"
@@ -70,15 +71,6 @@ data::DataSplits server_data(const core::Config& c) {
                              "' is not supported (fashion-mnist, csv, synthetic)"));
 }
 
-// What a client is told: everything but the server's own files.
-std::string client_config_yaml(core::Config c) {
-  for (const char* key :
-       {"federated.tls_cert", "federated.tls_key", "federated.tls_client_ca", "federated.tokens",
-        "federated.eval_data", "checkpoint.dir", "checkpoint.hmac_key_file", "data.path"})
-    c.set(key, "");
-  return c.to_yaml();
-}
-
 // How fl-server listens and what it tells clients, from the job's config; checks that the
 // model fits in a message.
 ServerTransportOptions server_transport(const core::Config& config, const std::string& signature,
@@ -91,8 +83,11 @@ ServerTransportOptions server_transport(const core::Config& config, const std::s
   so.tokens = read_tokens(config.get_string("federated.tokens"));
   so.max_message_bytes =
       static_cast<int64_t>(config.get_float("federated.max_message_mb") * (1 << 20));
-  so.config_yaml = client_config_yaml(config);
+  so.config_yaml = job_for_clients(config);
   so.model_signature = signature;
+  // A TorchScript module is a program: clients run their own copy, checked against this digest.
+  if (config.get_string("model.name") == "torchscript")
+    so.model_sha256 = file_sha256(config.get_string("model.path"), "model.path");
   so.deadline = seconds_key(config, "federated.round_deadline_s");
   const int64_t model_bytes = parameters * 4;
   KRAB_CHECK_ARG(model_bytes + (64 << 10) <= so.max_message_bytes, "federated.max_message_mb (",
@@ -402,8 +397,8 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   torch::set_num_threads(options.threads);
   FederationClient client(client_transport(options));
   const FederationClient::Hello hello = say_hello(client, options);
-  core::Config config = core::Config::parse(hello.config_yaml, "the server's configuration");
-  if (!options.data.empty()) config.set("data.path", options.data);
+  const core::Config config =
+      client_job(hello.config_yaml, hello.model_sha256, {options.data, options.model});
   const std::string who = "krab[" + hello.client_name + "]";
   data::DataSplits d = train::load_data(config);
   const data::TensorDataset mine = client_data(config, d, options.partition);

@@ -3,8 +3,10 @@
 // The server owns the global model and never sees a client's data: it evaluates only on its
 // own held-out split (federated.eval_data), sends each sampled client the global parameters,
 // and gets back an update of the model's size (or, with secure aggregation, masked vectors of
-// that size). The client learns everything it needs (model, optimizer, local epochs, privacy
-// settings) from the server's Hello, loads its own data from --data, and trains.
+// that size). The client takes from the server's Hello only the model's architecture and the
+// training recipe (server_job.h: never a path), gets each round's privacy settings with the
+// task (checked against its own policy, client_policy.h), loads its own data from --data, and
+// trains; a TorchScript model is the client's own --model file, with the server's digest.
 //
 // Server run: listen (transport.h) -> wait up to federated.wait_clients_s for
 // federated.clients clients (at least federated.min_clients) -> federated.rounds rounds of
@@ -15,7 +17,8 @@
 // Report: the round records (rounds.h) plus the transport's measured bytes in and out and the
 // refused calls (bad or expired tokens, wrong model).
 //
-// Client run: Hello -> build the model from the server's config and check its signature ->
+// Client run: Hello -> the job (server_job.h: the server's listed keys, refused if it sets
+// any other) -> build the model and check its signature ->
 // Ready -> loop over tasks until DONE. A task that fails (bad data, a refused secure
 // aggregation request) is answered with the error, so the server drops this client from the
 // round at once instead of waiting for the deadline. When the server is unreachable the client
@@ -43,8 +46,9 @@ struct ClientRunOptions {
   std::string ca_file;              // the CA that signed the server's certificate
   std::string cert_file, key_file;  // optional client certificate
   std::string server_name;          // the name the server's certificate carries, if not HOST
-  std::string token;
-  std::string data;       // the client's data: a dataset path (data.path), or "" for synthetic
+  std::string token;  // resolve_client_token (tls_files.h): --token-file, KRAB_FL_TOKEN, --token
+  std::string data;   // the client's data: a dataset path (data.path); "" = the default
+  std::string model;  // the client's own TorchScript module (--model), when the server's is one
   std::string partition;  // "K/N": use partition K of N of that data (experiments); "" = all
   double retry_s = 60;
   int threads = 1;

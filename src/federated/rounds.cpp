@@ -354,9 +354,11 @@ std::vector<Participant*> RoundRunner::draw_cohort(const std::vector<Participant
     rec.sampling_rate = dp_sampling_rate(options_.fraction, options_.min_clients, rec.available);
     rec.cohort = poisson_sample_clients(ids, rec.sampling_rate, secure_random64);
   } else {
-    // With local DP the cohort must not be predictable either (from train.seed, which every
-    // client is sent): a fresh secret seed per round.
-    const uint64_t seed = options_.dp == DpMode::kLocal ? secure_random64() : options_.seed;
+    // Nor any other cohort (train.seed is sent to every client): a client that knows when it
+    // will be sampled, and with whom, can time an attack on a round. A fresh secret seed per
+    // round, unless fl-sim asks for its reproducible runs (no one there to hide them from).
+    const bool seeded = options_.seeded_cohorts && options_.dp == DpMode::kNone;
+    const uint64_t seed = seeded ? options_.seed : secure_random64();
     rec.cohort = sample_clients(ids, options_.fraction, options_.min_clients, rec.round, seed);
   }
   std::vector<Participant*> cohort;

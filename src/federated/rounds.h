@@ -6,8 +6,11 @@
 // waits for the reply. Either way a round is:
 //
 //   1. cohort   sample_clients(available, federated.fraction, federated.min_clients, round,
-//               train.seed) (strategy.h); with central DP instead Poisson sampling from a
-//               secure generator (each client independently with probability q, see below);
+//               seed) (strategy.h) with a fresh seed from the OS's secure generator each round,
+//               so no one (every client is sent train.seed) can predict a cohort; fl-sim alone
+//               may ask for seed = train.seed (FederatedOptions::seeded_cohorts), for runs that
+//               repeat exactly. With central DP instead Poisson sampling from the secure
+//               generator (each client independently with probability q, see below);
 //   2. fit      each cohort member gets a FitInstruction (the global parameters and the
 //               round's privacy and FedProx settings) and replies with its update and example
 //               count. A member that throws (PeerLost, Timeout, or any krab::Error: it dropped,
@@ -139,8 +142,8 @@ struct FederatedOptions {
   StrategyOptions strategy_options;
   std::string aggregator = "mean";
   AggregatorOptions aggregator_options;
-  double max_update_norm = 0;       // 0 = no bound
-  int64_t max_client_examples = 0;  // 0 = no bound on a client's self-reported example count
+  double max_update_norm = 0;             // 0 = no bound
+  int64_t max_client_examples = 1000000;  // 0 = no bound on a client's self-reported count
   bool secure = false;
   double secagg_threshold = 0.66;  // of the cohort size
   double secagg_clip = 4.0;        // per-coordinate range of a weighted update
@@ -148,6 +151,9 @@ struct FederatedOptions {
   double dp_clip = 1.0, dp_noise_multiplier = 1.0, dp_delta = 1e-5;
   int64_t eval_every = 1;
   uint64_t seed = 0;
+  // Not a config key: fl-sim sets it, so that without DP its cohorts follow `seed` and a run
+  // repeats exactly (it has no remote clients to hide the cohorts from). fl-server never does.
+  bool seeded_cohorts = false;
 
   // Reads and cross-checks the keys; InvalidArgument naming the key for combinations that
   // cannot work (a robust aggregator with secure aggregation — it needs individual updates — or

@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <set>
 #include <string_view>
@@ -86,6 +87,8 @@ bool valid_share(const shamir::Share& s, uint64_t holder) {
 void Config::validate() const {
   KRAB_CHECK_ARG(threshold >= 1, "secagg Config: threshold must be >= 1");
   KRAB_CHECK_ARG(vector_length >= 1, "secagg Config: vector_length must be >= 1");
+  KRAB_CHECK_ARG(clients >= threshold, "secagg Config: clients (", clients,
+                 ") must be >= threshold (", threshold, ")");
   fp.validate(1);
 }
 
@@ -131,6 +134,10 @@ ShareKeys Client::share_keys(const Roster& roster) {
   }
   KRAB_CHECK_ARG(peers.size() >= config_.threshold, "secagg client ", id_, ": the roster has ",
                  peers.size(), " clients, fewer than the threshold ", config_.threshold);
+  KRAB_CHECK_ARG(peers.size() <= config_.clients, "secagg client ", id_, ": the roster has ",
+                 peers.size(), " clients, more than the ", config_.clients,
+                 " the round was announced with (its threshold ", config_.threshold,
+                 " would not be a majority of them)");
   const auto self = peers.find(id_);
   KRAB_CHECK_ARG(self != peers.end(), "secagg client ", id_, " is not on the roster");
   KRAB_CHECK_ARG(self->second.c_pk == c_.pk && self->second.s_pk == s_.pk, "secagg client ", id_,
@@ -307,6 +314,9 @@ void Server::receive(const AdvertiseKeys& msg) {
                  " must be in [1, 2^61 - 1)");
   KRAB_CHECK_ARG(!advertised_.count(msg.client_id), "secagg server: client ", msg.client_id,
                  " advertised keys twice");
+  KRAB_CHECK_ARG(advertised_.size() < config_.clients, "secagg server round ", config_.round,
+                 ": client ", msg.client_id, " would be advertiser ", advertised_.size() + 1,
+                 " of a round announced for ", config_.clients);
   advertised_[msg.client_id] = msg;
   traffic_[0].bytes_received += msg.to_bytes().size();
   traffic_[0].messages_received += 1;
@@ -416,11 +426,111 @@ void Server::receive(const UnmaskResponse& msg) {
       !covers(msg.key_shares, request_.dropped))
     throw CorruptData(
         str_cat("secagg server: client ", v, "'s unmask response does not match the request"));
-  for (const OwnedShare& s : msg.self_mask_shares) b_shares_[s.owner].push_back(s.share);
-  for (const OwnedShare& s : msg.key_shares) sk_shares_[s.owner].push_back(s.share);
+  for (const OwnedShare& s : msg.self_mask_shares) b_shares_[s.owner][v] = s.share;
+  for (const OwnedShare& s : msg.key_shares) sk_shares_[s.owner][v] = s.share;
   responders_.insert(v);
   traffic_[3].bytes_received += msg.to_bytes().size();
   traffic_[3].messages_received += 1;
+}
+
+// Round 3's secrets, wiped when done with.
+struct Server::Unmasked {
+  std::map<uint64_t, Seed> b;      // survivors' self-mask seeds
+  std::map<uint64_t, KeyPair> sk;  // dropped clients' mask key pairs
+  ~Unmasked() {
+    for (auto& [u, seed] : b) sodium_memzero(seed.data(), seed.size());
+    for (auto& [u, kp] : sk) sodium_memzero(kp.sk.data(), kp.sk.size());
+  }
+};
+
+namespace {
+
+// `owner`'s shares held by `holders`, in that order.
+std::vector<shamir::Share> shares_of(const std::map<uint64_t, shamir::Share>& by_holder,
+                                     const std::vector<uint64_t>& holders) {
+  std::vector<shamir::Share> out;
+  for (uint64_t h : holders) out.push_back(by_holder.at(h));
+  return out;
+}
+
+// The sets of t answers result() tries, in order: the first t; then, leaving out one answer at
+// a time, the first t of the rest; then two at a time; ... Each distinct set is passed to `try_`
+// until it returns true (then true) or `max_tries` sets were tried (then false).
+bool for_each_holder_set(const std::vector<uint64_t>& answered, size_t t, size_t max_tries,
+                         const std::function<bool(const std::vector<uint64_t>&)>& try_) {
+  std::set<std::vector<uint64_t>> tried;
+  const size_t r = answered.size();
+  for (size_t k = 0; k + t <= r; ++k) {
+    std::vector<size_t> out(k);  // the left-out positions, ascending
+    for (size_t i = 0; i < k; ++i) out[i] = i;
+    for (;;) {
+      std::vector<uint64_t> holders;
+      for (size_t i = 0, o = 0; i < r && holders.size() < t; ++i) {
+        if (o < k && out[o] == i) {
+          ++o;
+          continue;
+        }
+        holders.push_back(answered[i]);
+      }
+      if (tried.insert(holders).second) {
+        if (try_(holders)) return true;
+        if (tried.size() >= max_tries) return false;
+      }
+      // The next k-combination of positions, in lexicographic order.
+      size_t i = k;
+      while (i > 0 && out[i - 1] == r - k + i - 1) --i;
+      if (i == 0) break;
+      ++out[i - 1];
+      for (size_t j = i; j < k; ++j) out[j] = out[j - 1] + 1;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string Server::recover(const std::vector<uint64_t>& holders, Unmasked& out) const {
+  const size_t t = config_.threshold;
+  try {
+    for (uint64_t u : request_.survivors) {
+      std::vector<uint8_t> b = shamir::combine(shares_of(b_shares_.at(u), holders), t);
+      Seed& seed = out.b[u];
+      std::copy(b.begin(), b.end(), seed.begin());
+      sodium_memzero(b.data(), b.size());
+      // A wrong share makes a wrong seed, and that must be caught, never a wrong sum.
+      if (commit_self_mask(seed, config_.round, u) != b_commitments_.at(u))
+        return str_cat("the reconstructed self-mask seed of client ", u,
+                       " does not match its commitment");
+    }
+    for (uint64_t u : request_.dropped) {
+      std::vector<uint8_t> sk_bytes = shamir::combine(shares_of(sk_shares_.at(u), holders), t);
+      SecretKey sk;
+      std::copy(sk_bytes.begin(), sk_bytes.end(), sk.begin());
+      sodium_memzero(sk_bytes.data(), sk_bytes.size());
+      KeyPair& kp = out.sk[u] = KeyPair::from_secret(sk);
+      sodium_memzero(sk.data(), sk.size());
+      if (kp.pk != advertised_.at(u).s_pk)
+        return str_cat("the reconstructed key of dropped client ", u,
+                       " does not match its advertised s_pk");
+    }
+  } catch (const CorruptData& e) {
+    return e.what();  // shares of no single polynomial
+  }
+  return "";
+}
+
+std::vector<uint64_t> Server::disagreeing(const std::vector<uint64_t>& holders) const {
+  std::vector<uint64_t> bad;
+  for (uint64_t v : responders_) {
+    if (std::find(holders.begin(), holders.end(), v) != holders.end()) continue;
+    const std::vector<uint64_t> w = shamir::lagrange_weights(holders, v);
+    bool agrees = true;
+    for (const auto* shares : {&b_shares_, &sk_shares_})
+      for (const auto& [owner, by_holder] : *shares)
+        agrees = agrees && shamir::share_at(shares_of(by_holder, holders), w, v) == by_holder.at(v);
+    if (!agrees) bad.push_back(v);
+  }
+  return bad;
 }
 
 const Result& Server::result() {
@@ -432,43 +542,43 @@ const Result& Server::result() {
                         " of ", u3_.size(), " survivors answered the unmask request; ",
                         "the threshold is ", t));
 
-  std::vector<uint32_t> sum = masked_sum_;  // a copy: a CorruptData below changes nothing
-  for (uint64_t u : request_.survivors) {
-    std::vector<uint8_t> b = shamir::combine(b_shares_.at(u), t);
-    Seed seed;
-    std::copy(b.begin(), b.end(), seed.begin());
-    // As for the dropped clients' keys below: a wrong share makes a wrong seed, and that must
-    // be an error, never a silently wrong sum.
-    if (commit_self_mask(seed, config_.round, u) != b_commitments_.at(u))
-      throw CorruptData(str_cat("secagg server: the reconstructed self-mask seed of client ", u,
-                                " does not match its commitment (a bad share in round 3)"));
-    apply_mask(sum, seed, config_.round, -1);
-    sodium_memzero(seed.data(), seed.size());
-    sodium_memzero(b.data(), b.size());
-  }
-  for (uint64_t u : request_.dropped) {
-    std::vector<uint8_t> sk_bytes = shamir::combine(sk_shares_.at(u), t);
-    SecretKey sk;
-    std::copy(sk_bytes.begin(), sk_bytes.end(), sk.begin());
-    KeyPair kp = KeyPair::from_secret(sk);
-    // The check is what makes a wrong reconstruction (bad shares) an error instead of a
-    // silently wrong sum.
-    if (kp.pk != advertised_.at(u).s_pk)
-      throw CorruptData(str_cat("secagg server: the reconstructed key of dropped client ", u,
-                                " does not match its advertised s_pk"));
+  // Every secret is checked after reconstruction, so a set of t answers that passes holds no
+  // bad share; a bad share elsewhere then shows as a disagreement with those secrets.
+  const std::vector<uint64_t> answered(responders_.begin(), responders_.end());
+  Unmasked secrets;
+  std::vector<uint64_t> holders;
+  std::string first_failure;
+  const bool found = for_each_holder_set(answered, t, kMaxUnmaskTries,
+                                         [&](const std::vector<uint64_t>& candidate) {
+                                           Unmasked attempt;
+                                           const std::string why = recover(candidate, attempt);
+                                           if (first_failure.empty()) first_failure = why;
+                                           if (!why.empty()) return false;
+                                           secrets.b.swap(attempt.b);
+                                           secrets.sk.swap(attempt.sk);
+                                           holders = candidate;
+                                           return true;
+                                         });
+  if (!found)
+    throw CorruptData(str_cat("secagg server round ", config_.round, ": ", first_failure,
+                              " (a bad share in round 3), and no other ", t, " of the ",
+                              answered.size(), " answers reconstruct every secret"));
+
+  std::vector<uint32_t> sum = masked_sum_;
+  for (auto& [u, seed] : secrets.b) apply_mask(sum, seed, config_.round, -1);
+  for (auto& [u, kp] : secrets.sk)
     for (uint64_t v : request_.survivors) {
       Seed seed = agree(kp, advertised_.at(v).s_pk, kMaskContext);
       // Survivor v added +PRG(s_uv) if v < u and -PRG(s_uv) if v > u; undo that.
       apply_mask(sum, seed, config_.round, v < u ? -1 : +1);
       sodium_memzero(seed.data(), seed.size());
     }
-    sodium_memzero(kp.sk.data(), kp.sk.size());
-    sodium_memzero(sk.data(), sk.size());
-    sodium_memzero(sk_bytes.data(), sk_bytes.size());
-  }
   result_.sum = config_.fp.decode_sum(sum, u3_.size());
   result_.counted = request_.survivors;
-  result_.responders.assign(responders_.begin(), responders_.end());
+  result_.bad_shares = disagreeing(holders);
+  for (uint64_t v : answered)
+    if (!std::binary_search(result_.bad_shares.begin(), result_.bad_shares.end(), v))
+      result_.responders.push_back(v);
   stage_ = Stage::kDone;
   return result_;
 }

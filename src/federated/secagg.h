@@ -33,6 +33,10 @@
 //                     PRG(b_u), reconstructs every dropped s_sk_u and cancels the masks
 //                     s_uv = agree(s_sk_u, s_pk_v) that survivors v added for it, and decodes
 //                     the sum. A client that sent y_u but did not answer round 3 still counts.
+//                     Every reconstructed secret is checked (b_u against its commitment, s_sk_u
+//                     against s_pk_u); an answer with a bad share is found by trying other sets
+//                     of t answers and set aside, and the round goes on while t good ones
+//                     remain (Server::result()).
 //
 // Why the server learns only the sum: y_u is hidden by PRG(b_u), removable only with t shares of
 // b_u, which honest clients hand over only while u is a survivor; and by the pairwise masks,
@@ -73,7 +77,11 @@ struct Config {
   uint64_t round = 0;        // binds every message, mask and ciphertext to this run
   size_t vector_length = 0;  // floats per update, >= 1
   size_t threshold = 0;      // t >= 1: shares needed to reconstruct; minimum clients per step
-  FixedPoint fp;             // how updates become integers; see FixedPoint::for_clients()
+  // n >= t: the cohort the round was announced with. A client checks t against it (2t > n,
+  // client_policy.h), so the roster may list no more than n clients: with more, t would no
+  // longer be a majority of them. Fewer is a dropout between fit and the roster.
+  size_t clients = 0;
+  FixedPoint fp;  // how updates become integers; see FixedPoint::for_clients()
 
   // Throws InvalidArgument if a field is out of range.
   void validate() const;
@@ -193,8 +201,9 @@ class Client {
   // Round 0: generates the two key pairs.
   AdvertiseKeys advertise_keys();
 
-  // Round 1. The roster must be for this round, hold at least t clients with distinct ids, and
-  // list this client with the keys it advertised (InvalidArgument otherwise).
+  // Round 1. The roster must be for this round, hold at least t and at most n (config.clients)
+  // clients with distinct ids and distinct keys, and list this client with the keys it
+  // advertised (InvalidArgument otherwise).
   ShareKeys share_keys(const Roster& roster);
 
   // Round 2. `update` must have config.vector_length finite floats (InvalidArgument). Every
@@ -235,7 +244,11 @@ class Client {
 struct Result {
   std::vector<float> sum;            // the sum of the updates of `counted`, decoded
   std::vector<uint64_t> counted;     // U3, ascending: whose updates are in the sum
-  std::vector<uint64_t> responders;  // who answered round 3, ascending
+  std::vector<uint64_t> responders;  // who answered round 3 with good shares, ascending
+  // Who answered round 3 with a share that disagrees with the secret the others' shares
+  // reconstruct (ascending): their answers were set aside. Their own updates stay in `counted`:
+  // taking one out would need both of its secrets, which no honest client hands over.
+  std::vector<uint64_t> bad_shares;
 };
 
 // Bytes (to_bytes().size()) and messages per protocol round 0..3, of the messages accepted
@@ -256,7 +269,8 @@ class Server {
 
   void receive(const AdvertiseKeys& msg);  // round 0
   // Closes round 0. Throws Error if fewer than t clients advertised, InvalidArgument if
-  // config.fp can overflow with this many clients (FixedPoint::validate).
+  // config.fp can overflow with this many clients (FixedPoint::validate). receive() refuses an
+  // advertiser beyond the n of config.clients.
   const Roster& roster();
 
   void receive(const ShareKeys& msg);  // round 1: needs roster() first
@@ -269,16 +283,30 @@ class Server {
   const UnmaskRequest& unmask_request();
 
   void receive(const UnmaskResponse& msg);  // round 3: from clients of U3, once each
-  // Closes round 3 and unmasks. Throws Error naming how many answered and t if fewer than t did,
-  // CorruptData if the shares reconstruct a key that does not match its advertised public key.
+  // Closes round 3 and unmasks. Every secret is checked after reconstruction: a self-mask seed
+  // against its commitment, a dropped client's key against its advertised s_pk. When the first
+  // t answers fail that check, other sets of t answers are tried (leaving out one answer, then
+  // two, ...; at most kMaxUnmaskTries sets); the first set that reconstructs every secret is
+  // used, and every other answer whose shares disagree with those secrets is set aside
+  // (Result::bad_shares). So a client that sends bad shares costs the round nothing while t
+  // good answers remain. Throws Error naming how many answered and t if fewer than t did,
+  // CorruptData (with the first check that failed) when no tried set of t answers reconstructs
+  // every secret: more than r - t answers are bad, or a client's commitment is.
   const Result& result();
+  static constexpr size_t kMaxUnmaskTries = 1000;
 
   const std::array<RoundTraffic, 4>& traffic() const { return traffic_; }
   const Config& config() const { return config_; }
 
  private:
   enum class Stage { kAdvertise, kShareKeys, kMaskedInput, kUnmask, kDone };
+  struct Unmasked;  // the secrets round 3 recovers
   void expect(Stage stage, const char* what, uint64_t client_id, uint64_t msg_round) const;
+  // Reconstructs every secret of the unmask request from the answers of `holders` (t of them)
+  // and checks each; returns "" and fills `out`, or why not.
+  std::string recover(const std::vector<uint64_t>& holders, Unmasked& out) const;
+  // The answers outside `holders` whose shares disagree with the secrets `holders` recover.
+  std::vector<uint64_t> disagreeing(const std::vector<uint64_t>& holders) const;
 
   Config config_;
   Stage stage_ = Stage::kAdvertise;
@@ -289,8 +317,9 @@ class Server {
   std::set<uint64_t> u3_;
   std::vector<uint32_t> masked_sum_;  // sum of y_u over U3
   UnmaskRequest request_;
-  std::map<uint64_t, std::vector<shamir::Share>> b_shares_, sk_shares_;  // by owner
-  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;            // U3's, from round 2
+  // Round 3's shares, by owner then holder.
+  std::map<uint64_t, std::map<uint64_t, shamir::Share>> b_shares_, sk_shares_;
+  std::map<uint64_t, std::array<uint8_t, 32>> b_commitments_;  // U3's, from round 2
   std::set<uint64_t> responders_;
   Result result_;
   std::array<RoundTraffic, 4> traffic_{};

@@ -12,6 +12,7 @@ secagg::Config secagg_config(const FitInstruction& ins, size_t vector_length) {
   c.round = static_cast<uint64_t>(ins.round);
   c.vector_length = vector_length;
   c.threshold = ins.secagg_threshold;
+  c.clients = ins.secagg_clients;
   c.fp = secagg::FixedPoint::for_clients(ins.secagg_clip, ins.secagg_clients);
   c.validate();
   return c;

@@ -1,6 +1,7 @@
 // The server's side of a secure round (RoundRunner::secure_delta, rounds.h): Bonawitz et al.'s
 // rounds 1-3 over the participants that answered fit, whose round-0 keys (AdvertiseKeys) came
-// with their fit replies. A participant that fails a stage is dropped from the rest; the
+// with their fit replies. A participant that fails a stage, or answers round 3 with bad shares,
+// is dropped from the rest; the
 // protocol's own bookkeeping (secagg::Server) decides who is in the sum. This file carries the
 // messages, records the traffic and turns the protocol's sum into the round's delta.
 #include <torch/torch.h>
@@ -101,6 +102,13 @@ at::Tensor RoundRunner::SecureRound::run(std::vector<Fitted>& fitted) {
   const secagg::Result* result = nullptr;
   why = try_call([&] { result = &server_.result(); });
   if (!why.empty()) return fail(why);
+  // A client whose unmasking shares were bad is out of the rest of the round; the protocol has
+  // already summed its masked update, and only its answer could be set aside.
+  for (uint64_t id : result->bad_shares)
+    rec_.dropped.push_back(
+        {live_.at(id)->who->id(),
+         "its round-3 shares disagree with the secrets the others' reconstruct (answer set aside; "
+         "its masked update stays in the sum)"});
   return delta(*result, total);
 }
 

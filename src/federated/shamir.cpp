@@ -105,6 +105,41 @@ std::vector<Share> split(const std::vector<uint8_t>& secret, size_t threshold, s
   return split(secret.data(), secret.size(), threshold, xs);
 }
 
+std::vector<uint64_t> lagrange_weights(const std::vector<uint64_t>& xs, uint64_t at) {
+  KRAB_CHECK_ARG(at < kPrime, "shamir::lagrange_weights: point ", at, " must be below p");
+  // w_i = prod_{j != i} (at - x_j) / (x_i - x_j); at 0 this is Lagrange's weight at 0. One
+  // inversion per weight: reconstruction needs t of them per set of holders, not per secret.
+  std::vector<uint64_t> w(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_x(xs[i], "shamir::lagrange_weights:");
+    uint64_t num = 1, den = 1;
+    for (size_t j = 0; j < xs.size(); ++j) {
+      if (j == i) continue;
+      KRAB_CHECK_ARG(xs[j] != xs[i], "shamir::lagrange_weights: duplicate x = ", xs[i]);
+      num = field_mul(num, field_sub(at, xs[j]));
+      den = field_mul(den, field_sub(xs[i], xs[j]));
+    }
+    w[i] = field_mul(num, field_inv(den));
+  }
+  return w;
+}
+
+Share share_at(const std::vector<Share>& shares, const std::vector<uint64_t>& weights, uint64_t x) {
+  KRAB_CHECK_ARG(!weights.empty() && shares.size() >= weights.size(),
+                 "shamir::share_at: ", shares.size(), " shares for ", weights.size(), " weights");
+  Share out;
+  out.x = x;
+  out.secret_length = shares[0].secret_length;
+  out.y.assign(shares[0].y.size(), 0);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    KRAB_CHECK_ARG(shares[i].y.size() == out.y.size(), "shamir::share_at: share x = ", shares[i].x,
+                   " has ", shares[i].y.size(), " values, not ", out.y.size());
+    for (size_t c = 0; c < out.y.size(); ++c)
+      out.y[c] = field_add(out.y[c], field_mul(weights[i], shares[i].y[c]));
+  }
+  return out;
+}
+
 std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold) {
   KRAB_CHECK_ARG(threshold >= 1, "shamir::combine: threshold must be >= 1");
   KRAB_CHECK_ARG(shares.size() >= threshold, "shamir::combine: ", shares.size(),
@@ -124,25 +159,14 @@ std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold)
     for (uint64_t v : s.y)
       KRAB_CHECK_ARG(v < kPrime, "shamir::combine: share x = ", s.x, " has a value >= p");
   }
-
-  // Lagrange weights at 0: w_i = prod_{j != i} x_j / (x_j - x_i). They depend only on the xs,
-  // so they are computed once and reused for every chunk.
-  std::vector<uint64_t> w(threshold);
-  for (size_t i = 0; i < threshold; ++i) {
-    uint64_t num = 1, den = 1;
-    for (size_t j = 0; j < threshold; ++j) {
-      if (j == i) continue;
-      num = field_mul(num, shares[j].x);
-      den = field_mul(den, field_sub(shares[j].x, shares[i].x));
-    }
-    w[i] = field_mul(num, field_inv(den));
-  }
+  std::vector<uint64_t> xs(threshold);
+  for (size_t i = 0; i < threshold; ++i) xs[i] = shares[i].x;
+  // The weights depend only on the xs, so they are computed once and reused for every chunk.
+  const Share at0 = share_at(shares, lagrange_weights(xs, 0), 0);
 
   std::vector<uint8_t> secret(length);
   for (size_t c = 0; c < chunks; ++c) {
-    uint64_t chunk = 0;
-    for (size_t i = 0; i < threshold; ++i)
-      chunk = field_add(chunk, field_mul(w[i], shares[i].y[c]));
+    const uint64_t chunk = at0.y[c];
     const size_t begin = c * kChunkBytes, len = std::min(kChunkBytes, length - begin);
     // A genuine chunk fits its bytes; shares of different polynomials give a uniform field
     // element, which almost always does not.

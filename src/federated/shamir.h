@@ -60,12 +60,25 @@ std::vector<Share> split(const uint8_t* secret, size_t size, size_t threshold,
 std::vector<Share> split(const std::vector<uint8_t>& secret, size_t threshold, size_t num_shares);
 
 // Reconstructs the secret from at least `threshold` shares (it interpolates through the first
-// `threshold` of them; extra shares are checked for shape but otherwise unused). Throws
+// `threshold` of them; extra shares are checked for shape but otherwise unused: share_at() is
+// how a caller checks them). Throws
 // InvalidArgument if there are fewer than threshold (>= 1) shares, two share the same x, some
 // x is 0 or >= p, or the shares disagree on the secret length or their y count. Shares of
 // different secrets, or damaged ones, reconstruct garbage — detected only when a chunk comes
 // out too large for its bytes (CorruptData), so callers that can verify the secret should.
 std::vector<uint8_t> combine(const std::vector<Share>& shares, size_t threshold);
+
+// The Lagrange weights w_i with P(at) = sum_i w_i P(xs[i]) for every polynomial P of degree
+// below xs.size(). The xs must be distinct and in [1, p), `at` below p (InvalidArgument).
+// combine() uses the weights at 0; a caller that checks many secrets' shares from the same
+// holders computes them once.
+std::vector<uint64_t> lagrange_weights(const std::vector<uint64_t>& xs, uint64_t at);
+
+// The share holder `x` would hold of the secret whose polynomials pass through the first
+// weights.size() of `shares`, given weights = lagrange_weights(their xs, x). A share that
+// differs from share_at(...) of t shares that reconstruct the secret correctly is a bad one.
+// InvalidArgument when there are fewer shares than weights or their value counts differ.
+Share share_at(const std::vector<Share>& shares, const std::vector<uint64_t>& weights, uint64_t x);
 
 // Field arithmetic, exposed for the tests. Inputs must be < kPrime.
 uint64_t field_mul(uint64_t a, uint64_t b);

@@ -161,6 +161,7 @@ std::vector<std::vector<int64_t>> client_shards(const data::DataSplits& d,
 nlohmann::json run_simulation(const core::Config& config, const SimulationOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   FederatedOptions fo = FederatedOptions::from_config(config);
+  fo.seeded_cohorts = true;  // reproducible runs; see FederatedOptions
   torch::set_num_threads(static_cast<int>(config.get_int("train.threads_per_worker")));
   const data::DataSplits d = train::load_data(config);
   const models::ModelSpec spec = train::model_spec(config, d);

@@ -6,7 +6,10 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -92,6 +95,37 @@ std::string sha256(const std::string& text) {
   KRAB_CHECK(EVP_Digest(text.data(), text.size(), out, &n, EVP_sha256(), nullptr) == 1 && n == 32,
              "SHA-256 failed");
   return std::string(reinterpret_cast<const char*>(out), n);
+}
+
+std::string client_token(const TokenSources& s, std::vector<std::string>& warnings) {
+  KRAB_CHECK_ARG(s.file.empty() || s.flag.empty(),
+                 "give the token once: --token-file or --token, not both");
+  if (!s.file.empty()) {
+    struct stat st {};
+    KRAB_CHECK_ARG(::stat(s.file.c_str(), &st) == 0 && S_ISREG(st.st_mode), "--token-file ", s.file,
+                   ": no such file");
+    std::string token = core::read_file(s.file);
+    while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back())))
+      token.pop_back();
+    KRAB_CHECK_ARG(!token.empty(), "--token-file ", s.file, " is empty");
+    if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      warnings.push_back(str_cat("--token-file ", s.file, " is readable by other users (mode ",
+                                 mode, "); chmod 600 it"));
+    }
+    return token;
+  }
+  if (!s.flag.empty()) {
+    warnings.push_back(
+        "--token puts the token on the command line, where `ps` shows it to every user of this "
+        "machine; use --token-file FILE or the environment variable KRAB_FL_TOKEN");
+    return s.flag;
+  }
+  KRAB_CHECK_ARG(s.env != nullptr && *s.env != '\0',
+                 "fl-client needs its token: --token-file FILE, or the environment variable "
+                 "KRAB_FL_TOKEN (--token also works, but `ps` shows it to every local user)");
+  return s.env;
 }
 
 void quiet_grpc_logs() {

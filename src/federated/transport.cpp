@@ -329,6 +329,7 @@ class Service final : public wire::Federation::Service {
     reply->set_client_name(name);
     reply->set_config_yaml(s_->options.config_yaml);
     reply->set_model_signature(s_->options.model_signature);
+    reply->set_model_sha256(s_->options.model_sha256);
     return grpc::Status::OK;
   }
 
@@ -673,7 +674,7 @@ FederationClient::Hello FederationClient::hello() {
   wire::HelloReply r;
   grpc::Status st = impl_->stub->Hello(&ctx, wire::HelloRequest(), &r);
   if (!st.ok()) impl_->fail(st, "Hello");
-  return {r.client_name(), r.config_yaml(), r.model_signature()};
+  return {r.client_name(), r.config_yaml(), r.model_signature(), r.model_sha256()};
 }
 
 void FederationClient::ready(const std::string& signature, int64_t num_examples) {

@@ -71,6 +71,7 @@ struct ServerTransportOptions {
   int64_t max_message_bytes = 64 << 20;
   std::string config_yaml;      // sent to clients by Hello
   std::string model_signature;  // Ready must match it
+  std::string model_sha256;     // sent by Hello: the TorchScript module's digest, or ""
   std::chrono::milliseconds poll_timeout{2000};
   std::chrono::milliseconds liveness{10000};
   std::chrono::milliseconds deadline{60000};  // per task
@@ -133,7 +134,7 @@ class FederationClient {
   ~FederationClient();
 
   struct Hello {
-    std::string client_name, config_yaml, model_signature;
+    std::string client_name, config_yaml, model_signature, model_sha256;
   };
   // Each throws InvalidArgument for a refused token ("token refused: ..."), PeerLost when the
   // server cannot be reached or the TLS handshake fails (the message says which), Timeout.

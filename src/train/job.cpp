@@ -28,6 +28,7 @@ data::ImageOptions image_options(const core::Config& c) {
   o.threads = c.get_int("data.decode_threads");
   o.skip_bad = c.get_bool("data.skip_bad");
   o.test_path = c.get_string("data.test_path");
+  o.max_pixels = c.get_int("data.max_pixels");
   return o;
 }
 
@@ -74,7 +75,8 @@ data::DataSplits load_data(const core::Config& c, DataResidency residency) {
               : data::sentencepiece_tokenizer(sp_model, "data.tokenizer.sentencepiece")));
   if (name == "csv")
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
-                          c.get_float("data.test_fraction"), c.get_bool("data.normalize"));
+                          c.get_float("data.test_fraction"), c.get_bool("data.normalize"),
+                          c.get_int("data.num_classes"));
   if (name == "images") return load_image_data(c, residency);
   if (name == "tensors") {
     data::TensorsOptions o;

@@ -25,8 +25,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::damage_png_pixels;
 using testing::expect_throw_containing;
+using testing::jpeg_stating;
 using testing::make_pixels;
 using testing::pixel;
+using testing::png_stating;
 using testing::TempDir;
 using testing::write_jpeg;
 using testing::write_png;
@@ -355,6 +357,50 @@ TEST(LazyImages, ListingChecksHeadersButDecodesNothing) {
   EXPECT_TRUE(
       torch::equal(lazy_split(s).targets(), load_images(dir.path().string(), eager).train.targets))
       << "the same 12 examples as decoded at load";
+}
+
+// A few dozen bytes can state 65535 x 65535 pixels (4.4 GB resident before a decode error); the
+// sizes here are just past the default limit of 4096 x 4096, so that the reader of the commit
+// before the limit (which believed them) allocated tens of megabytes, not gigabytes, on its way
+// to failing these checks.
+TEST(ImageBombs, ImagesStatingMorePixelsThanTheLimitAreRefusedByTheirHeader) {
+  TempDir dir;
+  ASSERT_EQ(kDefaultMaxPixels, 4096 * 4096);
+  const std::string file = dir.file("bomb.img");
+  const std::string bombs[] = {png_stating(4097, 4097, true), png_stating(4097, 4097, false),
+                               jpeg_stating(4097, 4097)};
+  for (const std::string& bytes : bombs) {
+    SCOPED_TRACE(bytes.size());
+    ASSERT_LT(bytes.size(), 1024u);
+    write_bytes(file, bytes);
+    for (const bool probe : {true, false})
+      expect_throw_containing<InvalidArgument>(
+          [&] { probe ? (void)probe_image_file(file) : (void)decode_image_file(file); },
+          {file, "4097x4097", "16785409 pixels", "data.max_pixels (16777216)"});
+  }
+  // At the limit the header passes (what its pixels hold is the decoder's business).
+  write_bytes(file, png_stating(4096, 4096, true));
+  EXPECT_EQ(probe_image_file(file).width, 4096);
+  write_bytes(file, jpeg_stating(4096, 4096));
+  EXPECT_EQ(probe_image_file(file).height, 4096);
+}
+
+// Every way in refuses them by name before pixels are decoded: the header check at listing
+// (lazy), and the decoder of a split decoded at load and of the first image's channels.
+TEST(ImageBombs, AFolderWithABombIsRefusedNamingItLazilyAndAtLoad) {
+  TempDir dir;
+  write_folder(dir.path());
+  const std::string bomb = dir.file("ant/bomb.png");
+  write_bytes(bomb, png_stating(4097, 4097, true));
+  for (const bool lazily : {true, false})
+    expect_throw_containing<InvalidArgument>(
+        [&] { load_images(dir.path().string(), lazily ? lazy(options(6, 5)) : options(6, 5)); },
+        {bomb, "4097x4097", "data.max_pixels", "data.skip_bad"});
+  ImageOptions o = lazy(options(6, 5));
+  o.skip_bad = true;  // a bomb is an unreadable file like any other
+  int64_t skipped = 0;
+  EXPECT_EQ(lazy_split(load_images(dir.path().string(), o, &skipped)).size(), 12);
+  EXPECT_EQ(skipped, 1);
 }
 
 TEST(LazyImages, DamagedPixelsAreNamedOrReplacedWhenFirstDecoded) {

@@ -7,7 +7,10 @@
 #   - clients with an unknown token, an expired token, a token another live client holds, or a
 #     CA that did not sign the server's certificate are refused with a clear message and a
 #     non-zero exit, and the server keeps serving the others;
-#   - what crosses the wire is the size of model updates, not of data.
+#   - what crosses the wire is the size of model updates, not of data;
+#   - the clients' tokens come from a file (--token-file), the environment (KRAB_FL_TOKEN) and
+#     the command line (--token, with a warning); a missing or empty token file is exit 2 naming
+#     it, before anything connects.
 # Usage: fl_processes.sh KRAB [secure]
 set -euo pipefail
 KRAB=$(readlink -f "$1")
@@ -117,10 +120,34 @@ code=$?
 grep -q "TLS handshake failed" rogue.log || fail "rogue CA: message"
 set -e
 
-# ---- five clients, one killed while the rounds run ----
+# ---- a client's token: a missing or empty file, or none at all, is exit 2 naming it ----
+set +e
+expect_client_refusal() {  # WHAT PATTERN ARGS...
+  local what=$1 pattern=$2; shift 2
+  env -u KRAB_FL_TOKEN "$KRAB" fl-client --server "$ADDR" --ca ca.pem --data clientdata "$@" \
+    > tokenfile.log 2>&1
+  local code=$?
+  [[ $code == 2 ]] || fail "$what: exit $code, want 2"
+  grep -q -- "$pattern" tokenfile.log || fail "$what: message lacks '$pattern': $(cat tokenfile.log)"
+}
+expect_client_refusal "missing token file" "--token-file $T/none.tok: no such file" \
+  --token-file "$T/none.tok"
+: > empty.tok
+expect_client_refusal "empty token file" "--token-file empty.tok is empty" --token-file empty.tok
+expect_client_refusal "no token" "KRAB_FL_TOKEN" --retry-s 1
+set -e
+grep -q "warning: --token puts the token on the command line" bad.log ||
+  fail "--token gave no warning: $(cat bad.log)"
+
+# ---- five clients, one killed while the rounds run: client 1 reads its token from a file,
+# client 2 from the environment, the others from --token ----
+(umask 077; token 1 > client1.tok)
 start_client() {
-  "$KRAB" fl-client --server "$ADDR" --ca ca.pem --token "$(token $1)" --data "$T/clientdata" \
-    --partition "$1/5" > "client$1.log" 2>&1 &
+  local how=(--token "$(token $1)")
+  [[ $1 == 1 ]] && how=(--token-file client1.tok)
+  [[ $1 == 2 ]] && how=()
+  KRAB_FL_TOKEN=$(token 2) "$KRAB" fl-client --server "$ADDR" --ca ca.pem "${how[@]}" \
+    --data "$T/clientdata" --partition "$1/5" > "client$1.log" 2>&1 &
   pids+=("$!")
   eval "client$1=$!"
 }
@@ -162,6 +189,9 @@ if [[ $MODE == plain ]]; then
   grep -q "resumed .*fl-state.krab after round [2-4]" server2.log || fail "server did not resume"
 fi
 for i in 0 1 2 3; do wait "$(eval echo \$client$i)" || fail "client $i exited $?"; done
+for i in 1 2; do
+  if grep -q "warning" "client$i.log"; then fail "client $i warned: $(grep warning client$i.log)"; fi
+done
 
 python3 - "$T" "$MODE" <<'PY' || fail "report checks"
 import json, re, sys

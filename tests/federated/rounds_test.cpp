@@ -17,62 +17,10 @@
 #include "federated/client_policy.h"
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
+#include "scripted_participant.h"
 
 namespace krab::federated {
 namespace {
-
-// A client that returns a fixed update (or fails at a chosen point).
-class Scripted : public Participant {
- public:
-  Scripted(std::string id, at::Tensor update, int64_t examples, int fail_at = -1)
-      : id_(std::move(id)), update_(std::move(update)), examples_(examples), fail_at_(fail_at) {}
-  const std::string& id() const override { return id_; }
-  FitReply fit(const FitInstruction& ins) override {
-    if (fail_at_ == 0) throw PeerLost(id_ + " went away");
-    seen_global_ = ins.global;
-    FitReply r;
-    r.num_examples = examples_;
-    r.mean_loss = 1.0;
-    at::Tensor u = update_;
-    if (ins.clip_norm > 0) u = u * std::min(1.0, ins.clip_norm / u.norm().item<double>());
-    if (!ins.secure) {
-      r.update = u;
-      return r;
-    }
-    secure_ = std::make_unique<SecureClient>(ins, u);
-    r.secagg = secure_->advertise();
-    return r;
-  }
-  std::vector<uint8_t> secagg(const SecAggRequest& req) override {
-    if (fail_at_ == static_cast<int>(req.stage)) throw PeerLost(id_ + " lost in stage");
-    std::vector<uint8_t> out = secure_->handle(req);
-    if (truncate_at_ == static_cast<int>(req.stage)) out.resize(out.size() - 5);
-    return out;
-  }
-  int truncate_at_ = -1;  // secure rounds: cut 5 bytes off this stage's message
-  at::Tensor seen_global_;
-
- private:
-  std::string id_;
-  at::Tensor update_;
-  int64_t examples_;
-  int fail_at_;
-  std::unique_ptr<SecureClient> secure_;
-};
-
-FederatedOptions all_clients(int64_t min_clients = 1) {
-  FederatedOptions o;
-  o.fraction = 1.0;
-  o.min_clients = min_clients;
-  o.rounds = 3;
-  return o;
-}
-
-std::vector<Participant*> ptrs(std::vector<std::unique_ptr<Scripted>>& v) {
-  std::vector<Participant*> out;
-  for (auto& p : v) out.push_back(p.get());
-  return out;
-}
 
 TEST(Rounds, FedAvgIsTheExampleWeightedMean) {
   std::vector<std::unique_ptr<Scripted>> c;
@@ -334,25 +282,29 @@ TEST(Rounds, FailedDpRoundsAreChargedAndReported) {
   EXPECT_DOUBLE_EQ(report["epsilon"].get<double>(), rec.epsilon);
 }
 
-// With DP the cohorts come from a secure source: two runs with the same train.seed draw
-// different cohorts (without DP they are reproducible from the seed, as before).
-TEST(Rounds, DpCohortsCannotBePredictedFromTheSeed) {
+// Cohorts come from a secure source, with DP or without: two runs with the same train.seed
+// (which every client is sent) draw different cohorts. Only fl-sim may ask for cohorts that
+// follow the seed (seeded_cohorts), and then only without DP.
+TEST(Rounds, CohortsCannotBePredictedFromTheSeed) {
   std::vector<std::unique_ptr<Scripted>> c;
   for (int i = 0; i < 20; ++i)
     c.push_back(std::make_unique<Scripted>(str_cat("c", i), torch::ones({2}), 1));
-  for (const char* dp : {"none", "local", "central"}) {
-    FederatedOptions o = all_clients(2);
-    o.fraction = 0.25;
-    o.dp = parse_dp_mode(dp);
-    o.seed = 7;
-    RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
-    int same = 0;
-    for (int r = 0; r < 8; ++r) same += a.run_round(ptrs(c)).cohort == b.run_round(ptrs(c)).cohort;
-    if (std::string(dp) == "none")
-      EXPECT_EQ(same, 8);
-    else
-      EXPECT_LE(same, 1) << dp;  // 15504 possible 5-of-20 cohorts (more for Poisson ones)
-  }
+  for (bool seeded : {false, true})
+    for (const char* dp : {"none", "local", "central"}) {
+      FederatedOptions o = all_clients(2);
+      o.fraction = 0.25;
+      o.dp = parse_dp_mode(dp);
+      o.seed = 7;
+      o.seeded_cohorts = seeded;
+      RoundRunner a(o, torch::zeros({2}), false), b(o, torch::zeros({2}), false);
+      int same = 0;
+      for (int r = 0; r < 8; ++r)
+        same += a.run_round(ptrs(c)).cohort == b.run_round(ptrs(c)).cohort;
+      if (seeded && std::string(dp) == "none")
+        EXPECT_EQ(same, 8);
+      else
+        EXPECT_LE(same, 1) << dp << seeded;  // 15504 possible 5-of-20 cohorts (more for Poisson)
+    }
 }
 
 TEST(Rounds, LocalDpChargesTheMostAskedClientAtRateOne) {

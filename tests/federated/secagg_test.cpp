@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -43,6 +44,7 @@ struct Harness {
     cfg.round = 42;
     cfg.vector_length = m;
     cfg.threshold = t;
+    cfg.clients = n;
     cfg.fp = FixedPoint::for_clients(1.0, n);
     server = std::make_unique<Server>(cfg);
     for (size_t k = 0; k < n; ++k) {
@@ -321,6 +323,93 @@ TEST(SecAgg, AWrongSelfMaskSeedIsAnErrorNotAWrongSum) {
   EXPECT_NE(run(true, false), "(a result)");
   EXPECT_NE(run(false, true).find("does not match its commitment"), std::string::npos)
       << run(false, true);
+}
+
+// Round 3 with some answers carrying a bad share (well-formed, of another value: the hardest
+// kind, since it parses). `liars` are positions in the harness; each corrupts its share of the
+// self-mask seed of survivor `victim` (or, with `key`, of a dropped client's key).
+struct BadShares {
+  Result result;
+  std::string error;
+};
+BadShares run_with_bad_shares(Harness& h, const std::set<size_t>& liars, size_t victim,
+                              bool key = false) {
+  h.advertise();
+  h.share();
+  if (key) h.gone = {h.id(victim)};  // shares, then drops: its key must be reconstructed
+  h.mask();
+  h.gone.clear();
+  const UnmaskRequest request = wire(h.server->unmask_request());
+  for (auto& [id, c] : h.clients) {
+    if (!std::count(request.survivors.begin(), request.survivors.end(), id)) continue;
+    UnmaskResponse r = c.unmask(request);
+    bool liar = false;
+    for (size_t k : liars) liar |= id == h.id(k);
+    for (auto* list : {&r.self_mask_shares, &r.key_shares})
+      for (OwnedShare& s : *list)
+        if (liar && s.owner == h.id(victim)) s.share.y[0] = (s.share.y[0] + 1) % shamir::kPrime;
+    h.server->receive(wire(r));
+  }
+  BadShares out;
+  try {
+    out.result = h.server->result();
+  } catch (const CorruptData& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+TEST(SecAgg, ABadShareSetsAsideExactlyItsSenderAndTheSumStaysExact) {
+  // A liar among the first t answers (the set tried first), one after them, two at once, and a
+  // bad share of a dropped client's key: each is named, and the others' sum is exact.
+  struct Case {
+    std::set<size_t> liars;
+    size_t victim;
+    bool key;
+  };
+  for (const Case& k :
+       {Case{{0}, 3, false}, Case{{5}, 1, false}, Case{{1, 4}, 0, false}, Case{{2}, 6, true}}) {
+    Harness h(7, 4, 64);
+    const BadShares got = run_with_bad_shares(h, k.liars, k.victim, k.key);
+    ASSERT_EQ(got.error, "") << *k.liars.begin();
+    std::vector<uint64_t> bad, good, counted;
+    for (size_t i = 0; i < 7; ++i) {
+      if (k.key && i == k.victim) continue;
+      counted.push_back(h.id(i));
+      (k.liars.count(i) ? bad : good).push_back(h.id(i));
+    }
+    EXPECT_EQ(got.result.bad_shares, bad);
+    EXPECT_EQ(got.result.responders, good);
+    h.expect_sum(got.result, counted);
+  }
+}
+
+TEST(SecAgg, TheRoundFailsOnlyWhenFewerThanTGoodAnswersRemain) {
+  Harness h(5, 3, 16);  // 5 answers, t = 3: two liars leave 3 good ones, three leave 2
+  const BadShares two = run_with_bad_shares(h, {0, 1}, 4);
+  ASSERT_EQ(two.error, "");
+  EXPECT_EQ(two.result.bad_shares, (std::vector<uint64_t>{h.id(0), h.id(1)}));
+  h.expect_sum(two.result, {h.id(0), h.id(1), h.id(2), h.id(3), h.id(4)});
+  Harness h3(5, 3, 16);
+  const BadShares three = run_with_bad_shares(h3, {0, 1, 2}, 4);
+  EXPECT_NE(three.error.find("does not match its commitment"), std::string::npos) << three.error;
+  EXPECT_NE(three.error.find("no other 3 of the 5 answers"), std::string::npos) << three.error;
+}
+
+TEST(SecAgg, TheServerTakesNoMoreAdvertisersThanTheRoundWasAnnouncedFor) {
+  Harness h(4, 3, 8);
+  h.cfg.clients = 3;
+  Server small(h.cfg);
+  size_t k = 0;
+  for (auto& [id, c] : h.clients) {
+    const AdvertiseKeys keys = c.advertise_keys();
+    if (k++ < 3) {
+      small.receive(keys);
+    } else {
+      EXPECT_THROW(small.receive(keys), InvalidArgument);
+    }
+  }
+  EXPECT_EQ(small.roster().clients.size(), 3u);
 }
 
 TEST(SecAgg, RosterChecksOnTheClient) {

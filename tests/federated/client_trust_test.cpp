@@ -1,0 +1,172 @@
+// What a federated client trusts its server with: its token comes from a file or the
+// environment (the command line with a warning), and a server job that names a path, or a
+// TorchScript module other than the client's own copy, is refused before the client reads or
+// joins anything.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "core/errors.h"
+#include "federated/processes.h"
+#include "federated/server_job.h"
+#include "federated/tls_files.h"
+#include "support/script_modules.h"
+#include "tls_fixture.h"
+
+namespace krab::federated {
+namespace {
+
+std::string write_token_file(const std::string& text) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("krab-client-token-" + std::to_string(::getpid()) + ".txt"))
+                               .string();
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A client's token: from its file (trailing newline removed), the environment, or the command
+// line with a warning; a missing or empty file is refused by name.
+TEST(Tokens, AClientsTokenComesFromItsFileTheEnvironmentOrWithAWarningTheFlag) {
+  const std::string path = write_token_file("token-of-north-0123456789\n");
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::vector<std::string> warnings;
+  EXPECT_EQ(client_token({path, "", "from-env-0123456789"}, warnings), "token-of-north-0123456789");
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(client_token({"", "", "from-env-0123456789"}, warnings), "from-env-0123456789");
+  EXPECT_TRUE(warnings.empty()) << warnings[0];
+  EXPECT_EQ(client_token({"", "on-the-line-0123456789", "from-env"}, warnings),
+            "on-the-line-0123456789");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("`ps` shows it to every user"), std::string::npos) << warnings[0];
+  warnings.clear();
+  std::filesystem::permissions(
+      path, std::filesystem::perms::group_read | std::filesystem::perms::others_read,
+      std::filesystem::perm_options::add);
+  EXPECT_EQ(client_token({path, "", nullptr}, warnings), "token-of-north-0123456789");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("readable by other users (mode 0644)"), std::string::npos)
+      << warnings[0];
+
+  auto refusal = [&](const TokenSources& s) {
+    try {
+      client_token(s, warnings);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(refusal({path + ".missing", "", "env"}).find("--token-file " + path + ".missing"),
+            std::string::npos);
+  std::ofstream(path) << "\n";
+  EXPECT_NE(refusal({path, "", "env"}).find("--token-file " + path + " is empty"),
+            std::string::npos);
+  std::filesystem::remove(path);
+  EXPECT_NE(refusal({"", "", nullptr}).find("KRAB_FL_TOKEN"), std::string::npos);
+  EXPECT_NE(refusal({"", "", ""}).find("KRAB_FL_TOKEN"), std::string::npos);
+  EXPECT_NE(refusal({"f", "t", nullptr}).find("not both"), std::string::npos);
+}
+
+
+// A server whose job sets a path (where the client's data is, when it gave no --data; the model
+// file) is refused by name at Hello: the client reads nothing and never joins.
+TEST_F(Tls, AClientRefusesAServerJobThatSetsAPath) {
+  const std::string d = dir_->string();
+  std::ofstream(d + "/not-yours.csv") << "x1,label\n0.5,1\n-0.5,0\n0.25,1\n-0.25,0\n";
+  for (const std::string key : {"data.path", "model.path"}) {
+    ServerTransportOptions so = server_options();
+    so.config_yaml = key == "data.path"
+                         ? "model: {name: mlp}\ndata: {name: csv, path: " + d + "/not-yours.csv}\n"
+                         : "model: {name: torchscript, path: " + d + "/not-yours.csv}\n";
+    FederationServer server(so);
+    ClientRunOptions co;
+    co.server = "127.0.0.1:" + std::to_string(server.port());
+    co.ca_file = d + "/ca.pem";
+    co.token = "token-of-alice-0123456";
+    co.retry_s = 1;
+    std::string why = "(the client ran)";
+    try {
+      run_fl_client(co);
+    } catch (const InvalidArgument& e) {
+      why = e.what();
+    } catch (const std::exception& e) {
+      why = str_cat("(not InvalidArgument) ", e.what());
+    }
+    EXPECT_NE(why.find("the server's job sets " + key + ":"), std::string::npos) << why;
+    EXPECT_EQ(server.wait_for_clients(1, std::chrono::milliseconds(0)), 0u);
+  }
+}
+
+// A TorchScript federation: the server states its module's SHA-256, a client with another file
+// is refused naming both digests before it joins, and a client with its own identical copy
+// trains with it.
+TEST_F(Tls, ATorchScriptFederationRunsEachClientsOwnCopyOfTheModule) {
+  const std::string d = dir_->string();
+  torch::manual_seed(5);
+  test::ScriptBuilder().net(2, 8, 2).save(d + "/net.ts");
+  std::filesystem::copy_file(d + "/net.ts", d + "/mine.ts",
+                             std::filesystem::copy_options::overwrite_existing);
+  test::ScriptBuilder().net(2, 8, 2).save(d + "/other.ts");  // same shape, other weights
+  {
+    std::ofstream table(d + "/ts.csv");
+    table << "x1,x2,label\n";
+    for (int i = 0; i < 200; ++i)
+      table << (i % 7) * 0.1 << "," << (i % 3) * 0.2 << "," << i % 2 << "\n";
+    std::ofstream(d + "/ts-tokens.txt") << "north token-of-north-0123456789\n";
+  }
+  core::Config c = core::Config::parse(str_cat(R"(
+model: {name: torchscript, path: )",
+                                               d, R"(/net.ts}
+data: {name: csv, batch_size: 20}
+train: {optimizer: {name: sgd, lr: 0.1, momentum: 0}}
+federated: {rounds: 1, clients: 1, fraction: 1.0, min_clients: 1, local_steps: 2,
+            address: "127.0.0.1:0", wait_clients_s: 30, round_deadline_s: 30}
+checkpoint: {dir: )",
+                                               d, "/tsrun}\n"),
+                                       "test");
+  c.set("federated.tls_cert", d + "/server.pem");
+  c.set("federated.tls_key", d + "/server.key");
+  c.set("federated.tokens", d + "/ts-tokens.txt");
+  c.set("federated.eval_data", d + "/ts.csv");
+  ServerRunOptions so;
+  so.port_file = d + "/ts.port";
+  so.show_progress = false;
+  std::string server_error;
+  std::thread server([&] {
+    try {
+      run_fl_server(c, so);
+    } catch (const std::exception& e) {
+      server_error = e.what();
+    }
+  });
+  for (int i = 0; i < 300 && !std::filesystem::exists(so.port_file); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(std::filesystem::exists(so.port_file)) << server_error;
+  std::string port;
+  std::ifstream(so.port_file) >> port;
+  ClientRunOptions co;
+  co.server = "127.0.0.1:" + port;
+  co.ca_file = d + "/ca.pem";
+  co.token = "token-of-north-0123456789";
+  co.data = d + "/ts.csv";
+  co.model = d + "/other.ts";
+  try {
+    run_fl_client(co);
+    ADD_FAILURE() << "a module with another digest was run";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--model " + co.model + ": SHA-256 "), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find(file_sha256(d + "/net.ts", "")), std::string::npos)
+        << e.what();
+  }
+  co.model = d + "/mine.ts";
+  EXPECT_EQ(run_fl_client(co), 1);
+  server.join();
+  EXPECT_TRUE(server_error.empty()) << server_error;
+}
+
+}  // namespace
+}  // namespace krab::federated
