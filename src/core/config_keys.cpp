@@ -62,6 +62,11 @@ std::vector<KeySpec> build_registry() {
                "`torchscript`: keep BatchNorm layers in eval mode while training (they use and "
                "keep their running statistics), so that a step does not depend on how the "
                "global batch is split over workers."),
+      bool_key("model.trust_code", "false",
+               "`torchscript`: load `model.path` without inspecting it. A TorchScript file is a "
+               "program; by default krab reads its code before LibTorch loads it and refuses "
+               "operators that reach files, processes or the network (docs/models.md). Set this "
+               "only for a file you vouch for."),
       int_key("model.hidden", "128", "Hidden-layer width of the `mlp`.", 1),
       int_key("model.layers", "2", "Number of `gpt` decoder blocks.", 1),
       int_key("model.width", "128", "Embedding width of the `gpt` (d_model).", 8),

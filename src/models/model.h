@@ -60,6 +60,7 @@ struct ModelSpec {
   std::string path;                    // torchscript: the saved module (model.path)
   std::string loss = "cross_entropy";  // torchscript: train.loss (built-ins: cross_entropy)
   bool freeze_batchnorm = false;       // torchscript: batch norm stays in eval mode in training
+  bool trust_code = false;             // torchscript: load without inspecting (model.trust_code)
 };
 
 class Model : public torch::nn::Module {

@@ -3,12 +3,14 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/torch.h>
 
+#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "core/errors.h"
 #include "core/fs.h"
 #include "models/builders.h"
+#include "models/script_inspection.h"
 
 namespace krab::models {
 namespace {
@@ -44,16 +46,18 @@ void mirror(const torch::jit::Module& src, torch::nn::Module& dst, const std::st
   }
 }
 
-torch::jit::Module load_script(const std::string& path) {
+// torch::jit::load compiles the file's code and runs its __setstate__ methods, so the file is
+// inspected before it (script_inspection.h), and the compiled graphs after it, before any method
+// runs; unless the user vouches for the file.
+torch::jit::Module load_script(const ModelSpec& spec) {
+  const std::string& path = spec.path;
   KRAB_CHECK_ARG(core::path_exists(path), "model.path: no file '", path, "'");
-  try {
-    return torch::jit::load(path);
-  } catch (const c10::Error& e) {
-    throw InvalidArgument(str_cat("model.path: '", path,
-                                  "' is not a TorchScript module (save one from Python with "
-                                  "torch.jit.script(model).save(path)): ",
-                                  first_line(e.what_without_backtrace())));
-  }
+  const std::string source = str_cat("model.path: '", path, "'");
+  if (!spec.trust_code)
+    return load_inspected_torchscript_file(
+        path, source, "set model.trust_code: true to load it anyway if you vouch for the file");
+  std::ifstream in(path, std::ios::binary);
+  return load_torchscript_unchecked(in, source);
 }
 
 bool is_batchnorm(const torch::jit::Module& m) {
@@ -70,7 +74,7 @@ bool is_known_loss(const std::string& name) {
 }
 
 TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
-    : module_(load_script(spec.path)),
+    : module_(load_script(spec)),
       path_(spec.path),
       loss_(spec.loss),
       freeze_batchnorm_(spec.freeze_batchnorm) {

@@ -2,6 +2,10 @@
 //
 //   model: {name: torchscript, path: net.ts}     # torch.jit.script(m).save("net.ts")
 //
+// A TorchScript file is a program: unless spec.trust_code (model.trust_code), the file is
+// inspected before torch::jit::load reads it and its compiled graphs before any method runs, and
+// code that reaches files, processes or the network is refused (models/script_inspection.h).
+//
 // The scripted module is loaded with torch::jit::load and wrapped in a Model whose
 // torch::nn::Module tree mirrors the scripted module's submodule tree: every parameter and
 // buffer of the scripted module is registered in the mirror under its own name, as the SAME
@@ -47,8 +51,11 @@ bool is_known_loss(const std::string& name);
 class TorchScriptModel : public Model {
  public:
   // Loads spec.path. InvalidArgument naming model.path for: a missing or unreadable file, a
-  // file that is not TorchScript, a module without a forward method, a module without any
-  // parameter that requires a gradient; InvalidArgument naming train.loss for an unknown loss.
+  // file that is not TorchScript, code that the inspection refuses (unless spec.trust_code;
+  // the message names the record, line and operator), a module without a forward method, a
+  // module without any parameter that requires a gradient; CorruptData naming model.path for an
+  // archive whose stated sizes its bytes do not back; InvalidArgument naming train.loss for an
+  // unknown loss.
   explicit TorchScriptModel(const ModelSpec& spec);
 
   at::Tensor forward(const at::Tensor& inputs) override;

@@ -114,6 +114,7 @@ models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
   s.path = c.get_string("model.path");
   s.loss = c.get_string("train.loss");
   s.freeze_batchnorm = c.get_bool("model.freeze_batchnorm");
+  s.trust_code = c.get_bool("model.trust_code");
   KRAB_CHECK_ARG(s.name != "torchscript" || !s.path.empty(),
                  "model.path: model.name torchscript needs the file of a TorchScript module");
   if (s.name == "torchscript") return s;  // it decides for itself what data it takes

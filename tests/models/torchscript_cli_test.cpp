@@ -31,6 +31,10 @@ class TorchScriptCli : public Cli {
   // Saves `m` as net.ts in the test's directory and writes a job that trains it.
   void job(const torch::jit::Module& m, const std::string& extra = "") {
     m.save((dir_ / "net.ts").string());
+    write_job(extra);
+  }
+  // Writes a job that trains net.ts, whoever wrote it.
+  void write_job(const std::string& extra = "") {
     write("job.yaml", R"(
 model: {name: torchscript, path: net.ts}
 data: {name: synthetic, synthetic_samples: 2048, synthetic_features: 32, batch_size: 32}
@@ -161,6 +165,52 @@ def training_loss(self, x, y):
   EXPECT_NE(r.output.find("rank "), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "runs/job/model.pt"));
 }
+
+// A TorchScript file is a program. The attacker's module, written by Python's torch.jit.script,
+// calls torch.from_file(TARGET, shared=True) in __setstate__ (run by torch::jit::load while the
+// file loads: on main this created TARGET and training went on) or in forward. Without
+// model.trust_code krab reads the file's code before LibTorch loads it and refuses it with one
+// line naming the file, the record inside it, the line and the operator; TARGET is not created.
+class TorchScriptCliUntrusted : public TorchScriptCli,
+                                public ::testing::WithParamInterface<const char*> {
+ protected:
+  void SetUp() override {
+    TorchScriptCli::SetUp();
+    target_ = dir_ / "target";
+    const auto made = run(std::string(KRAB_PYTHON) + " " + KRAB_SOURCE_DIR +
+                          "/tests/models/write_file_reaching_module.py " + target_.string() + " " +
+                          (dir_ / "net.ts").string() + " " + GetParam());
+    ASSERT_EQ(made.code, 0) << made.output;
+    ASSERT_FALSE(fs::exists(target_));
+    write_job();
+  }
+  fs::path target_;
+};
+
+TEST_P(TorchScriptCliUntrusted, IsRefusedBeforeAnythingRuns) {
+  const auto r = run(krab("train job.yaml"));
+  expect_refused(r, 2, "model.path: 'net.ts': code/__torch__/payload_module.py line ");
+  EXPECT_NE(r.output.find(": torch.from_file: aten::from_file maps a file into memory"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("; set model.trust_code: true to load it anyway if you vouch for the "
+                          "file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(target_)) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+// The user vouches for the file: it loads and trains, and its effect is the user's choice.
+TEST_P(TorchScriptCliUntrusted, LoadsWhenTheUserVouchesForIt) {
+  const auto r = run(krab("train job.yaml --set model.trust_code=true --set train.steps=2"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(target_)) << r.output;
+  EXPECT_TRUE(fs::exists(dir_ / "runs/job/model.ts"));
+}
+
+INSTANTIATE_TEST_SUITE_P(WhileLoadingAndInForward, TorchScriptCliUntrusted,
+                         ::testing::Values("setstate", "forward"));
 
 }  // namespace
 }  // namespace krab::cli_test
