@@ -70,7 +70,6 @@ TEST(Tokens, AClientsTokenComesFromItsFileTheEnvironmentOrWithAWarningTheFlag) {
   EXPECT_NE(refusal({"f", "t", nullptr}).find("not both"), std::string::npos);
 }
 
-
 // A server whose job sets a path (where the client's data is, when it gave no --data; the model
 // file) is refused by name at Hello: the client reads nothing and never joins.
 TEST_F(Tls, AClientRefusesAServerJobThatSetsAPath) {
