@@ -176,6 +176,7 @@ void secagg_seeds() {
   cfg.round = 42;
   cfg.vector_length = 4;
   cfg.threshold = 2;
+  cfg.clients = 3;
   cfg.fp = FixedPoint::for_clients(1.0, 3);
   std::map<uint64_t, Client> clients;
   for (uint64_t id : {3, 10, 17}) clients.emplace(id, Client(id, cfg));
