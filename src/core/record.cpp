@@ -107,19 +107,19 @@ at::Tensor read_tensor(Reader& in) {
     s = in.get<int64_t>("size");
     if (s < 0 || s > kMaxDim) in.fail(str_cat("size ", s, " is out of range"));
   }
-  // The byte count the sizes imply, refused where it would overflow (unless a zero size makes
-  // the tensor empty whatever the others say).
+  // The byte count the sizes imply, refused where it would overflow. A zero size makes the
+  // tensor empty, but the other sizes must still multiply without overflow: at::empty multiplies
+  // every size on its way and throws its own error where that overflows ([2^48, 2^48, 0]).
   const uint64_t elem = at::elementSize(dtype->type);
-  uint64_t numel = 1;
-  if (std::find(sizes.begin(), sizes.end(), 0) != sizes.end()) {
-    numel = 0;
-  } else {
-    const uint64_t limit = std::numeric_limits<uint64_t>::max() / elem;
-    for (const int64_t s : sizes) {
-      if (numel > limit / static_cast<uint64_t>(s)) in.fail("its sizes overflow a byte count");
-      numel *= static_cast<uint64_t>(s);
-    }
+  const uint64_t limit = std::numeric_limits<uint64_t>::max() / elem;
+  uint64_t span = 1;
+  for (const int64_t s : sizes) {
+    if (s == 0) continue;
+    if (span > limit / static_cast<uint64_t>(s)) in.fail("its sizes overflow a byte count");
+    span *= static_cast<uint64_t>(s);
   }
+  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
+  const uint64_t numel = empty ? 0 : span;
   const uint64_t bytes = in.get<uint64_t>("byte count");
   if (bytes != numel * elem)
     in.fail(str_cat("states ", bytes, " bytes for ", numel, " ", dtype->name, " elements"));

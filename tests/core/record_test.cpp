@@ -87,6 +87,8 @@ TEST(Record, LiesAboutSizesAreRefusedBeforeAnythingIsAllocated) {
   } cases[] = {
       {tensor_entry("t", 1, {1 << 30, 1 << 30}, 16, four), "states 16 bytes"},
       {tensor_entry("t", 1, {int64_t{1} << 48, int64_t{1} << 48}, 0, ""), "overflow"},
+      // Empty, but LibTorch would multiply the other sizes (found by fuzz_checkpoint).
+      {tensor_entry("t", 1, {int64_t{1} << 48, int64_t{1} << 48, 0}, 0, ""), "overflow"},
       {tensor_entry("t", 1, {-4}, 16, four), "size -4"},
       {tensor_entry("t", 1, {4}, 1ull << 40, four), "states 1099511627776 bytes"},
       {tensor_entry("t", 1, {8}, 32, four), "needs 32 bytes"},
