@@ -213,7 +213,8 @@ class Supervisor {
         grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000))),
         alive_(static_cast<int>(children_.size())) {}
 
-  // The launcher's exit code: 0, the first failure's (2 for bad input, else 1), or 130.
+  // The launcher's exit code: 0, the first failure's (2 for bad input, else 1), or the shell's
+  // code for the signal that stopped it (128 + signal: 130 for Ctrl-C, 143 for SIGTERM).
   int run() {
     while (alive_ > 0) {
       int status = 0;
@@ -224,7 +225,7 @@ class Supervisor {
       }
       if (g_signal && !stopping_) {
         std::fprintf(stderr, "krab: interrupted; stopping %d process(es)\n", alive_);
-        stop(130, std::chrono::seconds(3));
+        stop(128 + g_signal, std::chrono::seconds(3));
       }
       if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -288,7 +289,7 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
   std::vector<Child> children = start_children(plan, argv);
   if (children.empty() && g_signal) {
     std::fprintf(stderr, "krab: interrupted before any process was started\n");
-    return 130;
+    return 128 + g_signal;
   }
   return Supervisor(plan, std::move(children), grace_seconds).run();
 }

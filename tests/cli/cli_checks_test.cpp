@@ -102,6 +102,8 @@ parallel: {workers: 6}
   int status = 0;
   ASSERT_TRUE(wait_exit(launcher, 10, status)) << "launcher still running after SIGTERM";
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(6));
+  // The shell's code for a process stopped by SIGTERM, 128 + 15 (SIGINT's would be 130).
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 143) << "status " << status;
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // orphans' deaths to land
   for (pid_t c : seen) EXPECT_NE(::kill(c, 0), 0) << "process " << c << " survived";
   EXPECT_NE(krab::core::read_file(log).find("interrupted"), std::string::npos)
