@@ -149,7 +149,11 @@ void check_writable_file(const std::string& path, const std::string& what) {
     throw InvalidArgument(str_cat(what, ": '", path, "' is a directory, not a file name"));
   const fs::path parent = fs::path(path).parent_path();
   if (!parent.empty() && !fs::is_directory(parent, ec))
-    throw InvalidArgument(str_cat(what, ": directory '", parent.string(), "' does not exist"));
+    throw InvalidArgument(
+        fs::exists(parent, ec)
+            ? str_cat(what, ": '", parent.string(), "' is a file, not a directory (in '", path,
+                      "')")
+            : str_cat(what, ": directory '", parent.string(), "' does not exist"));
   check_writable_dir(parent.string(), what);
 }
 

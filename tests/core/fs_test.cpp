@@ -118,5 +118,24 @@ TEST_F(AtomicWriter, MakeDirsLeavesExistingLevelsAndRefusesAFileInThePath) {
   }
 }
 
+// `--report afile/r.json` with afile a regular file: the message says what afile is, not that a
+// directory is missing.
+TEST_F(AtomicWriter, AFileWhereADirectoryShouldBeIsNamedAsAFile) {
+  std::ofstream(dir_ / "afile") << "x";
+  const auto refusal = [](const std::string& path) -> std::string {
+    try {
+      check_writable_file(path, "--report");
+    } catch (const InvalidArgument& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  const std::string file_msg = refusal((dir_ / "afile/r.json").string());
+  EXPECT_NE(file_msg.find("is a file, not a directory"), std::string::npos) << file_msg;
+  EXPECT_EQ(file_msg.find("does not exist"), std::string::npos) << file_msg;
+  const std::string missing_msg = refusal((dir_ / "nothing/r.json").string());
+  EXPECT_NE(missing_msg.find("does not exist"), std::string::npos) << missing_msg;
+}
+
 }  // namespace
 }  // namespace krab::core
