@@ -1,0 +1,563 @@
+// The table of every krab configuration key: name, type, default, bounds and the text
+// docs/config.md shows (config_keys.cpp renders it and serves registry()).
+//
+// To add a knob: add one entry to its section's function below, where a reader of
+// docs/config.md would look for it (a new section also needs a line in config_keys.cpp's
+// kSections and a function here); regenerate
+// docs/config.md with `KRAB_REGENERATE_DOCS=1 build/bin/core_config_test
+// --gtest_filter='*Docs*'` (core_config_test fails while the checked-in file differs); and read
+// the value with Config::get_*. Every node of a job must then agree on it, unless it is listed
+// in per_node_keys() (cli/job_agreement.cpp). Keys shared by several models or datasets say in
+// their doc which one uses them.
+#include "core/config_key_table.h"
+
+#include <iterator>
+#include <optional>
+
+namespace krab::core {
+namespace {
+
+using Bound = std::optional<double>;
+constexpr std::nullopt_t kNone = std::nullopt;
+
+KeySpec int_key(std::string key, std::string def, std::string doc, Bound min, Bound max = kNone) {
+  return {std::move(key), KeyType::kInt, std::move(def), std::move(doc), {}, min, max};
+}
+KeySpec float_key(std::string key, std::string def, std::string doc, Bound min, Bound max = kNone) {
+  return {std::move(key), KeyType::kFloat, std::move(def), std::move(doc), {}, min, max};
+}
+KeySpec bool_key(std::string key, std::string def, std::string doc) {
+  return {std::move(key), KeyType::kBool, std::move(def), std::move(doc), {}, kNone, kNone};
+}
+KeySpec string_key(std::string key, std::string def, std::string doc,
+                   std::vector<std::string> choices = {}) {
+  return {std::move(key), KeyType::kString,   std::move(def),
+          std::move(doc), std::move(choices), kNone,
+          kNone};
+}
+
+// A string key that also takes a list of numbers or words (KeySpec::list).
+KeySpec list_key(std::string key, std::string def, std::string doc) {
+  KeySpec spec = string_key(std::move(key), std::move(def), std::move(doc));
+  spec.list = true;
+  return spec;
+}
+
+// Keys at the top level of the job file.
+std::vector<KeySpec> top_level_keys() {
+  return {
+      string_key("name", "",
+                 "Job name, used in `checkpoint.dir` and reports; empty means the job file's "
+                 "stem (`jobs/mnist.yaml` gives `mnist`)."),
+  };
+}
+
+// The `model.*` keys.
+std::vector<KeySpec> model_keys() {
+  return {
+      string_key("model.name", "cnn",
+                 "Network to train: `mlp` (multi-layer perceptron), `cnn` (small convolutional "
+                 "net for images), `gpt` (decoder-only transformer for text) or `torchscript` "
+                 "(your own module saved from Python, `model.path`; see docs/models.md).",
+                 {"mlp", "cnn", "gpt", "torchscript"}),
+      string_key("model.path", "",
+                 "The `torchscript` model's file, written by `torch.jit.script(m).save(FILE)` "
+                 "or `torch.jit.trace(m, x).save(FILE)`."),
+      bool_key("model.freeze_batchnorm", "false",
+               "`torchscript`: keep BatchNorm layers in eval mode while training (they use and "
+               "keep their running statistics), so that a step does not depend on how the "
+               "global batch is split over workers."),
+      bool_key("model.trust_code", "false",
+               "`torchscript`: load `model.path` without inspecting it. A TorchScript file is a "
+               "program; by default krab reads its code before LibTorch loads it and refuses "
+               "operators that reach files, processes or the network (docs/models.md). Set this "
+               "only for a file you vouch for."),
+      int_key("model.hidden", "128", "Hidden-layer width of the `mlp`.", 1),
+      int_key("model.layers", "2", "Number of `gpt` decoder blocks.", 1),
+      int_key("model.width", "128", "Embedding width of the `gpt` (d_model).", 8),
+      int_key("model.heads", "4",
+              "Attention heads of the `gpt`; must divide `model.width` (checked when the model "
+              "is built).",
+              1),
+      int_key("model.context", "64", "Context length of the `gpt`, in tokens.", 2),
+  };
+}
+
+// The `data.*` keys of the source: which data, where, and images.
+std::vector<KeySpec> data_source_keys() {
+  return {
+      string_key("data.name", "fashion-mnist",
+                 "Dataset: `fashion-mnist` (28x28 grey images, 10 classes), `synthetic` "
+                 "(generated classification data), `text` (a character-level corpus), `csv` "
+                 "(a table of numeric columns with a label column), `images` (a folder of "
+                 "PNG/JPEG files, one sub-folder per class) or `tensors` (tensors saved from "
+                 "Python with `torch.save({\"x\": X, \"y\": Y}, FILE)`); docs/data.md.",
+                 {"fashion-mnist", "synthetic", "text", "csv", "images", "tensors"}),
+      string_key("data.path", "/usr/share/datasets/fashion-mnist",
+                 "Dataset directory for `fashion-mnist`, the corpus file for `text`, the "
+                 "`.csv` file for `csv`, the root folder (ROOT/<class>/<image>) for `images`, "
+                 "or for `tensors` one file or a directory whose `.pt` and `.pth` files are the "
+                 "shards of one data set; unused by `synthetic`."),
+      string_key("data.tokenizer.sentencepiece", "",
+                 "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
+                 "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
+                 "Empty: one token per byte (vocabulary 256)."),
+      string_key("data.test_path", "",
+                 "`images`: the test split's root folder, with class folders named as the "
+                 "training ones; `tensors`: a file (read into memory) or a directory of shards "
+                 "(read a shard at a time, like `data.path`); empty = no test split."),
+      list_key("data.size", "",
+               "`images`: the size every image is resized to (bilinear), `[H, W]`, `H,W` or "
+               "`HxW` (`28x28`; one number N = NxN); required for `images`."),
+      int_key("data.channels", "0",
+              "`images`: 1 (grey) or 3 (RGB) channels every image is converted to; 0 = the "
+              "first training image's.",
+              0, 3),
+      list_key("data.mean", "0",
+               "`images`: per-channel mean subtracted from pixels scaled to [0, 1]: one number, "
+               "or one per channel (`[0.485, 0.456, 0.406]`)."),
+      list_key("data.std", "1",
+               "`images`: per-channel standard deviation pixels are divided by after "
+               "`data.mean`: one number, or one per channel (`[0.229, 0.224, 0.225]`)."),
+      int_key("data.random_crop", "0",
+              "`images`, training only: pad each image with this many zeros on every side and "
+              "cut a random window of `data.size`, drawn from (seed, epoch, example); 0 = off.",
+              0),
+      bool_key("data.random_flip", "false",
+               "`images`, training only: mirror each image left to right with probability 1/2, "
+               "drawn from (seed, epoch, example)."),
+      int_key("data.decode_threads", "2",
+              "`images`: background threads per worker that make the next batches (decoding "
+              "the images from disk, resizing, augmenting) while the training thread computes, "
+              "at most 2 per thread ahead; also the threads that check the files at load.",
+              1, 64),
+      int_key("data.max_pixels", "16777216",
+              "`images`: the most pixels (height x width) an image file may state; a larger one "
+              "is refused when its header is read, before its pixels are allocated (a 69-byte "
+              "PNG can state 65535 x 65535). The default, 4096 x 4096, holds 4K frames and "
+              "12-megapixel photos; every image is resized to `data.size` anyway.",
+              1),
+      bool_key("data.skip_bad", "false",
+               "`images`: skip unreadable image files (counted in one note) instead of stopping "
+               "with an error naming the file."),
+  };
+}
+
+// The `data.*` keys of labels, memory, batching and the built-in sources.
+std::vector<KeySpec> data_batch_keys() {
+  return {
+      int_key("data.num_classes", "0",
+              "`tensors` with integer labels and `csv`: the number of classes; 0 means the "
+              "largest training label + 1, at most 65536 (a larger label is an error naming it "
+              "and its file: state the number here). A label outside [0, classes) is an error "
+              "naming its file.",
+              0),
+      int_key("data.cache_mb", "1024",
+              "`tensors` from a directory: MiB of shards each worker keeps in memory (least "
+              "recently used dropped first); the data set itself may be any size. `images`: MiB "
+              "of decoded training images each worker keeps, likewise.",
+              1),
+      int_key("data.shuffle_window", "0",
+              "`tensors` from a directory: shards whose examples are shuffled together; each "
+              "epoch shuffles the shard order, then the examples within each window of this "
+              "many shards. 0 means as many as fit in `data.cache_mb`.",
+              0),
+      string_key("data.label_column", "label",
+                 "`csv`: the column holding the class (an integer 0, 1, ...); every other "
+                 "column is a feature."),
+      int_key("data.batch_size", "64",
+              "Samples in each worker's batch; the global batch is this times "
+              "`parallel.workers`.",
+              1),
+      bool_key("data.normalize", "true",
+               "For `fashion-mnist`, standardise pixels with mean 0.286 and std 0.353; for `csv`, "
+               "standardise each column with the training split's mean and std."),
+      int_key("data.synthetic_samples", "8192",
+              "Samples generated for `synthetic`, train and test splits together.", 1),
+      int_key("data.synthetic_features", "32", "Input features of each `synthetic` sample.", 1),
+      int_key("data.synthetic_classes", "4", "Number of classes in `synthetic` data.", 2),
+      float_key("data.test_fraction", "0.1",
+                "Share of `synthetic`, `text` or `csv` data held out as the test split.", 0, 0.9),
+  };
+}
+
+// The `train.*` keys.
+std::vector<KeySpec> train_keys() {
+  return {
+      int_key("train.steps", "0", "Optimizer steps to run; 0 runs `train.epochs` epochs instead.",
+              0),
+      int_key("train.epochs", "1", "Passes over the training split when `train.steps` is 0.", 0),
+      int_key("train.seed", "0",
+              "Seed for initialisation and data order; the same seed gives the same global "
+              "batches whatever the number of workers.",
+              0),
+      string_key("train.loss", "cross_entropy",
+                 "Loss applied to a `torchscript` model's `forward(x)` (unless the module "
+                 "defines `training_loss(x, y)`): `cross_entropy` or `nll` (class labels), `mse` "
+                 "or `bce_with_logits` (outputs shaped as the labels). Built-in models use "
+                 "`cross_entropy`.",
+                 {"cross_entropy", "mse", "bce_with_logits", "nll"}),
+      string_key("train.metric", "auto",
+                 "What evaluation reports on the test split: `accuracy` (argmax of `predict(x)`, "
+                 "or `forward(x)`, against class labels; `test_accuracy`) or `loss` (the "
+                 "training loss's example-weighted mean; `test_loss`). `auto` is `accuracy` "
+                 "unless the labels are values: `loss` for `train.loss` `mse` or "
+                 "`bce_with_logits`, float labels, or a `torchscript` module with its own "
+                 "`training_loss` and no `predict`.",
+                 {"auto", "accuracy", "loss"}),
+      string_key("train.optimizer.name", "sgd", "Optimizer: `sgd`, `adam` or `adamw`.",
+                 {"sgd", "adam", "adamw"}),
+      float_key("train.optimizer.lr", "0.05", "Learning rate.", 0),
+      float_key("train.optimizer.momentum", "0.9", "Momentum of `sgd` (0 = plain SGD).", 0, 1),
+      float_key("train.optimizer.weight_decay", "0",
+                "Weight decay: an L2 penalty for `sgd` and `adam`, decoupled for `adamw`.", 0),
+      string_key(
+          "train.lr_schedule", "constant",
+          "Learning-rate schedule: `constant`, `cosine` (half a cosine from the rate towards "
+          "0, reached just after the last step) or `linear` (likewise, in a straight "
+          "line); see `train.warmup_steps`.",
+          {"constant", "cosine", "linear"}),
+      int_key("train.warmup_steps", "0",
+              "Steps over which the learning rate ramps up linearly to `train.optimizer.lr` "
+              "before the schedule starts; 0 = none.",
+              0),
+      int_key("train.eval_every", "0",
+              "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
+      int_key("train.grad_accum", "1",
+              "Batches whose gradients are accumulated before each optimizer step.", 1),
+      int_key("train.threads_per_worker", "1",
+              "CPU threads each worker's tensor ops may use (LibTorch's intra-op pool; krab's "
+              "launcher also sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to it unless they "
+              "are set).",
+              1),
+      int_key("train.slow_rank", "-1",
+              "Testing and benchmarks: this rank is made slower, an artificial straggler (-1 = "
+              "none).",
+              -1),
+      float_key("train.slow_factor", "3",
+                "How much slower `train.slow_rank` is: after each forward+backward it sleeps "
+                "(factor - 1) times the time that took.",
+                1),
+      float_key("train.slow_delay_ms", "0",
+                "If > 0, `train.slow_rank` sleeps this fixed time after each forward+backward "
+                "instead of scaling with `train.slow_factor` (a calibrated straggler that does "
+                "not depend on CPU contention).",
+                0),
+      int_key("train.log_every", "0",
+              "Print a log line every N steps; 0 shows only the progress bar.", 0),
+  };
+}
+
+// The `parallel.*` keys.
+std::vector<KeySpec> parallel_keys() {
+  return {
+      int_key("parallel.workers", "4", "Number of worker processes (model replicas).", 1),
+      string_key("parallel.strategy", "dp",
+                 "How work is split: `dp` is synchronous data parallel (every worker holds the "
+                 "whole model; gradients are averaged each step).",
+                 {"dp"}),
+      float_key("parallel.bucket_mb", "25",
+                "Size in MiB of the gradient buckets reduced together; 0 gives every gradient "
+                "tensor a bucket of its own.",
+                0),
+      bool_key("parallel.broadcast_buffers", "true",
+               "`sync.mode: sync`: after every step rank 0's buffers (BatchNorm running "
+               "statistics) are broadcast to all workers, as PyTorch DDP's broadcast_buffers, so "
+               "that every forward, evaluation and checkpoint sees the same buffers; false leaves "
+               "each worker its own. Models without buffers send nothing."),
+  };
+}
+
+// The `comm.*` keys.
+std::vector<KeySpec> comm_keys() {
+  return {
+      string_key("comm.backend", "gloo",
+                 "Collective backend: `gloo` (TCP) or `mpi` (needs krab built with MPI).",
+                 {"gloo", "mpi"}),
+      float_key("comm.timeout_s", "60",
+                "Seconds a collective or rendezvous may block before it fails with a timeout.",
+                0.1),
+      bool_key("comm.debug_checks", "false",
+               "Check before each collective that every rank calls the same op with the same "
+               "sizes (slower; for debugging)."),
+      string_key("comm.iface", "",
+                 "Network interface (e.g. `eth0`) or local address Gloo binds to; empty picks "
+                 "the address that routes to the rendezvous host."),
+      string_key(
+          "comm.compression", "none",
+          "Gradient compression (see compress/compressor.h): `none` (fp32 all-reduce), "
+          "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
+          "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
+          "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
+          "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
+          "`sync.mode: sync`.",
+          {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd"}),
+      float_key("comm.ratio", "0.01",
+                "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
+      int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),
+      int_key("comm.chunk", "0",
+              "Values per scale for `int8` (fp32 scale, 4 bytes per chunk) and `onebit` (two bf16 "
+              "scales, 4 bytes per chunk); 0 picks 256 for both.",
+              0),
+      string_key("comm.rotation", "hadamard",
+                 "`onebit` only: `hadamard` turns each chunk by a randomized Hadamard transform "
+                 "before taking signs (same bytes; spreads a chunk's mass over all its values, so "
+                 "the sign keeps more of it; `comm.chunk` must be a power of 2), `none` takes the "
+                 "signs of the values themselves. Other compressors ignore the default; naming "
+                 "`hadamard` with one of them is an error.",
+                 {"none", "hadamard"}),
+      bool_key("comm.error_feedback", "true",
+               "Add what compression left out to the next step's gradient (per worker, and per "
+               "averaged piece for the codecs)."),
+      int_key("comm.compress_warmup_steps", "0",
+              "Optimizer steps reduced in plain fp32 before compression starts.", 0),
+      int_key("comm.compress_min_numel", "1024",
+              "Parameters with fewer elements (biases, norms) are reduced uncompressed.", 0),
+      bool_key("comm.fold_momentum", "true",
+               "`randomk` with `comm.error_feedback` only: run `sgd` without momentum, at "
+               "learning rate lr / (1 - momentum), because random-k's error feedback is itself "
+               "heavy-ball momentum (each value waits 1 / ratio steps on average: in expectation "
+               "a velocity with factor 1 - ratio). Keeping both applies momentum twice. The "
+               "`comm.compress_warmup_steps` run as plain sgd at that rate too. Other "
+               "compressors ignore the default; naming `true` with one of them is an error."),
+      float_key("comm.momentum_correction", "0",
+                "Momentum applied by each worker before compression (every compressor): the "
+                "workers' velocities are compressed and averaged instead of their gradients, as "
+                "in Deep Gradient Compression (0 = off); use it with "
+                "`train.optimizer.momentum: 0`. `topk`/`randomk` clear the velocity where they "
+                "sent values.",
+                0, 0.999),
+      float_key("comm.clip_norm", "0",
+                "Clip each worker's gradient (the compressed parameters of a bucket) to this L2 "
+                "norm before momentum and error feedback (0 = off).",
+                0),
+  };
+}
+
+// The `sync.*` keys.
+std::vector<KeySpec> sync_keys() {
+  return {
+      string_key("sync.mode", "sync",
+                 "When workers agree: `sync` averages gradients every step; `local_sgd` lets "
+                 "each worker step alone and averages the models every `sync.period` steps "
+                 "(after `sync.warmup_steps` of `sync`; post-local SGD); `async` sends each "
+                 "worker's gradient to parameter servers that apply it on arrival (bounded by "
+                 "`sync.max_staleness`).",
+                 {"sync", "local_sgd", "async"}),
+      int_key("sync.period", "8", "`local_sgd`: steps between model averages.", 1),
+      int_key("sync.warmup_steps", "0",
+              "`local_sgd`: steps of plain `sync` before local steps begin.", 0),
+      int_key("sync.servers", "0",
+              "`async`: parameter-server processes; the parameters are split evenly between "
+              "them. Needed (>= 1) for `async`; krab's launcher starts them on node 0.",
+              0),
+      int_key("sync.max_staleness", "-1",
+              "`async`: how many steps a worker may run ahead of the slowest live worker "
+              "(stale-synchronous parallel). -1 = unbounded (a slow worker never slows the "
+              "others); 0 = sync through the servers (each step's gradients averaged and "
+              "applied once).",
+              -1),
+      int_key("sync.aggregate", "0",
+              "`async`, `max_staleness` != 0: gradients averaged into one server update, from "
+              "whichever workers sent them. 0 = one per worker (the optimizer takes the steps "
+              "sync would, with the same batch, so learning rate, momentum and schedule carry "
+              "over); 1 = every gradient applied as it arrives, with the learning rate / workers.",
+              0),
+      bool_key("sync.staleness_damping", "false",
+               "`async`: scale each gradient by 1 / (1 + its staleness in server updates) "
+               "(staleness-aware asynchronous SGD)."),
+      bool_key("sync.extrapolate", "true",
+               "`async`, `max_staleness` != 0: answer each pull with the parameters moved on "
+               "along the last server update by the updates expected before the worker's "
+               "gradient arrives, so the gradient is taken near the point it updates (as in "
+               "DANA). The servers' own parameters, which the job saves and evaluates at the "
+               "end, are not moved; worker 0's evaluations during training see the pulled ones."),
+      float_key("sync.worker_timeout_s", "10",
+                "`async`: a worker silent this long is counted out (nobody waits for it) until "
+                "it calls again; a dead worker never stops the servers.",
+                0.05),
+  };
+}
+
+// federated.*: rounds, cohorts, local work, partitions.
+std::vector<KeySpec> federated_cohort_keys() {
+  return {
+      int_key("federated.rounds", "20", "Federated rounds the server runs.", 1),
+      int_key("federated.clients", "10",
+              "`fl-sim`: simulated clients the training split is divided among (`--clients` "
+              "overrides); `fl-server`: clients to wait for before the first round.",
+              1),
+      float_key("federated.fraction", "0.1",
+                "Fraction of the available clients sampled each round (at least "
+                "`federated.min_clients`). With `federated.dp: central` each client is instead "
+                "sampled independently with probability q = max(fraction, min_clients / "
+                "available) (Poisson sampling, the accountant's assumption; docs/privacy.md).",
+                1e-9, 1),
+      int_key("federated.min_clients", "2",
+              "Fewest clients a round samples, and fewest usable updates it needs; with fewer "
+              "the round fails and the global model is unchanged. With `federated.dp: central` "
+              "it is the fewest clients that must be available and the expected cohort size: a "
+              "smaller Poisson cohort still releases its noised sum.",
+              1),
+      int_key("federated.local_epochs", "1",
+              "Passes each client makes over its own data per round.", 1),
+      int_key("federated.local_steps", "0",
+              "Caps each client's optimizer steps per round; 0 = `federated.local_epochs` "
+              "passes.",
+              0),
+      string_key(
+          "federated.partition", "iid",
+          "`fl-sim`: how the training split is divided among clients: `iid`, `classes` "
+          "(`federated.classes_per_client` label shards each, FedAvg's pathological "
+          "non-IID split) or `dirichlet` (label proportions ~ Dirichlet(`federated.alpha`)).",
+          {"iid", "classes", "dirichlet"}),
+      float_key("federated.alpha", "0.5",
+                "`dirichlet` partition concentration: small is skewed, large is near IID.", 1e-6),
+      int_key("federated.classes_per_client", "2", "`classes` partition: label shards per client.",
+              1),
+  };
+}
+
+// federated.*: strategies and robust aggregation.
+std::vector<KeySpec> federated_aggregation_keys() {
+  return {
+      string_key("federated.strategy", "fedavg",
+                 "Server strategy: `fedavg`, `fedprox` (clients add mu/2 ||w - w_global||^2), "
+                 "`fedadam` or `fedyogi` (adaptive server optimizers).",
+                 {"fedavg", "fedprox", "fedadam", "fedyogi"}),
+      float_key("federated.server_lr", "1",
+                "`fedavg`/`fedprox`: server step size on the averaged update.", 1e-9),
+      float_key("federated.proximal_mu", "0.01", "`fedprox`: the proximal coefficient mu.", 0),
+      float_key("federated.eta", "0.01", "`fedadam`/`fedyogi`: server learning rate.", 1e-9),
+      float_key("federated.beta1", "0.9", "`fedadam`/`fedyogi`: first-moment decay.", 0, 0.999999),
+      float_key("federated.beta2", "0.99", "`fedadam`/`fedyogi`: second-moment decay.", 0,
+                0.999999),
+      float_key("federated.tau", "0.001", "`fedadam`/`fedyogi`: adaptivity (epsilon) term.", 1e-12),
+      string_key("federated.aggregator", "mean",
+                 "How accepted updates are combined: `mean` (weighted by examples), `median`, "
+                 "`trimmed_mean`, `krum` or `multi_krum` (robust to faulty or malicious clients).",
+                 {"mean", "median", "trimmed_mean", "krum", "multi_krum"}),
+      float_key("federated.trim_beta", "0.1",
+                "`trimmed_mean`: fraction trimmed at each end per coordinate.", 0, 0.499999),
+      int_key("federated.byzantine_f", "0", "`krum`/`multi_krum`: byzantine clients tolerated.", 0),
+      int_key("federated.krum_m", "1", "`multi_krum`: lowest-score updates averaged.", 1),
+      int_key("federated.max_client_examples", "1000000",
+              "A client reporting more training examples than this is rejected: its example "
+              "count is its weight in the mean, and it reports the count itself, so without a "
+              "bound one liar outweighs every other client. The default is above any one "
+              "client's share of the data sets krab is tried on (Fashion-MNIST holds 60,000 "
+              "training examples in all); set it to the most a genuine client of your "
+              "federation holds. 0 = no bound.",
+              0),
+      float_key("federated.max_update_norm", "0",
+                "Updates with a larger L2 norm are rejected and logged; 0 = no bound.", 0),
+  };
+}
+
+// federated.*: secure aggregation and differential privacy.
+std::vector<KeySpec> federated_privacy_keys() {
+  return {
+      bool_key("federated.secure_aggregation", "false",
+               "Sum updates under pairwise masks (Bonawitz et al. 2017): the server learns only "
+               "the sum of the surviving clients."),
+      float_key("federated.secagg_threshold", "0.66",
+                "Secure aggregation: fraction of the cohort (Shamir threshold t) that must stay "
+                "until the end; up to n - t clients may drop.",
+                0.01, 1),
+      float_key("federated.secagg_clip", "4",
+                "Secure aggregation: each weighted update coordinate is clamped to "
+                "[-clip, clip] before fixed-point encoding (sets the precision).",
+                1e-6),
+      string_key("federated.dp", "none",
+                 "Client-level differential privacy: `none`, `central` (server adds noise to the "
+                 "sum) or `local` (each client adds noise to its own update).",
+                 {"none", "central", "local"}),
+      float_key("federated.dp_clip", "1", "DP: each update is clipped to this L2 norm C.", 1e-9),
+      float_key("federated.dp_noise_multiplier", "1",
+                "DP: noise standard deviation as a multiple of C (sigma); must be > 0 with DP, "
+                "and large enough that one round's epsilon is finite.",
+                0),
+      float_key("federated.dp_delta", "1e-5", "DP: the delta epsilon is reported at.", 1e-12, 0.5),
+  };
+}
+
+// federated.*: the server process, its transport, and fl-sim's simulated faults.
+std::vector<KeySpec> federated_server_keys() {
+  return {
+      float_key("federated.round_deadline_s", "60",
+                "A client that has not answered this long after a round's request is left out "
+                "of the round.",
+                0.01),
+      int_key("federated.eval_every", "1",
+              "Evaluate the global model on the held-out split every N rounds (and after the "
+              "last).",
+              1),
+      string_key("federated.address", "0.0.0.0:7070",
+                 "`fl-server`: HOST:PORT to listen on (port 0 picks a free one; see "
+                 "`--port-file`)."),
+      string_key("federated.tls_cert", "",
+                 "`fl-server`: PEM certificate it presents (required: there is no plaintext "
+                 "mode)."),
+      string_key("federated.tls_key", "", "`fl-server`: PEM private key of `federated.tls_cert`."),
+      string_key("federated.tls_client_ca", "",
+                 "`fl-server`: PEM CA; when set, clients must present a certificate it signed "
+                 "(mutual TLS)."),
+      string_key("federated.tokens", "",
+                 "`fl-server`: file of `NAME TOKEN [EXPIRES_UNIX]` lines; each client "
+                 "authenticates with its token."),
+      float_key("federated.max_message_mb", "64",
+                "Largest message either side accepts, in MiB; larger ones are refused.", 0.001),
+      float_key("federated.wait_clients_s", "120",
+                "`fl-server`: how long to wait for `federated.clients` clients before the first "
+                "round (it starts with fewer if at least `federated.min_clients` came).",
+                0),
+      string_key("federated.eval_data", "",
+                 "`fl-server`: held-out data to evaluate on: a Fashion-MNIST directory (only the "
+                 "t10k files are read), or with `data.name: csv` a CSV file with the clients' "
+                 "columns (required: the model's shape is read from it); empty = none."),
+      float_key("federated.sim_dropout", "0",
+                "`fl-sim`: probability that a sampled client drops out of a round.", 0, 1),
+      float_key("federated.sim_byzantine_fraction", "0",
+                "`fl-sim`: fraction of clients that send sign-flipped, scaled updates.", 0, 1),
+      float_key("federated.sim_attack_scale", "4",
+                "`fl-sim`: byzantine clients send -scale x their true update.", 0),
+  };
+}
+
+// The `checkpoint.*` keys.
+std::vector<KeySpec> checkpoint_keys() {
+  return {
+      string_key("checkpoint.dir", "runs/{name}",
+                 "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
+      string_key("checkpoint.hmac_key_file", "",
+                 "A file (outside the run directory, at least 32 bytes) holding a key: "
+                 "checkpoints and `fl-state.krab` are then sealed with HMAC-SHA256, bound to "
+                 "their run directory and model, and only such files are read back; the "
+                 "federated rounds released are counted in a file beside the key, so an older "
+                 "or deleted `fl-state.krab` is refused (docs/security.md); empty = CRC only."),
+      int_key("checkpoint.every_steps", "0",
+              "Write a checkpoint every N steps; 0 writes one only at the end.", 0),
+      bool_key("checkpoint.resume", "false",
+               "Resume from the newest checkpoint in `checkpoint.dir`, if there is one."),
+      int_key("checkpoint.keep", "2",
+              "Number of most recent step directories kept; older ones are deleted.", 1),
+  };
+}
+
+}  // namespace
+
+// Every key, section by section in the order docs/config.md lists them.
+std::vector<KeySpec> build_registry() {
+  std::vector<KeySpec> keys;
+  for (auto section :
+       {top_level_keys, model_keys, data_source_keys, data_batch_keys, train_keys, parallel_keys,
+        comm_keys, sync_keys, federated_cohort_keys, federated_aggregation_keys,
+        federated_privacy_keys, federated_server_keys, checkpoint_keys}) {
+    std::vector<KeySpec> part = section();
+    keys.insert(keys.end(), std::make_move_iterator(part.begin()),
+                std::make_move_iterator(part.end()));
+  }
+  return keys;
+}
+
+}  // namespace krab::core
