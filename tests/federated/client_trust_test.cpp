@@ -130,22 +130,9 @@ checkpoint: {dir: )",
   c.set("federated.tls_key", d + "/server.key");
   c.set("federated.tokens", d + "/ts-tokens.txt");
   c.set("federated.eval_data", d + "/ts.csv");
-  ServerRunOptions so;
-  so.port_file = d + "/ts.port";
-  so.show_progress = false;
-  std::string server_error;
-  std::thread server([&] {
-    try {
-      run_fl_server(c, so);
-    } catch (const std::exception& e) {
-      server_error = e.what();
-    }
-  });
-  for (int i = 0; i < 300 && !std::filesystem::exists(so.port_file); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(std::filesystem::exists(so.port_file)) << server_error;
-  std::string port;
-  std::ifstream(so.port_file) >> port;
+  ServerThread server(c, d + "/ts.port");
+  const std::string port = server.port();
+  ASSERT_FALSE(port.empty()) << server.error();
   ClientRunOptions co;
   co.server = "127.0.0.1:" + port;
   co.ca_file = d + "/ca.pem";
@@ -164,7 +151,7 @@ checkpoint: {dir: )",
   co.model = d + "/mine.ts";
   EXPECT_EQ(run_fl_client(co), 1);
   server.join();
-  EXPECT_TRUE(server_error.empty()) << server_error;
+  EXPECT_TRUE(server.error().empty()) << server.error();
 }
 
 }  // namespace

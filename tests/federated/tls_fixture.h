@@ -1,6 +1,7 @@
 // The TLS test fixture of the federated transport's tests (transport_test.cpp,
 // client_trust_test.cpp): a CA and a server certificate for 127.0.0.1 made with openssl once
-// per suite, and transport options that use them. One suite, `Tls`, across both files.
+// per suite, and transport options that use them. One suite, `Tls`, across both files; and a
+// real fl-server on a thread of its own (ServerThread).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -9,8 +10,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <thread>
 
+#include "federated/processes.h"
 #include "federated/transport.h"
 
 namespace krab::federated {
@@ -58,6 +62,46 @@ class Tls : public ::testing::Test {
     return o;
   }
   inline static std::filesystem::path* dir_ = nullptr;
+};
+
+// run_fl_server(config) on a thread of its own, writing its port to `port_file`. port() waits for
+// that file (up to 15 s) and returns "" if it never came; join() waits for the server's end and
+// returns its report; error() is what it threw ("" if nothing), to read after join() or once
+// port() has failed. The destructor joins.
+class ServerThread {
+ public:
+  ServerThread(const core::Config& config, const std::string& port_file) {
+    options_.port_file = port_file;
+    options_.show_progress = false;
+    thread_ = std::thread([this, config] {
+      try {
+        report_ = run_fl_server(config, options_);
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+    });
+  }
+  ~ServerThread() {
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string port() const {
+    for (int i = 0; i < 300 && !std::filesystem::exists(options_.port_file); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::string port;
+    std::ifstream(options_.port_file) >> port;
+    return port;
+  }
+  nlohmann::json join() {
+    thread_.join();
+    return report_;
+  }
+  const std::string& error() const { return error_; }
+
+ private:
+  ServerRunOptions options_;
+  std::thread thread_;
+  nlohmann::json report_;
+  std::string error_;
 };
 
 }  // namespace krab::federated

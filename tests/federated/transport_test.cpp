@@ -200,23 +200,9 @@ checkpoint: {dir: )",
   c.set("federated.tls_key", d + "/server.key");
   c.set("federated.tokens", d + "/tokens.txt");
   c.set("federated.eval_data", d + "/eval.csv");
-  ServerRunOptions so;
-  so.port_file = d + "/csv.port";
-  so.show_progress = false;
-  nlohmann::json report;
-  std::string server_error;
-  std::thread server([&] {
-    try {
-      report = run_fl_server(c, so);
-    } catch (const std::exception& e) {
-      server_error = e.what();
-    }
-  });
-  for (int i = 0; i < 300 && !std::filesystem::exists(so.port_file); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(std::filesystem::exists(so.port_file)) << server_error;
-  std::string port;
-  std::ifstream(so.port_file) >> port;
+  ServerThread server(c, d + "/csv.port");
+  const std::string port = server.port();
+  ASSERT_FALSE(port.empty()) << server.error();
   std::vector<std::thread> clients;
   std::vector<int64_t> rounds(2, -1);
   for (int i = 0; i < 2; ++i)
@@ -233,8 +219,8 @@ checkpoint: {dir: )",
       }
     });
   for (auto& t : clients) t.join();
-  server.join();
-  ASSERT_TRUE(server_error.empty()) << server_error;
+  const nlohmann::json report = server.join();
+  ASSERT_TRUE(server.error().empty()) << server.error();
   EXPECT_EQ(rounds, std::vector<int64_t>({4, 4}));
   ASSERT_EQ(report["rounds"].size(), 4u);
   for (const auto& r : report["rounds"]) EXPECT_TRUE(r["ok"].get<bool>()) << r.dump();
