@@ -20,6 +20,7 @@ packages=(
   libgtest-dev libgmock-dev
   dataset-fashion-mnist               # the demo's data
   python3-torch                       # the peer for benchmarks and the torch.load check
+  python3-torchvision                 # bench/real_networks.py: ResNet and MobileNet, random init
   iproute2                            # network-namespace tests
 )
 
