@@ -41,6 +41,7 @@
 #include "federated/simulation.h"
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
+#include "models/forward_error.h"
 #include "train/trainer.h"
 
 namespace {
@@ -467,6 +468,9 @@ void quiet_library_logs() {
 }
 
 std::string g_who = "krab";
+// --verbose: after an error line, the library's full text (a TorchScript traceback) when there
+// is one (models/forward_error.h).
+bool g_verbose = false;
 
 // An exception that escapes a thread of ours or a library's (Gloo's EnforceNotMet in its
 // progress thread, say) ends in std::terminate: "terminate called after throwing ..." and
@@ -520,6 +524,8 @@ void add_train_command(CLI::App& app, TrainArgs& args) {
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
                     "file)");
+  train->add_flag("--verbose", g_verbose,
+                  "After an error in the model's code, print its full traceback too");
   train->add_option("--job-secret-file", args.launch.job_secret_file,
                     "File holding the job secret, the same on every node (or KRAB_JOB_SECRET); "
                     "see README 'Running across machines safely'");
@@ -533,6 +539,8 @@ CLI::App* add_fl_sim_command(CLI::App& app, SimArgs& sim) {
       ->check(kAtLeastOne);
   fl_sim->add_option("--set", sim.sets, "Override a key: --set federated.rounds=5 (repeatable)");
   fl_sim->add_option("--report", sim.report, "Write a JSON report of the run to FILE");
+  fl_sim->add_flag("--verbose", g_verbose,
+                   "After an error in the model's code, print its full traceback too");
   return fl_sim;
 }
 
@@ -590,6 +598,8 @@ CLI::App* add_fl_client_command(CLI::App& app, federated::ClientRunOptions& cli_
   fl_client->add_option("--retry-s", cli_opts.retry_s,
                         "Keep retrying an unreachable server this long (default 60)");
   fl_client->add_option("--threads", cli_opts.threads, "Intra-op threads (default 1)");
+  fl_client->add_flag("--verbose", g_verbose,
+                      "After an error in the model's code, print its full traceback too");
   return fl_client;
 }
 
@@ -687,6 +697,8 @@ int main(int argc, char** argv) {
     return run_command(commands, argc, argv);
   } catch (const krab::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what());
+    const auto* forward = dynamic_cast<const krab::models::ForwardError*>(&e);
+    if (g_verbose && forward != nullptr) std::fprintf(stderr, "%s\n", forward->details().c_str());
     return e.exit_code();
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what_without_backtrace());

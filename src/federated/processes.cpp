@@ -23,6 +23,7 @@
 #include "federated/simulation.h"
 #include "federated/transport.h"
 #include "train/checkpoint.h"
+#include "train/dry_run.h"
 #include "train/job.h"
 
 namespace krab::federated {
@@ -412,6 +413,7 @@ int64_t run_fl_client(const ClientRunOptions& options) {
   const std::string signature = train::model_signature(trainer.model());
   KRAB_CHECK_ARG(signature == hello.model_signature, who, ": this data gives a model of shape ",
                  signature, " but the server's model is ", hello.model_signature);
+  train::dry_run(trainer.model(), d, config);  // before joining; changes no state
   auto rejoin = [&] { join(client, signature, mine.size(), who, options); };
   rejoin();
   std::fprintf(stderr, "%s: joined %s with %lld examples\n", who.c_str(), options.server.c_str(),

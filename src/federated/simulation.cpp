@@ -18,6 +18,7 @@
 #include "federated/secure_client.h"
 #include "federated/server_state.h"
 #include "train/checkpoint.h"
+#include "train/dry_run.h"
 #include "train/job.h"
 
 namespace krab::federated {
@@ -175,6 +176,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   torch::manual_seed(seed);
   LocalTrainer trainer(config, spec);
   auto eval_model = models::make_model(spec);
+  train::dry_run(*eval_model, d, config);  // before any round; changes no state (train/dry_run.h)
   const std::string signature = train::model_signature(trainer.model());
   const Federation federation = make_federation(config, d, shards, trainer, seed);
 

@@ -10,14 +10,13 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "models/builders.h"
+#include "models/forward_error.h"
 #include "models/script_inspection.h"
 
 namespace krab::models {
 namespace {
 
 namespace F = torch::nn::functional;
-
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 // Registers `src`'s own parameters and buffers in `dst` (the same tensors) and mirrors each
 // child into a plain torch::nn::Module child of the same name. Registration order follows the
@@ -107,9 +106,16 @@ at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> ar
   c10::IValue out;
   try {
     out = module_.get_method(method)(std::move(args));
-  } catch (const c10::Error& e) {
-    throw InvalidArgument(str_cat("model.path: '", path_, "': ", method,
-                                  " failed: ", first_line(e.what_without_backtrace())));
+  } catch (const Error&) {
+    throw;
+  } catch (const std::bad_alloc&) {
+    throw;  // out of memory is not the model's mistake
+  } catch (const std::exception& e) {
+    // An op failing inside the interpreter arrives as a std::runtime_error holding two
+    // tracebacks before the cause (models/forward_error.h); keep the cause, set the rest aside.
+    LibraryError failure = describe_library_error(e);
+    throw ForwardError(str_cat("model.path: '", path_, "': ", method, " failed: ", failure.cause),
+                       failure.cause, failure.details);
   }
   KRAB_CHECK_ARG(out.isTensor(), "model.path: '", path_, "': ", method, " returned a ",
                  out.tagKind(), ", not a Tensor");

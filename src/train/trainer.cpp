@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
+#include "train/dry_run.h"
 #include "train/engines.h"
 #include "train/options.h"
 #include "train/schedule.h"
@@ -442,7 +443,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.training().size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
-  check_model_fits_data(*model, d);
+  dry_run(*model, d, c);         // one forward and backward on the first examples (train/dry_run.h)
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
   const std::string seal_key =
