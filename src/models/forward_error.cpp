@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <regex>
 #include <sstream>
 #include <vector>
 
@@ -14,17 +15,21 @@ bool starts_with(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// The interpreter's text: a header line, traceback blocks whose lines are indented or start
-// with "Traceback of TorchScript", then "<Class>: <message>" at the left margin. The message is
-// the first line at the margin after the header that is not a traceback title.
+// The interpreter's text: a header line, traceback blocks (code excerpts, some of whose lines
+// start at the margin, "class Body(Module):"), then "<Class>: <message>". The cause is the first
+// line after the last traceback title that starts with an exception class's name.
 std::string interpreter_cause(const std::string& text) {
-  std::istringstream in(text);
+  static const std::regex kClassLine(
+      R"(^(builtins\.)?([A-Za-z_][A-Za-z0-9_.]*(Error|Exception)): )");
+  const size_t last_title = text.rfind("\nTraceback of TorchScript");
+  std::istringstream in(text.substr(last_title == std::string::npos ? 0 : last_title));
   std::string line;
-  std::getline(in, line);  // "The following operation failed in the TorchScript interpreter."
+  std::smatch m;
   while (std::getline(in, line)) {
-    if (line.empty() || line[0] == ' ' || line[0] == '\t' || starts_with(line, "Traceback of"))
-      continue;
-    return starts_with(line, "RuntimeError: ") ? line.substr(14) : line;
+    if (!std::regex_search(line, m, kClassLine)) continue;
+    const std::string cls = m[2].str();
+    const std::string message = line.substr(static_cast<size_t>(m.length(0)));
+    return cls == "RuntimeError" ? message : cls + ": " + message;
   }
   return first_line(text);
 }

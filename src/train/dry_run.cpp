@@ -54,15 +54,24 @@ class UnchangedModel {
 // Python's name of a dtype, as users wrote it ("torch.float64").
 std::string python_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "torch.float32";
-    case at::kDouble: return "torch.float64";
-    case at::kHalf: return "torch.float16";
-    case at::kBFloat16: return "torch.bfloat16";
-    case at::kLong: return "torch.int64";
-    case at::kInt: return "torch.int32";
-    case at::kByte: return "torch.uint8";
-    case at::kBool: return "torch.bool";
-    default: return c10::toString(t);
+    case at::kFloat:
+      return "torch.float32";
+    case at::kDouble:
+      return "torch.float64";
+    case at::kHalf:
+      return "torch.float16";
+    case at::kBFloat16:
+      return "torch.bfloat16";
+    case at::kLong:
+      return "torch.int64";
+    case at::kInt:
+      return "torch.int32";
+    case at::kByte:
+      return "torch.uint8";
+    case at::kBool:
+      return "torch.bool";
+    default:
+      return c10::toString(t);
   }
 }
 
@@ -73,10 +82,15 @@ at::ScalarType parameter_dtype(models::Model& model) {
 }
 
 // What krab can add to the library's cause of a failed forward: the two dtypes when the inputs
-// are floating point of another dtype than the parameters (the op's message names neither the
-// data nor which side is which); the two sizes of a Linear layer that does not fit.
+// are floating point of another dtype than the parameters, or integers where the cause is about
+// dtypes (the op's message names neither the data nor which side is which: "mat1 and mat2 must
+// have the same dtype"); the two sizes of a Linear layer that does not fit. Integer inputs that
+// an embedding takes (gpt's tokens) never get here: their forward does not fail.
 std::string explain(const std::string& cause, const at::Tensor& x, at::ScalarType weights) {
-  if (x.is_floating_point() && weights != at::ScalarType::Undefined && x.scalar_type() != weights)
+  const bool about_dtypes =
+      cause.find("dtype") != std::string::npos || cause.find("scalar type") != std::string::npos;
+  if (weights != at::ScalarType::Undefined && x.scalar_type() != weights &&
+      (x.is_floating_point() || about_dtypes))
     return str_cat(": the data's inputs are ", python_dtype(x.scalar_type()),
                    ", the model's parameters ", python_dtype(weights), " (save the inputs as ",
                    python_dtype(weights), ", e.g. x.float())");
@@ -98,7 +112,8 @@ std::string explain(const std::string& cause, const at::Tensor& x, at::ScalarTyp
 // The library's full text in a file of its own, when it holds more than the cause; "" when not
 // needed or not writable (the error line is what matters).
 std::string keep_details(const std::string& details) {
-  if (details.find('\n') == std::string::npos || details.find_first_not_of(" \n") == std::string::npos)
+  if (details.find('\n') == std::string::npos ||
+      details.find_first_not_of(" \n") == std::string::npos)
     return "";
   const char* tmp = std::getenv("TMPDIR");
   std::string path = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-forward-XXXXXX.txt");

@@ -13,8 +13,10 @@
 #include "federated/processes.h"
 #include "federated/server_job.h"
 #include "federated/tls_files.h"
+#include "models/model.h"
 #include "support/script_modules.h"
 #include "tls_fixture.h"
+#include "train/checkpoint.h"
 
 namespace krab::federated {
 namespace {
@@ -152,6 +154,56 @@ checkpoint: {dir: )",
   EXPECT_EQ(run_fl_client(co), 1);
   server.join();
   EXPECT_TRUE(server.error().empty()) << server.error();
+}
+
+// A client holds its model and its data: the forward dry run (train/dry_run.h) refuses a module
+// that cannot take the client's examples with one line naming both files, before it joins.
+TEST_F(Tls, AClientWhoseModelCannotTakeItsDataIsRefusedBeforeJoining) {
+  const std::string d = dir_->string();
+  test::ScriptBuilder().net(2, 8, 2).save(d + "/two.ts");  // Linear(2, 8) first
+  {
+    std::ofstream table(d + "/three.csv");
+    table << "x1,x2,x3,label\n";
+    for (int i = 0; i < 20; ++i)
+      table << i * 0.1 << "," << i * 0.2 << "," << i * 0.3 << "," << i % 2 << "\n";
+  }
+  models::ModelSpec spec;
+  spec.name = "torchscript";
+  spec.path = d + "/two.ts";
+  ServerTransportOptions so = server_options();
+  so.config_yaml = "model: {name: torchscript}\ndata: {name: csv, batch_size: 4}\n";
+  so.model_sha256 = file_sha256(spec.path, "");
+  so.model_signature = train::model_signature(*models::make_model(spec));
+  FederationServer server(so);
+  ClientRunOptions co;
+  co.server = "127.0.0.1:" + std::to_string(server.port());
+  co.ca_file = d + "/ca.pem";
+  co.token = "token-of-alice-0123456";
+  co.retry_s = 1;
+  co.data = d + "/three.csv";
+  co.model = spec.path;
+  std::string why = "(the client ran)";
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string saved_tmp = tmp ? tmp : "";
+  ::setenv("TMPDIR", d.c_str(), 1);  // where the traceback's file goes
+  try {
+    run_fl_client(co);
+  } catch (const InvalidArgument& e) {
+    why = e.what();
+  }
+  if (tmp != nullptr)
+    ::setenv("TMPDIR", saved_tmp.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
+  EXPECT_EQ(why.rfind(str_cat("model.path '", co.model, "': forward on the first 2 examples of ",
+                              "data.path '", co.data, "' failed: mat1 and mat2 shapes cannot be ",
+                              "multiplied (2x3 and 2x8): a Linear layer expects 2 input features ",
+                              "but gets 3"),
+                      0),
+            0u)
+      << why;
+  EXPECT_NE(why.find(" (traceback in " + d + "/krab-forward-"), std::string::npos) << why;
+  EXPECT_EQ(server.wait_for_clients(1, std::chrono::milliseconds(0)), 0u);
 }
 
 }  // namespace

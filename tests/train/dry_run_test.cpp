@@ -2,6 +2,8 @@
 // examples changes nothing a run depends on: with a module whose forward draws random numbers
 // (dropout) and moves buffers (BatchNorm in train mode), the parameters' gradients, the buffers,
 // the train/eval mode and LibTorch's default generator are what they were.
+#include "train/dry_run.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -10,7 +12,6 @@
 #include <filesystem>
 
 #include "support/script_modules.h"
-#include "train/dry_run.h"
 
 namespace krab::train {
 namespace {
@@ -51,10 +52,9 @@ def forward(self, x):
   void TearDown() override { fs::remove_all(dir_); }
 
   core::Config job() const {
-    return core::Config::parse(
-        "model: {name: torchscript, path: " + (dir_ / "noisy.pt").string() +
-            "}\ndata: {name: tensors, path: train.pt}\n",
-        "job");
+    return core::Config::parse("model: {name: torchscript, path: " + (dir_ / "noisy.pt").string() +
+                                   "}\ndata: {name: tensors, path: train.pt}\n",
+                               "job");
   }
   // Every buffer, copied.
   std::vector<at::Tensor> buffers() const {

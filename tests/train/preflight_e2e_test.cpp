@@ -98,6 +98,13 @@ TEST_F(ForwardDryRun, TheBuiltInMlpOnFloat64DataIsNamedBeforeAnyWorker) {
                          kFloat64);
 }
 
+// A Python exception the module raises is the line LibTorch ends with, class included.
+TEST_F(ForwardDryRun, AnExceptionTheModuleRaisesIsNamedWithItsClass) {
+  expect_one_line(run(krab_here("train job.yaml --set model.path=raises.pt")),
+                  "model.path 'raises.pt': forward on the first 2 examples of data.path "
+                  "'train.pt' failed: ValueError: x must be one-dimensional (traceback in ");
+}
+
 // The loss of the same dry run: cross_entropy wants one class index per example.
 TEST_F(ForwardDryRun, LabelsThatDoNotFitTheLossAreNamedWithBothShapes) {
   const auto r = run(krab_here("train job.yaml --set model.name=mlp --set data.path=pairs.pt"));
