@@ -175,6 +175,7 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   torch::manual_seed(seed);
   LocalTrainer trainer(config, spec);
   auto eval_model = models::make_model(spec);
+  train::print_model_warnings(*eval_model);
   const std::string signature = train::model_signature(trainer.model());
   const Federation federation = make_federation(config, d, shards, trainer, seed);
 

@@ -254,6 +254,12 @@ EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset
   return s;
 }
 
+void print_model_warnings(const models::Model& model) {
+  if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&model))
+    for (const std::string& w : ts->warnings())
+      std::fprintf(stderr, "krab: warning: %s\n", w.c_str());
+}
+
 void check_model_fits_data(models::Model& model, const data::DataSplits& d) {
   models::TorchScriptModel* ts = models::as_torchscript(model);
   const data::Dataset& train = d.training();

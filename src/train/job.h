@@ -72,6 +72,12 @@ class Straggler {
 // InvalidArgument naming model.path and the shapes or labels at fault.
 void check_model_fits_data(models::Model& model, const data::DataSplits& d);
 
+// Prints each of a TorchScript model's warnings (models::TorchScriptModel::warnings: buffers
+// whose persistence the file does not record, flags a trace fixed to eval) on stderr as
+// "krab: warning: ..."; nothing for a built-in model. Called once per job where the model is first
+// made: the launcher's preflight, fl-sim, fl-server (not by every worker).
+void print_model_warnings(const models::Model& model);
+
 // Test accuracy of `model` (its predict()) on examples lo..hi of `test`, in memory or read a
 // batch of 512 at a time: (correct, total).
 std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Dataset& test,

@@ -442,6 +442,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.training().size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
+  print_model_warnings(*model);  // here, once: the workers make the model again
   check_model_fits_data(*model, d);
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
