@@ -14,7 +14,7 @@
 // running_mean: BatchNorm or InstanceNorm with track_running_stats=False normalises with the
 // batch's statistics in both modes, in Python too), and a dropout probability that is the
 // constant 0 (an LSTM without dropout between its layers). models::TorchScriptModel refuses a
-// module with a frozen true flag and notes the frozen false ones (docs/models.md).
+// module with a frozen true flag and warns once of the frozen false ones (docs/models.md).
 //
 // Thread safety: none needed; reads the module.
 #pragma once
