@@ -54,9 +54,10 @@ data::DataSplits load_image_data(const core::Config& c, DataResidency residency,
 }
 
 // Up to 256 labels of the training split (of the test split when there is no training data),
-// as stored, and the key that names their file; undefined when there are none. An image folder's
-// labels are its list's (int64, nothing decoded); a shard directory's, one example's first, and
-// more only when they are float.
+// as stored, and the key that names their file; undefined when there are none. Nothing is read
+// for integer labels that are known without reading (an image folder's list, a shard directory
+// with class labels, whose largest its loader kept); other lazy splits read one example, and
+// 256 only when its label is a float (then the job is refused).
 at::Tensor some_labels(const data::DataSplits& d, std::string& key) {
   const data::Dataset* split = &d.training();
   key = "data.path";
@@ -70,6 +71,8 @@ at::Tensor some_labels(const data::DataSplits& d, std::string& key) {
     return memory->targets.narrow(0, 0, n);
   if (const auto* images = dynamic_cast<const data::ImageFolderDataset*>(split))
     return images->targets().narrow(0, 0, n);
+  if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(split))
+    if (shards->largest_label() >= 0) return torch::tensor({shards->largest_label()});
   const at::Tensor first = split->get({0}).second;
   if (!at::isFloatingType(first.scalar_type())) return first;
   std::vector<int64_t> idx(static_cast<size_t>(n));
