@@ -62,7 +62,8 @@ std::vector<KeySpec> model_keys() {
                  {"mlp", "cnn", "gpt", "torchscript"}),
       string_key("model.path", "",
                  "The `torchscript` model's file, written by `torch.jit.script(m).save(FILE)` "
-                 "or `torch.jit.trace(m, x).save(FILE)`."),
+                 "or `torch.jit.trace(m.eval(), x).save(FILE)` (a trace made in train mode is "
+                 "refused: docs/models.md)."),
       bool_key("model.freeze_batchnorm", "false",
                "`torchscript`: keep BatchNorm layers in eval mode while training (they use and "
                "keep their running statistics), so that a step does not depend on how the "

@@ -1,16 +1,19 @@
 #include "data/image_codec.h"
 
+#include <fcntl.h>
 #include <jpeglib.h>
 #include <png.h>
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <system_error>
 
 #include "core/errors.h"
 
@@ -162,21 +165,63 @@ uint32_t big_endian(const std::string& b, size_t at, int bytes) {
   return v;
 }
 
-// The bytes [offset, offset + count) of an open file, fewer where it ends first.
-std::string read_at(std::ifstream& in, std::streamoff offset, size_t count) {
-  std::string out(count, '\0');
-  in.clear();
-  in.seekg(offset);
-  in.read(out.data(), static_cast<std::streamsize>(count));
-  out.resize(static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
-  return out;
-}
+// An image file open for reading. Listing names every entry that looks like an image, and this
+// is where it turns out whether it is one: anything but a regular file (a symbolic link to
+// nothing, a FIFO, a device, a socket) is unreadable like a damaged file, so one rule (named, or
+// skipped with data.skip_bad) covers them all. Opened with O_NONBLOCK and checked with fstat on
+// the open descriptor, not stat before open: a FIFO planted under an image's name can neither
+// block a decoding thread in open() nor be swapped in between the check and the read. Symbolic
+// links to files are followed, as torchvision's ImageFolder follows them.
+class ImageFile {
+ public:
+  explicit ImageFile(const std::string& path)
+      : fd_(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)) {
+    if (fd_ < 0) {
+      const int err = errno;
+      struct stat link {};
+      if (err == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+        unreadable(path, "a symbolic link to a missing file");
+      unreadable(
+          path, "cannot open the file: " + std::error_code(err, std::generic_category()).message());
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      unreadable(path, "not a regular file (a FIFO, device or socket)");
+    }
+    size_ = st.st_size;
+  }
+  ~ImageFile() { ::close(fd_); }
+  ImageFile(const ImageFile&) = delete;
+  ImageFile& operator=(const ImageFile&) = delete;
+
+  int64_t size() const { return size_; }
+
+  // The bytes [offset, offset + count), fewer where the file ends first.
+  std::string read_at(int64_t offset, size_t count) const {
+    std::string out(count, '\0');
+    size_t got = 0;
+    while (got < count) {
+      const ssize_t n =
+          ::pread(fd_, out.data() + got, count - got, offset + static_cast<int64_t>(got));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    out.resize(got);
+    return out;
+  }
+
+ private:
+  int fd_;
+  int64_t size_ = 0;
+};
 
 // Signature, then IHDR (length 13, type, width, height, depth, colour type, three method bytes,
 // CRC); a complete file ends with the 12 bytes of an empty IEND chunk. libpng ignores bytes
 // after IEND, so a file that does not end so is decoded whole: only libpng can tell a truncated
 // file from one with a trailer.
-ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::string& name,
+ImageInfo probe_png(const ImageFile& file, const std::string& head, const std::string& name,
                     int64_t max_pixels) {
   if (head.size() < 33) unreadable(name, "PNG: the file ends inside its header (truncated)");
   const uint32_t crc =
@@ -193,13 +238,10 @@ ImageInfo probe_png(std::ifstream& in, const std::string& head, const std::strin
       (type != 0 && type != 2 && type != 3 && type != 4 && type != 6))
     unreadable(name, str_cat("PNG: bit depth ", depth, " and colour type ", type, " are invalid"));
   check_pixels(name, info.height, info.width, max_pixels);  // before the decode below
-  in.clear();
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
+  const int64_t size = file.size();
   static const char kIend[12] = {0, 0, 0, 0, 'I', 'E', 'N', 'D', '\xae', 'B', '`', '\x82'};
-  if (size >= 45 && read_at(in, size - 12, 12) == std::string(kIend, 12)) return info;
-  decode_png(read_at(in, 0, static_cast<size_t>(std::max<std::streamoff>(size, 0))), name,
-             max_pixels);
+  if (size >= 45 && file.read_at(size - 12, 12) == std::string(kIend, 12)) return info;
+  decode_png(file.read_at(0, static_cast<size_t>(size)), name, max_pixels);
   return info;
 }
 
@@ -244,11 +286,10 @@ ImageInfo probe_jpeg(const std::string& head, const std::string& name, int64_t m
 }  // namespace
 
 ImageInfo probe_image_file(const std::string& path, int64_t max_pixels) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) unreadable(path, "cannot open the file");
-  const std::string head = read_at(in, 0, 33);
-  if (is_png(head)) return probe_png(in, head, path, max_pixels);
-  if (is_jpeg(head)) return probe_jpeg(read_at(in, 0, 64 * 1024), path, max_pixels);
+  const ImageFile file(path);
+  const std::string head = file.read_at(0, 33);
+  if (is_png(head)) return probe_png(file, head, path, max_pixels);
+  if (is_jpeg(head)) return probe_jpeg(file.read_at(0, 64 * 1024), path, max_pixels);
   unreadable(path, head.empty() ? "the file is empty" : "neither a PNG nor a JPEG file");
 }
 
@@ -265,11 +306,9 @@ Image decode_image(const std::string& bytes, const std::string& name, int64_t ch
 }
 
 Image decode_image_file(const std::string& path, int64_t channels, int64_t max_pixels) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) unreadable(path, "cannot open the file");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return decode_image(bytes.str(), path, channels, max_pixels);
+  const ImageFile file(path);
+  return decode_image(file.read_at(0, static_cast<size_t>(file.size())), path, channels,
+                      max_pixels);
 }
 
 at::Tensor image_to_tensor(const Image& image, int64_t height, int64_t width) {

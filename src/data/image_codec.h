@@ -6,9 +6,11 @@
 // saved as ".png" still reads. Alpha is dropped (composited on nothing: the colour channels are
 // kept as stored); colour is kept as grey (1 channel) or RGB (3).
 //
-// Failure: a file that cannot be opened, is not PNG or JPEG, or that the library refuses
-// (truncated, damaged) throws krab::InvalidArgument naming the file and the library's reason;
-// nothing is printed (libjpeg's and libpng's own warning output is silenced).
+// Failure: a file that cannot be opened (no permission; a symbolic link to a missing file), that
+// is not a regular file (a FIFO, device or socket: checked on the open descriptor, never read,
+// so it cannot block), is not PNG or JPEG, or that the library refuses (truncated, damaged)
+// throws krab::InvalidArgument "image 'PATH' cannot be read: WHY"; nothing is printed
+// (libjpeg's and libpng's own warning output is silenced).
 //
 // Thread safety: every function is safe to call from several threads at once (no shared
 // state; each call has its own decoder).

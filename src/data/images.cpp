@@ -7,7 +7,6 @@
 #include <cctype>
 #include <cmath>
 #include <exception>
-#include <filesystem>
 #include <optional>
 #include <random>
 #include <thread>
@@ -18,34 +17,6 @@
 
 namespace krab::data {
 namespace {
-
-namespace fs = std::filesystem;
-
-bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
-}
-
-bool hidden(const fs::path& p) { return p.filename().string().rfind('.', 0) == 0; }
-
-// Sorted names of the entries of `dir` that pass `keep`.
-template <typename Keep>
-std::vector<std::string> sorted_entries(const fs::path& dir, Keep keep) {
-  std::vector<std::string> names;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir))
-    if (!hidden(e.path()) && keep(e)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-void check_root(const std::string& root) {
-  std::error_code ec;
-  KRAB_CHECK_ARG(fs::exists(root, ec), "image folder '", root, "' does not exist");
-  KRAB_CHECK_ARG(fs::is_directory(root, ec), "image folder '", root,
-                 "' is a file, not a directory (it should hold one folder per class)");
-}
 
 // One per channel: a single value is repeated.
 std::vector<float> per_channel(const std::vector<double>& v, int64_t channels, const char* key) {
@@ -150,33 +121,6 @@ ImageFolder checked_headers(ImageFolder folder, const ImageOptions& o, int64_t& 
 }
 
 }  // namespace
-
-ImageFolder scan_image_folder(const std::string& root, const std::vector<std::string>& classes) {
-  check_root(root);
-  ImageFolder out;
-  out.root = root;
-  const std::vector<std::string> folders =
-      sorted_entries(root, [](const fs::directory_entry& e) { return e.is_directory(); });
-  KRAB_CHECK_ARG(!folders.empty(), "image folder '", root,
-                 "' has no class folders (expected ROOT/<class>/<image>.png|jpg)");
-  out.classes = classes.empty() ? folders : classes;
-  for (const std::string& name : folders) {
-    const auto at = std::find(out.classes.begin(), out.classes.end(), name);
-    KRAB_CHECK_ARG(at != out.classes.end(), "image folder '", root, "': class folder '", name,
-                   "' is not one of the training classes");
-    const fs::path dir = fs::path(root) / name;
-    const std::vector<std::string> files = sorted_entries(dir, [](const fs::directory_entry& e) {
-      return e.is_regular_file() && is_image_name(e.path());
-    });
-    KRAB_CHECK_ARG(!files.empty(), "class folder '", dir.string(),
-                   "' holds no .png, .jpg or .jpeg file");
-    for (const std::string& f : files) {
-      out.files.push_back((dir / f).string());
-      out.labels.push_back(at - out.classes.begin());
-    }
-  }
-  return out;
-}
 
 std::vector<double> parse_number_list(const std::string& text, const std::string& key) {
   std::string s = text;

@@ -2,13 +2,23 @@
 //
 // The layout is the ImageFolder convention torchvision uses:
 //
-//   ROOT/<class>/<file>.png | .jpg | .jpeg     (extension case ignored; other files skipped)
+//   ROOT/<class>/[<sub-folder>/...]<file>.png | .jpg | .jpeg   (extension case ignored; other
+//                                                               files skipped)
 //
-// The class of an image is the position of its folder's name among the class folders sorted
-// by name (byte order), so "cat" is 0 and "dog" 1 whatever order the file system lists them in;
-// files within a class are taken in sorted order too, so example numbers are the same on every
-// machine. A test folder (data.test_path) uses the training folder's class list: its class
-// folders must all be training classes (some may be missing).
+// The class of an image is the position of its class folder's name among the class folders
+// sorted by name (byte order), so "cat" is 0 and "dog" 1 whatever order the file system lists
+// them in. Images in sub-folders of a class folder belong to it, at any depth up to
+// kMaxImageFolderDepth (as in ImageFolder); a class's images are taken in byte order of their
+// path below the class folder, so example numbers are the same on every machine. Names starting
+// with '.' are skipped at every level. Symbolic links are followed, but each folder is read once:
+// a link back to a parent, or a second link to a folder already read, is refused. A test folder
+// (data.test_path) uses the training folder's class list: its class folders must all be training
+// classes (some may be missing).
+//
+// Listing only names: every entry with an image's extension that is not a folder is listed,
+// whatever it is, and whether it can be read is decided by reading it (image_codec.h: a symbolic
+// link to nothing, a FIFO or a file without read permission is unreadable like a damaged file).
+// So one rule covers every unreadable image: the job stops naming it, or data.skip_bad skips it.
 //
 // Every image becomes float32 [C, H, W]: decoded (data/image_codec.h), converted to C channels
 // (C = the first training image's, grey 1 or RGB 3, unless ImageOptions::channels says), resized
@@ -31,13 +41,15 @@
 // the same example gets the same crop whichever worker draws it and however many there are.
 //
 // Failure, InvalidArgument naming the path: a missing ROOT or one that is not a directory; no
-// class folder in it; a class folder without images; an image that cannot be decoded, or (lazy)
-// whose header check fails (an image stating more than max_pixels pixels among them: refused
-// before its pixels are allocated), unless skip_bad; a test class that is not a training class; bad
-// options (size, mean/std lengths). Lazily, a file that passes the header check but fails to
-// decode (damaged pixel data) is found by the batch that first holds it: ImageFolderDataset::get
-// throws naming it, or with skip_bad replaces it by the next readable example (see there).
-// Thread safety: all functions are safe to call concurrently; load_images uses its own threads.
+// class folder in it; a class folder without images; a folder that cannot be listed, that is
+// deeper than kMaxImageFolderDepth below its class folder, or that was read already (a link); an
+// image that cannot be decoded, or (lazy) whose header check fails (an image stating more than
+// max_pixels pixels among them: refused before its pixels are allocated), unless skip_bad; a test
+// class that is not a training class; bad options (size, mean/std lengths). Lazily, a file that
+// passes the header check but fails to decode (damaged pixel data) is found by the batch that first
+// holds it: ImageFolderDataset::get throws naming it, or with skip_bad replaces it by the next
+// readable example (see there). Thread safety: all functions are safe to call concurrently;
+// load_images uses its own threads.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -59,6 +71,11 @@
 #include "data/sampler.h"
 
 namespace krab::data {
+
+// How many folders below its class folder images are looked for: a bound on the recursion of a
+// walk that already reads each folder once (so a symbolic-link loop is refused, not followed).
+// Real layouts nest one to three levels (a class split by date, source or camera).
+inline constexpr int kMaxImageFolderDepth = 16;
 
 // What load_images needs besides the root (the data.* keys of the same names).
 struct ImageOptions {
@@ -87,9 +104,10 @@ struct ImageFolder {
   std::vector<int64_t> labels;       // parallel to files
 };
 
-// Lists ROOT's class folders and images. With `classes` empty the class list is ROOT's own
-// folders; otherwise (a test split) every folder of ROOT must be one of `classes` and takes its
-// label from there. InvalidArgument as in the header comment (no decoding is done here).
+// Lists ROOT's class folders and the images below each (sub-folders included). With `classes`
+// empty the class list is ROOT's own folders; otherwise (a test split) every folder of ROOT must
+// be one of `classes` and takes its label from there. InvalidArgument as in the header comment
+// (nothing is opened or decoded here: an unreadable image is listed, and found when read).
 ImageFolder scan_image_folder(const std::string& root,
                               const std::vector<std::string>& classes = {});
 

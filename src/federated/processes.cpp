@@ -140,6 +140,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   const models::ModelSpec spec = train::model_spec(config, d);
   torch::manual_seed(static_cast<uint64_t>(config.get_int("train.seed")));
   auto model = models::make_model(spec);
+  train::print_model_warnings(*model);
   const std::string signature = train::model_signature(*model);
   KRAB_CHECK_ARG(!config.get_string("federated.tokens").empty(),
                  "federated.tokens: fl-server needs a tokens file (NAME TOKEN [EXPIRES] lines)");

@@ -176,11 +176,12 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   torch::manual_seed(seed);
   LocalTrainer trainer(config, spec);
   auto eval_model = models::make_model(spec);
-  train::dry_run(*eval_model, d, config);  // before any round; changes no state (train/dry_run.h)
+  train::print_model_warnings(*eval_model);
   const std::string signature = train::model_signature(trainer.model());
   const Federation federation = make_federation(config, d, shards, trainer, seed);
 
   const train::Metric metric = train::resolve_metric(config, *eval_model, d);
+  train::dry_run(*eval_model, d, config);  // before any round; changes no state (train/dry_run.h)
   RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false,
                      held_out_evaluator(*eval_model, d, metric));
   const std::string run_dir = train::run_directory(config);

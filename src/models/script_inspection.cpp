@@ -143,38 +143,27 @@ bool is_custom_class(const c10::TypePtr& type) {
 }
 
 // Walks graphs from the functions it is given and from every function or method they call, so
-// that what a graph can reach is walked even where the compilation unit does not list it.
+// that what a graph can reach is walked even where the compilation unit does not list it. Each
+// function once; each node, blocks and subgraphs included, handed to the visitor, the graph's
+// prim::Param node (whose outputs are the function's inputs) first.
 class GraphWalk {
  public:
-  explicit GraphWalk(const Reader& r) : r_(r) {}
+  explicit GraphWalk(const ScriptNodeVisitor& visit) : visit_(visit) {}
 
   void function(torch::jit::Function& fn) {
     if (!seen_.insert(&fn).second || !fn.isGraphFunction()) return;
-    const std::string name = core::printable(fn.qualname().qualifiedName(), 120);
     const auto graph = torch::jit::toGraphFunction(fn).graph();
-    for (const torch::jit::Value* v : graph->inputs())
-      if (is_custom_class(v->type()))
-        r_.refuse(str_cat(name, " takes a value of the custom class ", v->type()->repr_str(),
-                          ", which runs C++ code of its own"));
-    block(graph->block(), name);
+    visit_(fn, *graph->param_node());
+    block(fn, graph->block());
   }
 
  private:
-  void block(const torch::jit::Block* b, const std::string& name) {
+  void block(const torch::jit::Function& fn, const torch::jit::Block* b) {
     for (const torch::jit::Node* node : b->nodes()) {
-      const std::string qual = node->kind().toQualString();
-      const size_t sep = qual.find("::");
-      const std::string why = refused_operator(
-          qual.substr(0, sep), sep == std::string::npos ? "" : qual.substr(sep + 2));
-      if (!why.empty()) r_.refuse(str_cat(name, " runs ", qual, ", which ", why));
-      for (const torch::jit::Value* v : node->outputs())
-        if (is_custom_class(v->type()))
-          r_.refuse(str_cat(name, " makes a value of the custom class ", v->type()->repr_str(),
-                            ", which runs C++ code of its own"));
+      visit_(fn, *node);
       callee(node);
-      for (const torch::jit::Block* sub : node->blocks()) block(sub, name);
-      if (node->hasAttribute(c10::attr::Subgraph))
-        block(node->g(c10::attr::Subgraph)->block(), name);
+      for (const torch::jit::Block* sub : node->blocks()) block(fn, sub);
+      if (node->hasAttribute(c10::attr::Subgraph)) block(fn, node->g(c10::attr::Subgraph)->block());
     }
   }
   // The function a CallFunction node calls, or the method a CallMethod node calls on a class.
@@ -187,9 +176,27 @@ class GraphWalk {
         if (torch::jit::Function* m = cls->findMethod(node->s(c10::attr::name))) function(*m);
   }
 
-  const Reader& r_;
+  const ScriptNodeVisitor& visit_;
   std::set<const torch::jit::Function*> seen_;
 };
+
+// The security check of one node: a refused operator, or a value of a custom class made (or,
+// for the prim::Param node, taken).
+void check_node(const torch::jit::Function& fn, const torch::jit::Node& node, const Reader& r) {
+  const std::string name = core::printable(fn.qualname().qualifiedName(), 120);
+  const bool param = node.kind() == c10::prim::Param;
+  if (!param) {
+    const std::string qual = node.kind().toQualString();
+    const size_t sep = qual.find("::");
+    const std::string why =
+        refused_operator(qual.substr(0, sep), sep == std::string::npos ? "" : qual.substr(sep + 2));
+    if (!why.empty()) r.refuse(str_cat(name, " runs ", qual, ", which ", why));
+  }
+  for (const torch::jit::Value* v : node.outputs())
+    if (is_custom_class(v->type()))
+      r.refuse(str_cat(name, param ? " takes" : " makes", " a value of the custom class ",
+                       v->type()->repr_str(), ", which runs C++ code of its own"));
+}
 
 }  // namespace
 
@@ -208,10 +215,8 @@ void inspect_torchscript_bytes(const std::string& bytes, const std::string& sour
   inspect_archive(in, bytes.size(), Reader{source, advice});
 }
 
-void check_script_graphs(const torch::jit::Module& module, const std::string& source,
-                         const std::string& advice) {
-  const Reader r{source, advice};
-  GraphWalk walk(r);
+void walk_script_graphs(const torch::jit::Module& module, const ScriptNodeVisitor& visit) {
+  GraphWalk walk(visit);
   for (torch::jit::Function* fn : module.type()->compilation_unit()->get_functions())
     walk.function(*fn);
   for (const torch::jit::Module& m : module.modules()) {
@@ -219,6 +224,14 @@ void check_script_graphs(const torch::jit::Module& module, const std::string& so
     for (torch::jit::Function* fn : m.type()->getForwardPreHooks()) walk.function(*fn);
     for (torch::jit::Function* fn : m.type()->getForwardHooks()) walk.function(*fn);
   }
+}
+
+void check_script_graphs(const torch::jit::Module& module, const std::string& source,
+                         const std::string& advice) {
+  const Reader r{source, advice};
+  walk_script_graphs(module, [&](const torch::jit::Function& fn, const torch::jit::Node& node) {
+    check_node(fn, node, r);
+  });
 }
 
 torch::jit::Module load_torchscript_unchecked(std::istream& in, const std::string& source) {

@@ -43,6 +43,7 @@
 
 #include <torch/script.h>
 
+#include <functional>
 #include <string>
 
 namespace krab::models {
@@ -55,6 +56,19 @@ void inspect_torchscript_file(const std::string& path, const std::string& source
 // them); throws as above.
 void inspect_torchscript_bytes(const std::string& bytes, const std::string& source,
                                const std::string& advice = "");
+
+// Called once for every node of every graph walk_script_graphs reaches: `fn` is the function
+// (or method) whose graph holds `node`.
+using ScriptNodeVisitor =
+    std::function<void(const torch::jit::Function& fn, const torch::jit::Node& node)>;
+
+// The walk behind check_script_graphs, for other checks of a loaded module's code (the frozen
+// train/eval flags of models/script_modes.h): every function and method of `module`'s
+// compilation unit, every method and hook of every submodule's type, and every function or
+// method a graph calls, each once; within a graph its prim::Param node (whose outputs are the
+// inputs) first, then every node, those of nested blocks and subgraphs included. `visit` may
+// throw; the walk stops there.
+void walk_script_graphs(const torch::jit::Module& module, const ScriptNodeVisitor& visit);
 
 // Walks the graphs of every function and method of `module`'s compilation unit (every class of
 // the archive, submodules' types included) and of every method of every submodule; throws

@@ -12,6 +12,7 @@
 #include "models/builders.h"
 #include "models/forward_error.h"
 #include "models/script_inspection.h"
+#include "models/script_modes.h"
 
 namespace krab::models {
 namespace {
@@ -59,6 +60,23 @@ torch::jit::Module load_script(const ModelSpec& spec) {
   return load_torchscript_unchecked(in, source);
 }
 
+// Classes whose buffers are all persistent: torch.nn's and torchvision's own (none of them
+// registers one with persistent=False, as of torch 1.13 and torchvision 0.14).
+bool buffers_known_persistent(const torch::jit::Module& m) {
+  const auto name = m.type()->name();
+  if (!name) return false;
+  const std::string q = name->qualifiedName();
+  return q.rfind("__torch__.torch.nn.", 0) == 0 || q.rfind("__torch__.torchvision.", 0) == 0;
+}
+
+// `names` joined by ", ", at most `most` of them and then how many more.
+std::string list_of(const std::vector<std::string>& names, size_t most = 6) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < most; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > most) out += str_cat(" and ", names.size() - most, " more");
+  return out;
+}
+
 bool is_batchnorm(const torch::jit::Module& m) {
   const auto name = m.type()->name();
   return name && name->name().find("BatchNorm") != std::string::npos;
@@ -94,6 +112,50 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
     KRAB_CHECK_ARG(item.value().scalar_type() == at::kFloat, "model.path: '", path_,
                    "': parameter ", item.key(), " is ", item.value().scalar_type(),
                    "; krab trains float32 parameters (call .float() before saving)");
+  check_modes();
+  warn_unrecorded_buffers();
+}
+
+// A correctness check, not a security one: it runs with model.trust_code too.
+void TorchScriptModel::check_modes() {
+  std::vector<std::string> frozen_off;
+  for (const FrozenModeCall& call : frozen_mode_calls(module_)) {
+    const std::string what = str_cat(call.where, " calls ", call.op, " with ", call.argument,
+                                     " fixed to ", call.value ? "true" : "false");
+    // Evaluation and model.ts would keep the train-mode computation: an accuracy that the
+    // module in eval mode, in Python or from model.ts, does not reproduce.
+    KRAB_CHECK_ARG(!call.value, "model.path: '", path_, "': ", what,
+                   " (torch.jit.trace of the module in train mode), which eval() cannot reach; "
+                   "script it with torch.jit.script, or trace it after model.eval()");
+    frozen_off.push_back(str_cat(call.where, " (", call.op, ")"));
+  }
+  // Traced in eval mode: training runs the eval computation, which evaluation and Python's
+  // module in eval mode reproduce; only what training does differs from Python's, so say it.
+  if (!frozen_off.empty())
+    warnings_.push_back(str_cat(
+        "model.path '", path_, "' was traced in eval mode: ", list_of(frozen_off),
+        " run as in eval in training too (BatchNorm normalises with its running statistics and "
+        "never updates them, dropout is off), unlike your Python module in train mode; script it "
+        "with torch.jit.script for train-mode behaviour"));
+}
+
+void TorchScriptModel::warn_unrecorded_buffers() {
+  std::vector<std::string> names;
+  for (const auto& m : module_.named_modules()) {
+    if (buffers_known_persistent(m.value)) continue;
+    for (const auto& b : m.value.named_buffers(/*recurse=*/false))
+      names.push_back(m.name.empty() ? b.name : m.name + "." + b.name);
+  }
+  // TorchScript lists a buffer registered with persistent=False as any other (torch.jit.script
+  // does not carry Python's _non_persistent_buffers_set into the module's type), so model.pt
+  // holds it and load_state_dict(strict=True) into the Python class fails on it.
+  if (!names.empty())
+    warnings_.push_back(str_cat(
+        "model.path '", path_, "': model.pt will hold the buffers ", list_of(names),
+        " of your own classes: TorchScript does not record which buffers are non-persistent "
+        "(register_buffer(..., "
+        "persistent=False)), so if one of them is, drop it from model.pt's dictionary before "
+        "load_state_dict(..., strict=True) (docs/models.md)"));
 }
 
 at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> args) {

@@ -14,7 +14,9 @@
 // updates the mirror's tensors in place — the optimizer, DataParallel's broadcasts, local SGD's
 // averages, checkpoint restores — updates the tensors the scripted code computes with.
 // model.pt written from the mirror loads into the Python module with
-// load_state_dict(strict=True).
+// load_state_dict(strict=True), except for buffers registered with persistent=False: the file
+// does not record which those are, so the mirror holds them, model.pt too, and warnings() names
+// the buffers that may be such.
 //
 // What the module may define (all optional except forward):
 //   forward(x) -> Tensor               the outputs train.loss is applied to;
@@ -40,6 +42,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "models/model.h"
 
@@ -53,9 +56,11 @@ class TorchScriptModel : public Model {
   // Loads spec.path. InvalidArgument naming model.path for: a missing or unreadable file, a
   // file that is not TorchScript, code that the inspection refuses (unless spec.trust_code;
   // the message names the record, line and operator), a module without a forward method, a
-  // module without any parameter that requires a gradient; CorruptData naming model.path for an
-  // archive whose stated sizes its bytes do not back; InvalidArgument naming train.loss for an
-  // unknown loss.
+  // module without any parameter that requires a gradient, a call whose train/eval flag is
+  // fixed to true (a torch.jit.trace in train mode: models/script_modes.h; checked with
+  // trust_code too; the message names the submodule, the operator and the fix); CorruptData
+  // naming model.path for an archive whose stated sizes its bytes do not back; InvalidArgument
+  // naming train.loss for an unknown loss.
   explicit TorchScriptModel(const ModelSpec& spec);
 
   at::Tensor forward(const at::Tensor& inputs) override;
@@ -79,6 +84,12 @@ class TorchScriptModel : public Model {
   // atomically (torch.jit.load reads it).
   void save(const std::string& path) const;
 
+  // What the user should read once about this file, one line each, without a prefix (the
+  // launcher, fl-sim and fl-server print them as "krab: warning: ..."): buffers of the user's
+  // own classes, which model.pt holds although any of them may be non-persistent in Python (the
+  // file cannot tell); calls whose train/eval flag a trace in eval mode fixed to false.
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
   const std::string& path() const { return path_; }
   bool has_training_loss() const { return has_training_loss_; }
   bool has_predict() const { return has_predict_; }
@@ -87,11 +98,16 @@ class TorchScriptModel : public Model {
   at::Tensor run(const char* method, std::vector<c10::IValue> args);
   // cross_entropy / nll: outputs [..., C] for labels [...]; InvalidArgument naming both.
   void check_class_shapes(const at::Tensor& outputs, const at::Tensor& targets) const;
+  // Refuses a train/eval flag that a trace in train mode fixed to true (models/script_modes.h);
+  // warns of the ones fixed to false.
+  void check_modes();
+  void warn_unrecorded_buffers();
 
   torch::jit::Module module_;
   std::string path_, loss_;
   bool freeze_batchnorm_ = false;
   bool has_training_loss_ = false, has_predict_ = false;
+  std::vector<std::string> warnings_;
 };
 
 // The model as a TorchScriptModel, or null for a built-in model.

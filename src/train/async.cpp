@@ -57,7 +57,7 @@ struct ServerJob {
       : c(config), o(TrainOptions::from_config(config)), workers(w) {
     torch::set_num_threads(o.threads);
     servers = static_cast<int>(c.get_int("sync.servers"));
-    d = load_data(c);
+    d = load_data(c, DataResidency::kInMemory, LoadNotes::kQuiet);  // the workers say it
     sampler = std::make_unique<data::GlobalBatchSampler>(d.train.size(), o.batch * workers,
                                                          static_cast<uint64_t>(o.seed));
     steps = total_steps(c, *sampler, o.micro_batches);

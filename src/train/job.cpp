@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <numeric>
 #include <thread>
@@ -33,10 +34,11 @@ data::ImageOptions image_options(const core::Config& c) {
 }
 
 // Lazy: listed and header-checked at load, decoded per batch on data.decode_threads threads
-// (image_batches), at most data.cache_mb MiB of decoded images kept; in memory: decoded at
-// load. Skipped files are one line on stderr: every process that loads says it, so the
-// launcher's check says it before training; a file replaced while training, one line each.
-data::DataSplits load_image_data(const core::Config& c, DataResidency residency) {
+// (image_batches), at most data.cache_mb MiB of decoded training images kept; in memory: decoded
+// at load. The files skipped at load are one line on stderr, from the one process `notes` says
+// (job.h: rank 0, not the launcher's check and each worker again); a file replaced while
+// training, one line from each worker that meets it.
+data::DataSplits load_image_data(const core::Config& c, DataResidency residency, LoadNotes notes) {
   data::ImageOptions o = image_options(c);
   o.lazy = residency == DataResidency::kLazy;
   o.cache_mb = c.get_int("data.cache_mb");
@@ -45,15 +47,80 @@ data::DataSplits load_image_data(const core::Config& c, DataResidency residency)
   };
   int64_t skipped = 0;
   data::DataSplits d = data::load_images(c.get_string("data.path"), o, &skipped);
-  if (skipped > 0)
+  if (skipped > 0 && notes == LoadNotes::kSay)
     std::fprintf(stderr, "krab: data.skip_bad: skipped %lld unreadable image(s) under '%s'\n",
                  static_cast<long long>(skipped), c.get_string("data.path").c_str());
   return d;
 }
 
+// Up to 256 labels of the training split (of the test split when there is no training data),
+// as stored, and the key that names their file; undefined when there are none. Nothing is read
+// for integer labels that are known without reading (an image folder's list, a shard directory
+// with class labels, whose largest its loader kept); other lazy splits read one example, and
+// 256 only when its label is a float (then the job is refused).
+at::Tensor some_labels(const data::DataSplits& d, std::string& key) {
+  const data::Dataset* split = &d.training();
+  key = "data.path";
+  if (split->size() == 0) {
+    split = d.testing();
+    key = "data.test_path";
+  }
+  if (split == nullptr || split->size() == 0) return {};
+  const int64_t n = std::min<int64_t>(split->size(), 256);
+  if (const auto* memory = dynamic_cast<const data::TensorDataset*>(split))
+    return memory->targets.narrow(0, 0, n);
+  if (const auto* images = dynamic_cast<const data::ImageFolderDataset*>(split))
+    return images->targets().narrow(0, 0, n);
+  if (const auto* shards = dynamic_cast<const data::ShardedDataset*>(split))
+    if (shards->largest_label() >= 0) return torch::tensor({shards->largest_label()});
+  const at::Tensor first = split->get({0}).second;
+  if (!at::isFloatingType(first.scalar_type())) return first;
+  std::vector<int64_t> idx(static_cast<size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  return split->get(idx).second;
+}
+
+// cross_entropy and nll take class indices. PyTorch reads a float target as class probabilities
+// ([N, C]; a float target [N] is an error there). Accepting float labels would mean a silent
+// cast (0.7 becomes class 0) and `auto` reporting a test loss where the user expects accuracy,
+// so they are refused, naming the file, its dtype and the fix: y.long() for whole numbers, a
+// regression loss for values. `loss` is what applies, as messages say it ("train.loss
+// cross_entropy", or "model.name mlp (cross_entropy)" for a built-in model, which has no other).
+void refuse_float_class_labels(const core::Config& c, const data::DataSplits& d,
+                               const std::string& loss) {
+  std::string key;
+  const at::Tensor y = some_labels(d, key);
+  if (!y.defined() || !at::isFloatingType(y.scalar_type())) return;
+  const at::Tensor flat = y.flatten();
+  const at::Tensor fractional = flat.ne(flat.floor()).nonzero();
+  const std::string where = str_cat(key, " '", c.get_string(key), "': y holds ", y.scalar_type(),
+                                    " labels, but ", loss, " takes class indices");
+  if (fractional.numel() == 0)
+    throw InvalidArgument(str_cat(where, " as integers; save them as int64: y.long()",
+                                  y.dim() > 1 ? " (y.argmax(-1) for one-hot rows)" : ""));
+  const double value = flat[fractional[0][0].item<int64_t>()].item<double>();
+  throw InvalidArgument(str_cat(where, ", and ", value,
+                                " is not one; for regression targets use train.loss mse or "
+                                "bce_with_logits (model.name torchscript); class probabilities "
+                                "are not supported"));
+}
+
+// The same where train.loss applies: a module without its own training_loss (which takes
+// whatever it takes) with cross_entropy or nll, or a built-in model.
+void check_class_labels(const core::Config& c, models::Model& model, const data::DataSplits& d) {
+  const std::string& loss = c.get_string("train.loss");
+  const models::TorchScriptModel* ts = models::as_torchscript(model);
+  if ((ts != nullptr && ts->has_training_loss()) || (loss != "cross_entropy" && loss != "nll"))
+    return;
+  refuse_float_class_labels(
+      c, d,
+      ts != nullptr ? "train.loss " + loss
+                    : str_cat("model.name ", c.get_string("model.name"), " (cross_entropy)"));
+}
+
 }  // namespace
 
-data::DataSplits load_data(const core::Config& c, DataResidency residency) {
+data::DataSplits load_data(const core::Config& c, DataResidency residency, LoadNotes notes) {
   const std::string& name = c.get_string("data.name");
   if (name == "fashion-mnist")
     return data::load_fashion_mnist(c.get_string("data.path"), c.get_bool("data.normalize"));
@@ -77,7 +144,7 @@ data::DataSplits load_data(const core::Config& c, DataResidency residency) {
     return data::load_csv(c.get_string("data.path"), c.get_string("data.label_column"),
                           c.get_float("data.test_fraction"), c.get_bool("data.normalize"),
                           c.get_int("data.num_classes"));
-  if (name == "images") return load_image_data(c, residency);
+  if (name == "images") return load_image_data(c, residency, notes);
   if (name == "tensors") {
     data::TensorsOptions o;
     o.test_path = c.get_string("data.test_path");
@@ -118,6 +185,8 @@ models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d) {
   KRAB_CHECK_ARG(s.name != "torchscript" || !s.path.empty(),
                  "model.path: model.name torchscript needs the file of a TorchScript module");
   if (s.name == "torchscript") return s;  // it decides for itself what data it takes
+  // Before the model is built: float labels would make it one class wide, and the error say so.
+  refuse_float_class_labels(c, d, str_cat("model.name ", s.name, " (cross_entropy)"));
   KRAB_CHECK_ARG(!d.language_model || s.name == "gpt", "model.name '", s.name,
                  "' cannot train on data.name 'text' (use model.name: gpt)");
   KRAB_CHECK_ARG(d.language_model || s.name != "gpt", "model.name 'gpt' needs data.name: text");
@@ -215,7 +284,6 @@ Metric resolve_metric(const core::Config& c, models::Model& model, const data::D
   const at::ScalarType label_dtype = test_label_dtype(d);
   const bool float_labels =
       label_dtype != at::ScalarType::Undefined && at::isFloatingType(label_dtype);
-  if (asked == "loss") return Metric::kLoss;
   if (asked == "accuracy") {
     KRAB_CHECK_ARG(
         !regression, "train.metric: accuracy needs class labels, but train.loss ", loss,
@@ -225,6 +293,8 @@ Metric resolve_metric(const core::Config& c, models::Model& model, const data::D
                    label_dtype, "; use train.metric: loss (or auto)");
     return Metric::kAccuracy;
   }
+  check_class_labels(c, model, d);
+  if (asked == "loss") return Metric::kLoss;
   KRAB_CHECK_ARG(asked == "auto", "train.metric: unknown metric '", asked,
                  "'; known: auto, accuracy, loss");
   const models::TorchScriptModel* ts = models::as_torchscript(model);
@@ -252,6 +322,12 @@ EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset
     s.count += static_cast<double>(len);
   }
   return s;
+}
+
+void print_model_warnings(const models::Model& model) {
+  if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&model))
+    for (const std::string& w : ts->warnings())
+      std::fprintf(stderr, "krab: warning: %s\n", w.c_str());
 }
 
 void check_model_fits_data(models::Model& model, const data::DataSplits& d) {

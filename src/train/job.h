@@ -27,9 +27,17 @@ namespace krab::train {
 // code that needs the training tensors themselves (federated partitioning) for kInMemory.
 enum class DataResidency { kInMemory, kLazy };
 
+// Whether load_data says on stderr how many unreadable images data.skip_bad left out (one line,
+// "krab: data.skip_bad: skipped N unreadable image(s) under 'PATH'"). Every process of a job
+// loads the data (the launcher to check it, then each worker), and the line is said once per
+// job: by rank 0's worker (kSay), not by the launcher's check or the other ranks (kQuiet); a
+// process that is a job of its own (fl-sim, a federated client) says it (kSay, the default).
+enum class LoadNotes { kSay, kQuiet };
+
 // data.name's dataset. Throws InvalidArgument / CorruptData naming the key or file.
 data::DataSplits load_data(const core::Config& c,
-                           DataResidency residency = DataResidency::kInMemory);
+                           DataResidency residency = DataResidency::kInMemory,
+                           LoadNotes notes = LoadNotes::kSay);
 
 // For data.name images: the batches of the training split made ahead on data.decode_threads
 // background threads (decoding, when the split is lazy, + the job's random crop / flip, seeded
@@ -41,7 +49,9 @@ std::unique_ptr<data::BatchPrefetcher> image_batches(const core::Config& c,
                                                      const data::GlobalBatchSampler& sampler,
                                                      int64_t end_step);
 
-// The model the job asks for, shaped for the data; refuses model/data mismatches.
+// The model the job asks for, shaped for the data; refuses model/data mismatches, a built-in
+// model (trained with cross_entropy) on float labels among them (as resolve_metric, before a
+// model one class wide is built).
 models::ModelSpec model_spec(const core::Config& c, const data::DataSplits& d);
 
 // train.optimizer over `params`.
@@ -72,6 +82,12 @@ class Straggler {
 // InvalidArgument naming model.path and the shapes or labels at fault.
 void check_model_fits_data(models::Model& model, const data::DataSplits& d);
 
+// Prints each of a TorchScript model's warnings (models::TorchScriptModel::warnings: buffers
+// whose persistence the file does not record, flags a trace fixed to eval) on stderr as
+// "krab: warning: ..."; nothing for a built-in model. Called once per job where the model is first
+// made: the launcher's preflight, fl-sim, fl-server (not by every worker).
+void print_model_warnings(const models::Model& model);
+
 // Test accuracy of `model` (its predict()) on examples lo..hi of `test`, in memory or read a
 // batch of 512 at a time: (correct, total).
 std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Dataset& test,
@@ -84,7 +100,11 @@ enum class Metric { kAccuracy, kLoss };
 // classes: loss for train.loss mse or bce_with_logits, for float test labels, and for a
 // TorchScript module with its own training_loss but no predict (its loss may be anything;
 // with a predict it is a classifier). InvalidArgument naming train.metric for `accuracy` where
-// there are no classes to compare (mse, bce_with_logits, float test labels).
+// there are no classes to compare (mse, bce_with_logits, float test labels); and, whatever
+// train.metric says, InvalidArgument naming data.path, the labels' dtype and the fix for float
+// labels where train.loss cross_entropy or nll applies (a built-in model, or a module without
+// its own training_loss): those losses take class indices, so float labels are refused rather
+// than cast (whole numbers: save y.long(); other values: a regression loss).
 Metric resolve_metric(const core::Config& c, models::Model& model, const data::DataSplits& d);
 
 // "accuracy" | "loss": the report's "metric".

@@ -132,7 +132,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
       options(options_in) {
   torch::set_num_threads(o.threads);
   straggler.emplace(c, world.rank);
-  d = load_data(c, DataResidency::kLazy);
+  d = load_data(c, DataResidency::kLazy, world.rank == 0 ? LoadNotes::kSay : LoadNotes::kQuiet);
   sampler = std::make_unique<data::GlobalBatchSampler>(d.training().size(), o.batch * world.size,
                                                        static_cast<uint64_t>(o.seed),
                                                        d.training().layout());
@@ -436,15 +436,20 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   check_compression_options(job);  // the job as written: its keys are what errors name
   check_async_options(c);
   // The synchronous trainer reads shards lazily; the parameter-server mode holds all the data.
+  // Quiet: rank 0's worker says what data.skip_bad skipped (job.h).
   auto d = load_data(
-      c, c.get_string("sync.mode") == "async" ? DataResidency::kInMemory : DataResidency::kLazy);
+      c, c.get_string("sync.mode") == "async" ? DataResidency::kInMemory : DataResidency::kLazy,
+      LoadNotes::kQuiet);
   const int64_t global = workers * c.get_int("data.batch_size");
   KRAB_CHECK_ARG(global <= d.training().size(), "data.batch_size ", c.get_int("data.batch_size"),
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.training().size(), " examples)");
   auto model = models::make_model(model_spec(c, d));
-  dry_run(*model, d, c);         // one forward and backward on the first examples (train/dry_run.h)
+  print_model_warnings(*model);  // here, once: the workers make the model again
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
+  // After the label checks (their messages say more than LibTorch's loss would): one forward
+  // and backward on the first examples (train/dry_run.h).
+  dry_run(*model, d, c);
   // A bad key file is bad input: refuse it now, not at the first checkpoint.
   const std::string seal_key =
       core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_directory(c));

@@ -1,9 +1,9 @@
 // `krab train` on an image folder, end to end: trains on 2 workers with augmentation and reports
 // the data wait; 2 workers x 8 and 1 worker x 16 end with the same loss (the random crops and
 // flips depend on the example, not on who draws it); an unreadable image stops the job before
-// training with exit 2 and one line naming the file, or is skipped and counted with
-// data.skip_bad; one whose header is sound but whose pixels are damaged is found by the first
-// batch that decodes it (exit 2 naming it, or replaced and said with data.skip_bad).
+// training with exit 2 and one line naming the file, or is skipped and counted (in one line,
+// once per job) with data.skip_bad; one whose header is sound but whose pixels are damaged is found
+// by the first batch that decodes it (exit 2 naming it, or replaced and said with data.skip_bad).
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,9 +109,20 @@ TEST_F(ImagesE2E, UnreadableImageIsNamedOrSkipped) {
   EXPECT_FALSE(fs::exists(dir_.file("bad.json")));
   EXPECT_FALSE(fs::exists(dir_.file("runs-bad")));
 
+  // A symbolic link to nothing in a sub-folder is an unreadable image too (it was skipped
+  // without a word, and sub-folders were not read): skipped and counted with the damaged file.
+  // The count is said once, not by the launcher's check and then by each worker.
+  fs::create_directories(dir_.file("train/class2/more"));
+  fs::create_symlink(dir_.file("nowhere.png"), dir_.file("train/class2/more/gone.png"));
   const Result skipped = train(2, 8, "skip", "--set data.skip_bad=true");
   EXPECT_EQ(skipped.code, 0) << skipped.output;
-  EXPECT_NE(skipped.output.find("skipped 1 unreadable image"), std::string::npos) << skipped.output;
+  const std::string line =
+      "krab: data.skip_bad: skipped 2 unreadable image(s) under '" + dir_.file("train") + "'\n";
+  size_t said = 0;
+  for (size_t at = skipped.output.find(line); at != std::string::npos;
+       at = skipped.output.find(line, at + 1))
+    ++said;
+  EXPECT_EQ(said, 1u) << skipped.output;
 }
 
 TEST_F(ImagesE2E, DamagedPixelsFoundWhileTrainingAreNamedOrReplaced) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <set>
 
 #include "cli/cli_support.h"
 #include "support/script_modules.h"
@@ -164,6 +165,65 @@ def training_loss(self, x, y):
   expect_refused(r, 1, "the loss is nan at step 1");
   EXPECT_NE(r.output.find("rank "), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "runs/job/model.pt"));
+}
+
+// Python's own modules (write_mode_modules.py) through `krab train`.
+class TorchScriptCliFromPython : public TorchScriptCli {
+ protected:
+  void SetUp() override {
+    TorchScriptCli::SetUp();
+    const auto made = run(std::string(KRAB_PYTHON) + " " + KRAB_SOURCE_DIR +
+                          "/tests/models/write_mode_modules.py " + dir_.string());
+    ASSERT_EQ(made.code, 0) << made.output;
+  }
+  // Trains `module` of those as net.ts.
+  void use(const std::string& module) {
+    fs::copy_file(dir_ / module, dir_ / "net.ts", fs::copy_options::overwrite_existing);
+    write_job();
+  }
+};
+
+size_t count(const std::string& haystack, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+// torch.jit.trace in train mode froze training=True into BatchNorm and Dropout: eval() could
+// not reach them, and the reported accuracy would be one the module in eval mode does not
+// give (on main it trained, evaluated with batch statistics and moved num_batches_tracked in
+// evaluation). Refused before any worker starts, with one line naming the fix.
+TEST_F(TorchScriptCliFromPython, RefusesATraceMadeInTrainMode) {
+  use("train_trace.ts");
+  const auto r = run(krab("train job.yaml"));
+  expect_refused(r, 2,
+                 "model.path: 'net.ts': bn.forward calls aten::batch_norm with training fixed to "
+                 "true (torch.jit.trace of the module in train mode)");
+  EXPECT_EQ(count(r.output, "\n"), 1u) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
+// TorchScript does not record persistent=False, so model.pt holds `scratch`, which the Python
+// module's state_dict() lacks. The launcher says so once (not once per worker), naming the
+// buffers, and model.pt holds exactly Python's keys and the ones named.
+TEST_F(TorchScriptCliFromPython, WarnsOnceOfBuffersWhosePersistenceTheFileDoesNotRecord) {
+  use("nonpersistent.ts");
+  const auto r = run(krab("train job.yaml --set train.steps=2"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output,
+                  "krab: warning: model.path 'net.ts': model.pt will hold the buffers "
+                  "keep, scratch of your own classes"),
+            1u)
+      << r.output;
+  std::set<std::string> want{"scratch"};
+  std::ifstream keys(dir_ / "nonpersistent.keys");
+  for (std::string k; std::getline(keys, k);) want.insert(k);
+  std::set<std::string> got;
+  for (const auto& item : load_model_pt((dir_ / "runs/job/model.pt").string()))
+    got.insert(item.first);
+  EXPECT_EQ(got, want);
 }
 
 // A TorchScript file is a program. The attacker's module, written by Python's torch.jit.script,

@@ -58,7 +58,7 @@ TEST_F(MetricTest, AutoIsAccuracyForClassesAndLossForValues) {
 
   auto linear = script(b_.net(8, 4, 3), "net.ts", "cross_entropy");
   EXPECT_EQ(resolve_metric(job(""), *linear, classes), Metric::kAccuracy);
-  EXPECT_EQ(resolve_metric(job(""), *linear, values), Metric::kLoss);  // float labels
+  EXPECT_THROW(resolve_metric(job(""), *linear, values), InvalidArgument);  // float labels
   auto reg = script(b_.linear(8, 1), "reg.ts", "mse");
   EXPECT_EQ(resolve_metric(job("train: {loss: mse}"), *reg, values), Metric::kLoss);
   EXPECT_EQ(resolve_metric(job("train: {loss: bce_with_logits}"), *reg, values), Metric::kLoss);
@@ -102,6 +102,71 @@ TEST_F(MetricTest, AccuracyWithoutClassesIsRefusedNamingTheKey) {
               std::string::npos)
         << e.what();
   }
+}
+
+// Float labels with a class loss (cross_entropy, nll) are refused naming the data file, the dtype
+// and the fix, whatever train.metric says; `auto` reported a test loss for them before (and
+// training cast 0.5 to class 0). Integral floats get y.long(), fractional ones the regression
+// losses. A module's own training_loss, and mse, take float labels as before.
+TEST_F(MetricTest, FloatLabelsWithAClassLossAreRefusedNamingTheFileAndTheFix) {
+  const core::Config ce = job("data: {name: tensors, path: train.pt}");
+  auto refused = [&](models::Model& model, const core::Config& c, const data::DataSplits& d,
+                     std::initializer_list<std::string> parts) {
+    try {
+      resolve_metric(c, model, d);
+      ADD_FAILURE() << "float labels with a class loss were accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_EQ(what.rfind("data.path 'train.pt': y holds Float labels, but ", 0), 0u) << what;
+      for (const std::string& part : parts) EXPECT_NE(what.find(part), std::string::npos) << what;
+    }
+  };
+  data::DataSplits whole;
+  whole.train = data::TensorDataset(torch::zeros({4, 8}), torch::tensor({0.f, 2.f, 1.f, 2.f}));
+  data::DataSplits half = whole;
+  half.train.targets = torch::tensor({0.f, 1.f, 0.5f, 2.f});
+  models::ModelSpec mlp;
+  mlp.name = "mlp";
+  mlp.input_shape = {8};
+  mlp.num_classes = 3;
+  auto builtin = models::make_model(mlp);
+  auto net = script(b_.net(8, 4, 3), "net.ts", "cross_entropy");
+  for (const char* metric : {"auto", "loss"}) {
+    const core::Config c = job(
+        std::string("model: {name: mlp}\ndata: {name: tensors, path: train.pt}\ntrain: {metric: ") +
+        metric + "}");
+    refused(*builtin, c, whole, {"mlp (cross_entropy) takes class indices as integers"});
+    refused(*net, c, whole,
+            {"train.loss cross_entropy takes class indices as integers", "y.long()"});
+    refused(*net, c, half, {"0.5 is not one", "train.loss mse"});
+  }
+  // A built-in model is refused when its spec is made, before a one-class model is built.
+  try {
+    model_spec(job("model: {name: mlp}\ndata: {name: tensors, path: train.pt}"), whole);
+    ADD_FAILURE() << "a built-in model was specified for float labels";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("data.path 'train.pt': y holds Float labels, but model.name "
+                                   "mlp (cross_entropy) takes class indices as integers; "
+                                   "save them as int64: y.long()"),
+        std::string::npos)
+        << e.what();
+  }
+  auto nll = script(b_.net(8, 4, 3), "nll.ts", "nll");
+  refused(*nll, job("data: {name: tensors, path: train.pt}\ntrain: {loss: nll}"), whole,
+          {"nll", "y.long()"});
+  // Integer labels stay classes; mse and a module's own loss keep float labels.
+  data::DataSplits ints = whole;
+  ints.train.targets = torch::tensor({0, 2, 1, 2});
+  EXPECT_EQ(resolve_metric(ce, *net, ints), Metric::kAccuracy);
+  auto reg = script(b_.linear(8, 1), "reg.ts", "mse");
+  EXPECT_EQ(resolve_metric(job("train: {loss: mse}"), *reg, half), Metric::kLoss);
+  auto own = script(b_.net(8, 4, 3, R"(
+def training_loss(self, x, y):
+    return self.forward(x).sum(1).sub(y).pow(2).mean()
+)"),
+                    "own.ts", "cross_entropy");
+  EXPECT_EQ(resolve_metric(ce, *own, half), Metric::kLoss);
 }
 
 // 600 examples evaluate in batches of 512 and 88; the last 88 have labels far off, so the mean
