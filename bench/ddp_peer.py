@@ -403,8 +403,13 @@ def worker(rank, args, port, queue):
         loss.backward()
         opt.step()
         last_loss = loss.item()
-        if rank == 0 and args.log_every > 0 and (step + 1) % args.log_every == 0:
-            print(f"ddp_peer: step {step + 1} loss {last_loss:.5f}", file=sys.stderr, flush=True)
+        if args.log_every > 0 and (step + 1) % args.log_every == 0:
+            # As krab's step lines: the step's loss averaged over the workers (global batch).
+            step_loss = torch.tensor([last_loss], dtype=torch.float64)
+            dist.all_reduce(step_loss)
+            if rank == 0:
+                print(f"ddp_peer: step {step + 1} loss {step_loss.item() / W:.6g}",
+                      file=sys.stderr, flush=True)
         if args.eval_every > 0 and ((step + 1) % args.eval_every == 0 or step + 1 == steps):
             t_eval = time.perf_counter()
             seconds = t_eval - t_train - eval_seconds
@@ -485,7 +490,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", action="store_true", help="report test_accuracy")
     p.add_argument("--log-every", type=int, default=0,
-                   help="print rank 0's loss every N steps on stderr (as krab's train.log_every)")
+                   help="print the step's loss averaged over the workers every N steps on stderr "
+                        "(as krab's train.log_every)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps and after the last one; adds `evals` and "
                         "`train_seconds` to the JSON (0 = off)")
