@@ -86,6 +86,16 @@ checkpoint: {{dir: {ckpt}}}
 """
 
 
+def cpu_description():
+    """cpu_model() with the clock and whether it has AVX-512 (oneDNN's kernels differ)."""
+    with open("/proc/cpuinfo") as f:
+        info = f.read()
+    mhz = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("cpu MHz")),
+               "?")
+    avx512 = "yes" if " avx512f" in info else "no"
+    return f"{cpu_model()}, {float(mhz) / 1000:.1f} GHz, AVX-512 {avx512}"
+
+
 def write_data(path, seed):
     """A learnable set: class k is a fixed smooth pattern (3x4x4 noise upsampled to 32x32,
     scaled by 0.15) plus pixel noise of standard deviation 1, faint enough that ResNet-18 needs
@@ -248,7 +258,7 @@ def main():
         print(f"real_networks: {', '.join(nets)}; {args.steps} steps ({args.short_steps} for "
               f"start-up CPU), {args.workers} workers x {args.batch_size}, 3x32x32, 10 classes, "
               f"Adam lr {args.lr:g}, 1 thread per worker, OPENBLAS_NUM_THREADS=1, "
-              f"{args.repeats} repeat(s); CPU: {cpu_model()}; torch {torch.__version__}, "
+              f"{args.repeats} repeat(s); CPU: {cpu_description()}; torch {torch.__version__}, "
               f"torchvision {torchvision.__version__}", flush=True)
         runs = measure(nets, peers, krab, tmp, args, env)
     per_step_cpu(runs, args)
@@ -258,7 +268,7 @@ def main():
             json.dump({"bench": "real_networks", "nets": nets, "steps": args.steps,
                        "short_steps": args.short_steps, "workers": args.workers,
                        "batch_size": args.batch_size, "repeats": args.repeats,
-                       "cpu": cpu_model(), "network_parameters": python_params, "runs": runs},
+                       "cpu": cpu_description(), "network_parameters": python_params, "runs": runs},
                       f, indent=2)
     return 0 if same else 1
 
