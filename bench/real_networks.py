@@ -233,9 +233,10 @@ def main():
     p.add_argument("--json", help="write every run's numbers to this file")
     args = p.parse_args()
     nets = [n for n in args.nets.split(",") if n]
-    if not 1 <= args.short_steps < args.steps or args.repeats < 1 or args.workers < 1 \
+    # Both runs need a step after krab's warm-up, or krab reports no samples/s.
+    if not 2 <= args.short_steps < args.steps or args.repeats < 1 or args.workers < 1 \
             or args.batch_size < 1 or not nets:
-        p.error("1 <= --short-steps < --steps, --repeats, --workers, --batch-size >= 1, "
+        p.error("2 <= --short-steps < --steps, --repeats, --workers, --batch-size >= 1, "
                 "--nets not empty")
     unknown = [n for n in nets if not callable(getattr(torchvision.models, n, None))]
     if unknown:
