@@ -39,7 +39,7 @@ not an error). The header line names the CPU; every run line has the 1-minute lo
 the compilers running at its start.
 
 Run from the repository root with Debian's python (python3-torch, python3-torchvision):
-  /usr/bin/python3 bench/real_networks.py                              # about 8 min
+  /usr/bin/python3 bench/real_networks.py            # about 5 min on 2 idle cores (4 repeats: 7 min at load 2-6)
   /usr/bin/python3 bench/real_networks.py --steps 20 --repeats 1 --short-steps 5   # quick check
 Options: --nets resnet18,mobilenet_v2  --workers 2  --batch-size 32  --lr 0.001
   --krab build/bin/krab  --no-krab-glibc  --json FILE (all runs, raw).
