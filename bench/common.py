@@ -26,9 +26,11 @@ checkpoint: {{dir: {ckpt}}}
 """
 
 
+# A job file's relative paths are relative to its own folder (docs/config.md), and these jobs
+# are written into temporary folders: every path they hold is made absolute here.
 def write_cnn_job(path, name, ckpt):
     with open(path, "w") as f:
-        f.write(CNN_JOB.format(name=name, ckpt=ckpt))
+        f.write(CNN_JOB.format(name=name, ckpt=os.path.abspath(ckpt)))
     return path
 
 
@@ -57,7 +59,8 @@ GPT_PEER_ARGS = ["--model", "gpt", "--layers", "2", "--width", "128", "--heads",
 
 def write_gpt_job(path, name, ckpt, corpus):
     with open(path, "w") as f:
-        f.write(GPT_JOB.format(name=name, ckpt=ckpt, corpus=corpus))
+        f.write(GPT_JOB.format(name=name, ckpt=os.path.abspath(ckpt),
+                               corpus=os.path.abspath(corpus)))
     return path
 
 

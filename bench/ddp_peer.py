@@ -14,6 +14,10 @@ Run from the repository root with Debian's python (the only one with torch here)
       --workers 2 --batch-size 128 --steps 100 --optimizer adam --lr 0.01 --eval-every 50
   /usr/bin/python3 bench/ddp_peer.py --scripted cnn.pt --workers 2 --steps 300
       (a TorchScript module instead of the nn.Module, on --model's data: own_model_speed.py)
+  /usr/bin/python3 bench/ddp_peer.py --torchvision resnet18 --tensors train.pt --workers 2 \
+      --batch-size 32 --steps 60 --optimizer adam --lr 0.001
+      (torchvision.models.resnet18(num_classes=10) built after torch.manual_seed(--seed), on
+      krab's `tensors` data: a torch.save'd {"x", "y"} file; bench/real_networks.py)
 
 Multi-host mode (bench/slow_network.py uses it, one process per network namespace): with --rank
 the script runs ONE rank itself instead of spawning --workers local ones, joins the rendezvous at
@@ -308,6 +312,9 @@ class Gpt(nn.Module):
 def build_model(args):
     if args.scripted:
         return torch.jit.load(args.scripted)  # the TorchScript module krab would train
+    if args.torchvision:
+        import torchvision  # only here: the other models do not need it installed
+        return getattr(torchvision.models, args.torchvision)(num_classes=args.num_classes)
     if args.model == "gpt":
         return Gpt(args.layers, args.width, args.heads, args.context)
     return Cnn()
@@ -315,6 +322,9 @@ def build_model(args):
 
 def load_data(args):
     """(train_x, train_y), (test_x, test_y) of the job's data."""
+    if args.tensors:  # krab's `tensors` source, one file: x as saved, integer y as int64
+        d = torch.load(args.tensors)
+        return (d["x"], d["y"].long()), (d["x"][:0], d["y"][:0].long())
     if args.model == "gpt":
         return load_text(args.data, args.context, args.test_fraction)
     return load_split("train"), load_split("t10k")
@@ -403,8 +413,13 @@ def worker(rank, args, port, queue):
         loss.backward()
         opt.step()
         last_loss = loss.item()
-        if rank == 0 and args.log_every > 0 and (step + 1) % args.log_every == 0:
-            print(f"ddp_peer: step {step + 1} loss {last_loss:.5f}", file=sys.stderr, flush=True)
+        if args.log_every > 0 and (step + 1) % args.log_every == 0:
+            # As krab's step lines: the step's loss averaged over the workers (global batch).
+            step_loss = torch.tensor([last_loss], dtype=torch.float64)
+            dist.all_reduce(step_loss)
+            if rank == 0:
+                print(f"ddp_peer: step {step + 1} loss {step_loss.item() / W:.6g}",
+                      file=sys.stderr, flush=True)
         if args.eval_every > 0 and ((step + 1) % args.eval_every == 0 or step + 1 == steps):
             t_eval = time.perf_counter()
             seconds = t_eval - t_train - eval_seconds
@@ -442,7 +457,7 @@ def worker(rank, args, port, queue):
             "steps": steps,
             "epochs": steps / steps_per_epoch,
             "warmup_steps": warmup,
-            "model": args.model + (" (scripted)" if args.scripted else ""),
+            "model": (args.torchvision or args.model) + (" (scripted)" if args.scripted else ""),
             "parameters": sum(p.numel() for p in model.parameters()),
             "optimizer": args.optimizer,
             "lr": args.lr,
@@ -473,6 +488,13 @@ def main():
     p.add_argument("--scripted", metavar="FILE",
                    help="train this TorchScript module (torch.jit.load; bench/own_model_speed.py) "
                         "instead of --model's nn.Module, on --model's data")
+    p.add_argument("--torchvision", metavar="NAME",
+                   help="train torchvision.models.NAME(num_classes=--num-classes), random "
+                        "initialisation, instead of --model's nn.Module")
+    p.add_argument("--num-classes", type=int, default=10, help="with --torchvision")
+    p.add_argument("--tensors", metavar="FILE",
+                   help="train on this torch.save'd {'x', 'y'} file (krab's data.name: tensors, "
+                        "one file, no test split) instead of --model's data")
     p.add_argument("--workers", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="optimizer steps; 0 = use --epochs")
     p.add_argument("--epochs", type=int, default=1)
@@ -485,7 +507,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval", action="store_true", help="report test_accuracy")
     p.add_argument("--log-every", type=int, default=0,
-                   help="print rank 0's loss every N steps on stderr (as krab's train.log_every)")
+                   help="print the step's loss averaged over the workers every N steps on stderr "
+                        "(as krab's train.log_every)")
     p.add_argument("--eval-every", type=int, default=0,
                    help="evaluate every N steps and after the last one; adds `evals` and "
                         "`train_seconds` to the JSON (0 = off)")
@@ -513,6 +536,8 @@ def main():
         p.error("--workers, --batch-size and --steps or --epochs must be positive")
     if args.eval_every < 0:
         p.error("--eval-every must be >= 0")
+    if args.tensors and (args.eval or args.eval_every):
+        p.error("--tensors has no test split: no --eval or --eval-every")
     if args.model == "gpt":
         if not args.data or not os.path.isfile(args.data):
             p.error("--model gpt needs --data FILE (a text corpus)")

@@ -13,7 +13,8 @@ A result file is either
     output to FILE. Only the markdown tables of the output (and slow_network's speed-up lines)
     are read, each column found by its header, so a table with fewer columns (an older
     script's, or one copied from the page) is read too;
-  - JSON: what a benchmark's `--json FILE` wrote (throughput, own_model_speed, accuracy,
+  - JSON: what a benchmark's `--json FILE` wrote (throughput, own_model_speed, real_networks,
+    accuracy,
     traffic, compression, stragglers, slow_network, federated; recognised by its shape), with
     the header keys in FILE's stem + `.meta` if there is one (`record` writes it when COMMAND
     has `--json FILE`); otherwise the date is the file's modification time and the rest
@@ -42,8 +43,8 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN = "<!-- summary.py: begin -->"
 END = "<!-- summary.py: end -->"
-BENCHES = ("throughput", "own_model_speed", "accuracy", "traffic", "compression", "slow_network",
-           "stragglers", "federated", "images")
+BENCHES = ("throughput", "own_model_speed", "real_networks", "accuracy", "traffic", "compression",
+           "slow_network", "stragglers", "federated", "images")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -94,6 +95,8 @@ def json_bench(data):
             "traffic" if "ring_model_per_step" in data[0] else "")
     if not isinstance(data, dict):
         return ""
+    if data.get("bench") == "real_networks":
+        return "real_networks"
     if "python_parameters" in data:
         return "own_model_speed"
     if "runs" in data:
@@ -214,6 +217,32 @@ def own_model_speed(rec):
                for _, head, rows in tables(rec.lines) if head[0] == "run" for r in rows
                if r["run"] in OWN_MODEL_RUNS}
     return (int(m.group(1)) if m else None), medians
+
+
+REAL_RUNS = {"krab, TorchScript": "krab", "DDP, out of the box": "ddp",
+             "DDP, krab's heap settings": "ddp-heap", "krab, glibc's default heap": "krab-glibc"}
+
+
+def real_networks(rec):
+    """(workers, batch per worker, {network: {run: (median samples/s, median CPU s per
+    step)}}), runs as in REAL_RUNS' values."""
+    if rec.data is not None:
+        d, out = rec.data, {}
+        for r in (r for r in d["runs"] if r["repeat"] != "short"):
+            out.setdefault(r["net"], {}).setdefault(r["peer"], []).append(r)
+        return d["workers"], d["batch_size"], {
+            net: {p: (statistics.median(r["samples_per_sec"] for r in rs),
+                      statistics.median(r["cpu_per_step"] for r in rs)) for p, rs in by.items()}
+            for net, by in out.items()}
+    m = next((re.search(r"(\d+) workers x (\d+)", l) for l in rec.lines if "workers x" in l), None)
+    out = {}
+    for _, head, rows in tables(rec.lines):
+        if head[:2] == ["network", "run"]:
+            for r in rows:
+                if r["run"] in REAL_RUNS:
+                    out.setdefault(r["network"], {})[REAL_RUNS[r["run"]]] = (
+                        num(col(r, "samples/s")), num(col(r, "CPU s per step")))
+    return (int(m.group(1)) if m else None), (int(m.group(2)) if m else None), out
 
 
 def accuracy(rec):
@@ -402,6 +431,11 @@ def cells(kind, runs):
     if kind in ("own-builtin", "own-ddp"):
         peer = "built-in cnn" if kind == "own-builtin" else "DDP"
         return f"{v['krab']:,.0f}", f"{peer} {v['peer']:,.0f}", f"{v['krab'] / v['peer']:.2f}×"
+    if kind == "real":
+        return (f"{v['krab']:,.0f} samples/s, {v['kc']:.3f} CPU s/step",
+                f"DDP {v['ddp']:,.0f} ({v['dc']:.3f}); same heap {v['heap']:,.0f} ({v['hc']:.3f})",
+                f"{v['krab'] / v['ddp']:.2f}× out of the box; {v['krab'] / v['heap']:.2f}× like "
+                "for like")
     if kind == "ring":
         return (f"{v['bytes']:,.0f} B", f"ring model {v['model']:,.0f} B",
                 f"{v['ratio'] or v['bytes'] / v['model']:.4f}")
@@ -477,6 +511,18 @@ def items_of(rec):
             if "scripted" in med and peer in med:
                 out.append(item(kind, "own-model", i, label, rec,
                                 {"krab": med["scripted"], "peer": med[peer]}, title))
+    elif b == "real_networks":
+        w, batch, nets = real_networks(rec)
+        for i, (net, got) in enumerate(nets.items()):
+            if not {"krab", "ddp", "ddp-heap"} <= set(got):
+                continue
+            values = {"krab": got["krab"][0], "kc": got["krab"][1], "ddp": got["ddp"][0],
+                      "dc": got["ddp"][1], "heap": got["ddp-heap"][0], "hc": got["ddp-heap"][1]}
+            out.append(item("real", "real", net, net, rec, values,
+                            "Real networks, torchvision's {keys} scripted, 3×32×32, "
+                            f"{w} workers × {batch}, Adam: samples/s after warm-up, CPU s per "
+                            "step (all processes); DDP out of the box and with krab's heap "
+                            "settings", split=True, pos=i))
     elif b == "accuracy":
         for s, k, d in accuracy(rec):
             out.append(item("accuracy", "accuracy", s, SETTINGS.get(s, s), rec,

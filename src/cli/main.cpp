@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/command_line.h"
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
 #include "cli/resources.h"
@@ -90,8 +91,10 @@ int run_fl_sim(const SimArgs& a) {
     std::fprintf(stderr, "krab: %s after %zu rounds, %.1f MB down, %.1f MB up\n",
                  train::describe_test_metric(report).c_str(), report["rounds"].size(),
                  report["bytes_down"].get<double>() / 1e6, report["bytes_up"].get<double>() / 1e6);
-  std::fprintf(stderr, "krab: model %s/model.pt\n", train::run_directory(config).c_str());
-  if (!a.report.empty()) std::fprintf(stderr, "krab: report %s\n", a.report.c_str());
+  std::fprintf(stderr, "krab: model %s/model.pt\n",
+               core::printable_text(train::run_directory(config)).c_str());
+  if (!a.report.empty())
+    std::fprintf(stderr, "krab: report %s\n", core::printable_text(a.report).c_str());
   return 0;
 }
 
@@ -111,7 +114,8 @@ int run_fl_server(const ServerArgs& a) {
   if (report.contains("metric"))
     std::fprintf(stderr, "krab: %s after %zu rounds\n", train::describe_test_metric(report).c_str(),
                  report["rounds"].size());
-  if (!a.report.empty()) std::fprintf(stderr, "krab: report %s\n", a.report.c_str());
+  if (!a.report.empty())
+    std::fprintf(stderr, "krab: report %s\n", core::printable_text(a.report).c_str());
   return 0;
 }
 
@@ -204,8 +208,10 @@ cli::Node0Outputs agree_with_other_nodes(const TrainArgs& args, const core::Conf
 void say_where_outputs_are(const TrainArgs& args, const core::Config& config, int node_rank,
                            const cli::Node0Outputs& node0) {
   if (node_rank == 0) {
-    std::fprintf(stderr, "krab: checkpoint %s/model.pt\n", train::run_directory(config).c_str());
-    if (!args.report.empty()) std::fprintf(stderr, "krab: report %s\n", args.report.c_str());
+    std::fprintf(stderr, "krab: checkpoint %s/model.pt\n",
+                 core::printable_text(train::run_directory(config)).c_str());
+    if (!args.report.empty())
+      std::fprintf(stderr, "krab: report %s\n", core::printable_text(args.report).c_str());
     return;
   }
   std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on node 0: %s/model.pt\n",
@@ -320,7 +326,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   if (args.launch.nnodes > 1)
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);
   std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
-               args.job.c_str(), p.world_size,
+               core::printable_text(args.job).c_str(), p.world_size,
                args.launch.nnodes > 1
                    ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
                    : "",
@@ -332,8 +338,8 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
 }
 
 void say_test_metric(const nlohmann::json& report) {
-  std::fprintf(stderr, "krab: %s, final loss %.4f, %s\n",
-               train::describe_test_metric(report).c_str(), report["final_loss"].get<double>(),
+  std::fprintf(stderr, "krab: %s, final loss %s, %s\n", train::describe_test_metric(report).c_str(),
+               train::describe_loss(report["final_loss"].get<double>()).c_str(),
                train::describe_samples_per_sec(report).c_str());
 }
 
@@ -380,13 +386,32 @@ int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::
   return 0;
 }
 
+// --nproc-per-node wins over the job's parallel.workers, as any command-line value wins over
+// the file (and as torchrun's flag of that name decides). Say so when the two disagree, rather
+// than train another number of workers than the file says without a word.
+void say_which_worker_count_wins(const TrainArgs& args, const core::Config& config,
+                                 const cli::LaunchPlan& plan) {
+  if (args.launch.nproc_per_node == 0 || !config.is_set("parallel.workers") ||
+      config.get_int("parallel.workers") == plan.world_size)
+    return;
+  std::fprintf(stderr,
+               "krab: note: --nproc-per-node %d%s gives %d worker(s), not the job's "
+               "parallel.workers: %lld (the command line wins)\n",
+               plan.nproc_per_node,
+               args.launch.nnodes > 1 ? str_cat(" on ", args.launch.nnodes, " nodes").c_str() : "",
+               plan.world_size, static_cast<long long>(config.get_int("parallel.workers")));
+}
+
 int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   core::Config config = core::Config::load_file(args.job, args.sets);
   const auto env = cli::current_environment();
   const cli::LaunchPlan plan =
       cli::plan_launch(args.launch, static_cast<int>(config.get_int("parallel.workers")), env);
   const JobKeys keys = read_job_keys(config);
-  if (plan.role == cli::Role::kLauncher) return run_launcher(args, config, keys, plan, argv);
+  if (plan.role == cli::Role::kLauncher) {
+    say_which_worker_count_wins(args, config, plan);
+    return run_launcher(args, config, keys, plan, argv);
+  }
 
   // Worker (or parameter server).
   keep_freed_memory();
@@ -394,56 +419,6 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   options.report_path = args.report;
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
-}
-
-// Edit distance, for "did you mean".
-size_t distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// CLI11 answers `krab trian` (or `krab privacy epsilonn`) with "A subcommand is required".
-// Returns the line to print instead ("" when the words name known commands, or are options
-// or arguments).
-std::string unknown_command(const CLI::App& app, int argc, char** argv) {
-  const CLI::App* at = &app;
-  for (int i = 1; i < argc; ++i) {
-    const auto subs = at->get_subcommands([](const CLI::App*) { return true; });
-    if (subs.empty() || argv[i][0] == '-') return "";
-    const std::string given = argv[i];
-    const CLI::App* match = nullptr;
-    std::string best, all;
-    size_t best_distance = 3;  // suggest only names within two edits
-    for (const CLI::App* sub : subs) {
-      const std::string& name = sub->get_name();
-      if (name == given) match = sub;
-      all += (all.empty() ? "" : ", ") + name;
-      const size_t d = distance(given, name);
-      if (d < best_distance) {
-        best_distance = d;
-        best = name;
-      }
-    }
-    if (match != nullptr) {
-      at = match;
-      continue;
-    }
-    return best.empty()
-               ? str_cat("unknown command '", core::printable(given), "' (commands: ", all, ")")
-               : str_cat("unknown command '", core::printable(given), "'; did you mean '", best,
-                         "'?");
-  }
-  return "";
 }
 
 // A count given on the command line: a whole number >= 1. (CLI::PositiveNumber's message
@@ -490,7 +465,7 @@ bool g_verbose = false;
     }
   }
   what = what.substr(0, what.find('\n'));
-  std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), what.c_str());
+  std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), core::printable_text(what).c_str());
   std::fflush(stderr);
   std::_Exit(1);
 }
@@ -519,7 +494,8 @@ void add_train_command(CLI::App& app, TrainArgs& args) {
   train->add_option("--node-rank", args.launch.node_rank, "This machine's index, 0..nnodes-1");
   train
       ->add_option("--nproc-per-node", args.launch.nproc_per_node,
-                   "Workers on this machine (default parallel.workers / nnodes)")
+                   "Workers on this machine; wins over parallel.workers (default: parallel.workers "
+                   "/ nnodes)")
       ->check(kAtLeastOne);
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
@@ -683,28 +659,30 @@ int main(int argc, char** argv) {
   g_who = error_prefix();
   std::set_terminate(on_terminate);
   quiet_library_logs();
-  if (const std::string unknown = unknown_command(app, argc, argv); !unknown.empty()) {
+  if (const std::string unknown = cli::unknown_command(app, argc, argv); !unknown.empty()) {
     std::fprintf(stderr, "krab: error: %s\n", unknown.c_str());
     return 2;
   }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "krab: error: %s\n", cli::parse_error_message(app, e, argc, argv).c_str());
+    return 2;
   }
   try {
     return run_command(commands, argc, argv);
   } catch (const krab::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), core::printable_text(e.what()).c_str());
     const auto* forward = dynamic_cast<const krab::models::ForwardError*>(&e);
     if (g_verbose && forward != nullptr) std::fprintf(stderr, "%s\n", forward->details().c_str());
     return e.exit_code();
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what_without_backtrace());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(),
+                 core::printable_text(e.what_without_backtrace()).c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), e.what());
+    std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), core::printable_text(e.what()).c_str());
     return 1;
   }
 }

@@ -194,32 +194,12 @@ Value parse_bool(const KeySpec& spec, const std::string& text, const std::string
 
 // YAML text is UTF-8, but yaml-cpp passes any bytes through. A string that is not UTF-8 would
 // not survive to_yaml() (the emitter replaces the bad bytes with U+FFFD, so a federated client
-// would get another value than the server has) nor the JSON report, so it is refused here.
+// would get another value than the server has) nor the JSON report, so it is refused here, but
+// for paths: Linux allows any bytes in a file name, no path key travels to a client
+// (federated/server_job.cpp), and the report writes them as U+FFFD (core::dump_json).
 bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    const unsigned char c = *p++;
-    if (c < 0x80) continue;
-    int more;
-    uint32_t cp;
-    if (c >= 0xc2 && c <= 0xdf) {
-      more = 1, cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      more = 2, cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      more = 3, cp = c & 0x07;
-    } else {
-      return false;  // a continuation byte first, an overlong 0xc0/0xc1, or beyond U+10FFFF
-    }
-    if (end - p < more) return false;
-    for (int i = 0; i < more; ++i, ++p) {
-      if ((*p & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (*p & 0x3f);
-    }
-    const uint32_t min = more == 1 ? 0x80 : more == 2 ? 0x800 : 0x10000;
-    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-  }
+  for (size_t i = 0, n; i < s.size(); i += n)
+    if ((n = utf8_sequence_length(std::string_view(s).substr(i))) == 0) return false;
   return true;
 }
 
@@ -241,7 +221,10 @@ Value parse_value(const KeySpec& spec, const std::string& text, const std::strin
     case KeyType::kString:
       if (spec.list && text.size() >= 2 && text.front() == '[' && text.back() == ']')
         return parse_value(spec, list_from_text(text), where);  // --set data.size=[28,28]
-      if (!valid_utf8(text))
+      // A path is bytes on Linux; only NUL cannot be in one (it would end the C string).
+      if (spec.path && text.find('\0') != std::string::npos)
+        fail(where, spec.key + ": '" + printable(text) + "' holds a NUL byte");
+      if (!spec.path && !valid_utf8(text))
         fail(where, spec.key + ": '" + printable(text) + "' is not valid UTF-8");
       if (!spec.choices.empty() &&
           std::find(spec.choices.begin(), spec.choices.end(), text) == spec.choices.end())
@@ -443,23 +426,43 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
     fail(at, "malformed YAML: " + printable(e.msg));
   }
   ConfigParser(config, source_name).run(root);
+  config.apply_overrides(overrides);
+  return config;
+}
 
+std::vector<size_t> Config::apply_overrides(const std::vector<std::string>& overrides) {
+  std::vector<size_t> assigned;
   for (const std::string& item : overrides) {
     std::string where = "--set '" + printable(item) + "': ";
     size_t eq = item.find('=');
     std::string key = trim(item.substr(0, eq));
     if (eq == std::string::npos || key.empty())
       fail(where, "expected KEY=VALUE, e.g. --set train.epochs=3");
-    config.assign(resolve_assignment_key(key, where), trim(item.substr(eq + 1)), where);
+    assigned.push_back(resolve_assignment_key(key, where));
+    assign(assigned.back(), trim(item.substr(eq + 1)), where);
   }
-  return config;
+  return assigned;
+}
+
+void Config::anchor_path(size_t i, const std::string& base) {
+  if (!registry()[i].path) return;
+  auto& value = std::get<std::string>(values_[i]);
+  if (value.empty() || value.front() == '/') return;
+  std::string anchored = (std::filesystem::path(base) / value).lexically_normal().string();
+  // "." normalises to "BASE/": keep a trailing '/' only where the value had one.
+  if (anchored.size() > 1 && anchored.back() == '/' && value.back() != '/') anchored.pop_back();
+  value = anchored;
 }
 
 Config Config::load_file(const std::string& path, const std::vector<std::string>& overrides) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::file_status st = fs::status(path, ec);
-  if (!fs::exists(st)) throw InvalidArgument("job file '" + path + "' does not exist");
+  if (!fs::exists(st))
+    throw InvalidArgument("job file '" + path + "' does not exist" +
+                          (fs::path(path).is_absolute()
+                               ? std::string()
+                               : " (looked for " + fs::absolute(path).string() + ")"));
   if (!fs::is_regular_file(st))
     throw InvalidArgument("job file '" + path + "' is not a regular file");
   std::ifstream in(path, std::ios::binary);
@@ -468,7 +471,12 @@ Config Config::load_file(const std::string& path, const std::vector<std::string>
   if (!in || in.bad())
     throw InvalidArgument("cannot read job file '" + path + "': " + std::strerror(errno));
 
-  Config config = parse(text.str(), path, overrides);
+  Config config = parse(text.str(), path);
+  const std::string job_dir = fs::absolute(path).parent_path().string();
+  for (size_t i = 0; i < registry().size(); ++i)
+    if (config.set_[i]) config.anchor_path(i, job_dir);
+  const std::string cwd = fs::current_path().string();
+  for (size_t i : config.apply_overrides(overrides)) config.anchor_path(i, cwd);
   if (!config.is_set("name")) config.values_[*index_of("name")] = fs::path(path).stem().string();
   return config;
 }

@@ -68,6 +68,11 @@ struct KeySpec {
   // accepted and stored as its items joined by commas ("28,28"), the form the key's reader
   // parses; a list of anything else is refused.
   bool list = false;
+  // Strings only: a file or directory (docs/config.md's type "path"). Its value may hold any
+  // bytes but NUL, as a Linux path may (other strings must be UTF-8). load_file() makes a
+  // relative value absolute: one written in the job file against the job file's folder, one
+  // given with --set against the current directory; a default stays as it is.
+  bool path = false;
 };
 
 // All keys, in documentation order. Keys are unique and no key is a prefix section of another
@@ -100,7 +105,12 @@ class Config {
   // Reads and parses the job file at `path` (its path is the source_name in messages). When
   // neither the file nor an override sets `name`, it becomes the file's stem ("jobs/mnist.yaml"
   // -> "mnist"); that derived value does not count as is_set(). A missing, unreadable or
-  // non-regular file throws InvalidArgument naming the path.
+  // non-regular file throws InvalidArgument naming the path. Relative values of path keys
+  // (KeySpec::path) become absolute, as Compose and Kubernetes resolve theirs: those written in
+  // the file against the file's folder (so a job runs the same from any directory), those of
+  // `overrides` against the current directory (where the shell that typed them is); the
+  // registry defaults (checkpoint.dir "runs/{name}") stay relative to the current directory.
+  // parse() leaves every value as written.
   static Config load_file(const std::string& path, const std::vector<std::string>& overrides = {});
 
   // Typed getters. An unknown key or a getter that does not match the key's type is a
@@ -123,7 +133,8 @@ class Config {
   // section: {"name": "", "model": {"name": "cnn", ...}, "train": {"optimizer": {...}, ...}}.
   nlohmann::json to_json() const;
 
-  // All resolved values as a YAML job file in registry order; parse(to_yaml()) == *this.
+  // All resolved values as a YAML job file in registry order; parse(to_yaml()) == *this for
+  // UTF-8 values (YAML text is UTF-8: a path key's other bytes come back as U+FFFD).
   std::string to_yaml() const;
 
   // Compares resolved values only; which keys were is_set() does not matter.
@@ -136,6 +147,10 @@ class Config {
 
   // Validates `text` for registry()[index] and stores it; `where` prefixes any message.
   void assign(size_t index, const std::string& text, const std::string& where);
+  // Applies --set overrides in order; returns the registry indices they assigned.
+  std::vector<size_t> apply_overrides(const std::vector<std::string>& overrides);
+  // Makes the relative value of path key `index` absolute against the directory `base`.
+  void anchor_path(size_t index, const std::string& base);
   const Value& value_of(const std::string& key, const char* getter) const;
 
   std::vector<Value> values_;  // parallel to registry()

@@ -43,6 +43,14 @@ KeySpec list_key(std::string key, std::string def, std::string doc) {
   return spec;
 }
 
+// A string key naming a file or directory (KeySpec::path): any bytes but NUL, and a relative
+// value is anchored to the job file's folder.
+KeySpec path_key(std::string key, std::string def, std::string doc) {
+  KeySpec spec = string_key(std::move(key), std::move(def), std::move(doc));
+  spec.path = true;
+  return spec;
+}
+
 // Keys at the top level of the job file.
 std::vector<KeySpec> top_level_keys() {
   return {
@@ -60,10 +68,10 @@ std::vector<KeySpec> model_keys() {
                  "net for images), `gpt` (decoder-only transformer for text) or `torchscript` "
                  "(your own module saved from Python, `model.path`; see docs/models.md).",
                  {"mlp", "cnn", "gpt", "torchscript"}),
-      string_key("model.path", "",
-                 "The `torchscript` model's file, written by `torch.jit.script(m).save(FILE)` "
-                 "or `torch.jit.trace(m.eval(), x).save(FILE)` (a trace made in train mode is "
-                 "refused: docs/models.md)."),
+      path_key("model.path", "",
+               "The `torchscript` model's file, written by `torch.jit.script(m).save(FILE)` "
+               "or `torch.jit.trace(m.eval(), x).save(FILE)` (a trace made in train mode is "
+               "refused: docs/models.md)."),
       bool_key("model.freeze_batchnorm", "false",
                "`torchscript`: keep BatchNorm layers in eval mode while training (they use and "
                "keep their running statistics), so that a step does not depend on how the "
@@ -94,19 +102,19 @@ std::vector<KeySpec> data_source_keys() {
                  "PNG/JPEG files, one sub-folder per class) or `tensors` (tensors saved from "
                  "Python with `torch.save({\"x\": X, \"y\": Y}, FILE)`); docs/data.md.",
                  {"fashion-mnist", "synthetic", "text", "csv", "images", "tensors"}),
-      string_key("data.path", "/usr/share/datasets/fashion-mnist",
-                 "Dataset directory for `fashion-mnist`, the corpus file for `text`, the "
-                 "`.csv` file for `csv`, the root folder (ROOT/<class>/<image>) for `images`, "
-                 "or for `tensors` one file or a directory whose `.pt` and `.pth` files are the "
-                 "shards of one data set; unused by `synthetic`."),
-      string_key("data.tokenizer.sentencepiece", "",
-                 "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
-                 "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
-                 "Empty: one token per byte (vocabulary 256)."),
-      string_key("data.test_path", "",
-                 "`images`: the test split's root folder, with class folders named as the "
-                 "training ones; `tensors`: a file (read into memory) or a directory of shards "
-                 "(read a shard at a time, like `data.path`); empty = no test split."),
+      path_key("data.path", "/usr/share/datasets/fashion-mnist",
+               "Dataset directory for `fashion-mnist`, the corpus file for `text`, the "
+               "`.csv` file for `csv`, the root folder (ROOT/<class>/<image>) for `images`, "
+               "or for `tensors` one file or a directory whose `.pt` and `.pth` files are the "
+               "shards of one data set; unused by `synthetic`."),
+      path_key("data.tokenizer.sentencepiece", "",
+               "`text`: a SentencePiece model file (`.model`, from `spm_train`) whose pieces are "
+               "the tokens instead of bytes; `model.gpt` takes its vocabulary size from it. "
+               "Empty: one token per byte (vocabulary 256)."),
+      path_key("data.test_path", "",
+               "`images`: the test split's root folder, with class folders named as the "
+               "training ones; `tensors`: a file (read into memory) or a directory of shards "
+               "(read a shard at a time, like `data.path`); empty = no test split."),
       list_key("data.size", "",
                "`images`: the size every image is resized to (bilinear), `[H, W]`, `H,W` or "
                "`HxW` (`28x28`; one number N = NxN); required for `images`."),
@@ -245,7 +253,10 @@ std::vector<KeySpec> train_keys() {
                 "not depend on CPU contention).",
                 0),
       int_key("train.log_every", "0",
-              "Print a log line every N steps; 0 shows only the progress bar.", 0),
+              "Print `step N loss L` every N steps, L the step's mean training loss over its "
+              "whole global batch (all workers), as the bar, the summary and the report's "
+              "`final_loss` show it; 0 shows only the progress bar.",
+              0),
   };
 }
 
@@ -496,26 +507,26 @@ std::vector<KeySpec> federated_server_keys() {
       string_key("federated.address", "0.0.0.0:7070",
                  "`fl-server`: HOST:PORT to listen on (port 0 picks a free one; see "
                  "`--port-file`)."),
-      string_key("federated.tls_cert", "",
-                 "`fl-server`: PEM certificate it presents (required: there is no plaintext "
-                 "mode)."),
-      string_key("federated.tls_key", "", "`fl-server`: PEM private key of `federated.tls_cert`."),
-      string_key("federated.tls_client_ca", "",
-                 "`fl-server`: PEM CA; when set, clients must present a certificate it signed "
-                 "(mutual TLS)."),
-      string_key("federated.tokens", "",
-                 "`fl-server`: file of `NAME TOKEN [EXPIRES_UNIX]` lines; each client "
-                 "authenticates with its token."),
+      path_key("federated.tls_cert", "",
+               "`fl-server`: PEM certificate it presents (required: there is no plaintext "
+               "mode)."),
+      path_key("federated.tls_key", "", "`fl-server`: PEM private key of `federated.tls_cert`."),
+      path_key("federated.tls_client_ca", "",
+               "`fl-server`: PEM CA; when set, clients must present a certificate it signed "
+               "(mutual TLS)."),
+      path_key("federated.tokens", "",
+               "`fl-server`: file of `NAME TOKEN [EXPIRES_UNIX]` lines; each client "
+               "authenticates with its token."),
       float_key("federated.max_message_mb", "64",
                 "Largest message either side accepts, in MiB; larger ones are refused.", 0.001),
       float_key("federated.wait_clients_s", "120",
                 "`fl-server`: how long to wait for `federated.clients` clients before the first "
                 "round (it starts with fewer if at least `federated.min_clients` came).",
                 0),
-      string_key("federated.eval_data", "",
-                 "`fl-server`: held-out data to evaluate on: a Fashion-MNIST directory (only the "
-                 "t10k files are read), or with `data.name: csv` a CSV file with the clients' "
-                 "columns (required: the model's shape is read from it); empty = none."),
+      path_key("federated.eval_data", "",
+               "`fl-server`: held-out data to evaluate on: a Fashion-MNIST directory (only the "
+               "t10k files are read), or with `data.name: csv` a CSV file with the clients' "
+               "columns (required: the model's shape is read from it); empty = none."),
       float_key("federated.sim_dropout", "0",
                 "`fl-sim`: probability that a sampled client drops out of a round.", 0, 1),
       float_key("federated.sim_byzantine_fraction", "0",
@@ -528,14 +539,14 @@ std::vector<KeySpec> federated_server_keys() {
 // The `checkpoint.*` keys.
 std::vector<KeySpec> checkpoint_keys() {
   return {
-      string_key("checkpoint.dir", "runs/{name}",
-                 "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
-      string_key("checkpoint.hmac_key_file", "",
-                 "A file (outside the run directory, at least 32 bytes) holding a key: "
-                 "checkpoints and `fl-state.krab` are then sealed with HMAC-SHA256, bound to "
-                 "their run directory and model, and only such files are read back; the "
-                 "federated rounds released are counted in a file beside the key, so an older "
-                 "or deleted `fl-state.krab` is refused (docs/security.md); empty = CRC only."),
+      path_key("checkpoint.dir", "runs/{name}",
+               "Directory for checkpoints and reports; `{name}` is replaced by the job name."),
+      path_key("checkpoint.hmac_key_file", "",
+               "A file (outside the run directory, at least 32 bytes) holding a key: "
+               "checkpoints and `fl-state.krab` are then sealed with HMAC-SHA256, bound to "
+               "their run directory and model, and only such files are read back; the "
+               "federated rounds released are counted in a file beside the key, so an older "
+               "or deleted `fl-state.krab` is refused (docs/security.md); empty = CRC only."),
       int_key("checkpoint.every_steps", "0",
               "Write a checkpoint every N steps; 0 writes one only at the end.", 0),
       bool_key("checkpoint.resume", "false",

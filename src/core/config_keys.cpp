@@ -116,7 +116,13 @@ std::string render_markdown() {
         "- **int**: a whole number (`3`, `-1`); `1.5` is rejected.\n"
         "- **float**: a decimal number (`1`, `0.05`, `1e-3`).\n"
         "- **bool**: `true`/`false`, `yes`/`no` or `on`/`off`.\n"
-        "- **string**: any text, quoted or not; where choices are listed, one of them.\n\n"
+        "- **string**: any text, quoted or not; where choices are listed, one of them.\n"
+        "- **path**: a file or directory; any bytes but NUL (a Linux file name need not be "
+        "UTF-8).\n  A relative path written in the job file is relative to the folder of the "
+        "job file, as in\n  Compose and Kubernetes files, so a job runs the same from any "
+        "directory; one given with\n  `--set` is relative to the current directory, and so "
+        "is the default `checkpoint.dir`\n  (`runs/{name}`). krab works with the absolute "
+        "path: messages and the report show it.\n\n"
         "Bounds are inclusive. A key krab does not know is an error (with a suggestion when a "
         "known key\nis close), never silently ignored.\n";
 
@@ -140,8 +146,8 @@ std::string render_markdown() {
       if (section_of(spec.key) != section) continue;
       std::string def =
           spec.type == KeyType::kString ? "\"" + spec.default_value + "\"" : spec.default_value;
-      md << "| `" << spec.key << "` | " << type_name(spec.type) << " | `" << cell(def) << "` | "
-         << cell(allowed(spec)) << " | " << cell(spec.doc) << " |\n";
+      md << "| `" << spec.key << "` | " << (spec.path ? "path" : type_name(spec.type)) << " | `"
+         << cell(def) << "` | " << cell(allowed(spec)) << " | " << cell(spec.doc) << " |\n";
     }
   }
   return md.str();

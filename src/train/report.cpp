@@ -89,19 +89,22 @@ std::string human(double v) {
 ProgressSink::ProgressSink(std::string label, int64_t total, Format format, int64_t log_every)
     : bar_(std::move(label), total), format_(std::move(format)), log_every_(log_every) {}
 
+std::string describe_loss(double loss) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.6g", loss);
+  return text;
+}
+
 void ProgressSink::on_gauge(const std::string& name, double value, int64_t step) {
-  if (name == "loss") {
-    const auto it = gauges_.find("loss.smooth");
-    gauges_["loss.smooth"] = it == gauges_.end() ? value : 0.95 * it->second + 0.05 * value;
-  }
   gauges_[name] = value;
+  if (name == "loss") loss_step_ = step;
 }
 
 void ProgressSink::on_step(int64_t done, int64_t total) {
   bar_.update(done, format_(gauges_, false));
-  if (log_every_ > 0 && done % log_every_ == 0)
-    std::fprintf(stderr, "\nkrab: step %lld loss %.5f\n", static_cast<long long>(done),
-                 gauges_["loss"]);
+  if (log_every_ > 0 && done % log_every_ == 0 && loss_step_ == done)
+    std::fprintf(stderr, "\nkrab: step %lld loss %s\n", static_cast<long long>(done),
+                 describe_loss(gauges_["loss"]).c_str());
 }
 
 void ProgressSink::on_note(const std::string& text) {
@@ -117,8 +120,9 @@ ProgressSink::Format loss_and_rate_fields() {
       return it == g.end() ? 0.0 : it->second;
     };
     const double rate = get("samples_per_sec");
+    const auto loss = g.find("loss");
     return str_cat(
-        "loss ", human(get("loss.smooth")), " | ",
+        loss == g.end() ? std::string() : "loss " + describe_loss(loss->second) + " | ",
         final && rate <= 0 ? std::string("samples/s not measured") : human(rate) + " samples/s");
   };
 }

@@ -62,12 +62,18 @@ std::string describe_test_metric(const nlohmann::json& report);
 // allocations): a tenth of the run, between 1 and 10.
 int64_t measurement_warmup(int64_t steps);
 
+// A step's training loss as every output shows it (bar, step lines, the summary line): "%.6g",
+// as test losses are. The report's final_loss holds the same value unrounded; the value itself
+// is the mean loss over the step's whole global batch (train/trainer.cpp, docs/config.md's
+// train.log_every).
+std::string describe_loss(double loss);
+
 // "12.3" below 100, "1234" from 100: the progress bar's numbers.
 std::string human(double v);
 
 // The progress bar as a sink: redraws at every step with the fields `format` makes of the
-// latest gauges; prints notes on their own line below the bar. `log_every` > 0 also prints the
-// step's raw loss every that many steps.
+// latest gauges; prints notes on their own line below the bar. `log_every` > 0 also prints
+// "step N loss L" every that many steps, when a "loss" gauge came for that step.
 class ProgressSink : public core::EventSink {
  public:
   using Gauges = std::map<std::string, double>;
@@ -84,10 +90,12 @@ class ProgressSink : public core::EventSink {
   Format format_;
   int64_t log_every_;
   Gauges gauges_;
+  int64_t loss_step_ = -1;  // the step of the latest "loss" gauge
 };
 
-// The training loop's fields: "loss <smoothed> | <rate> samples/s" (the loss an exponential
-// average of the "loss" gauge; samples/s "not measured" in the final draw when it is 0).
+// The training loop's fields: "loss <L> | <rate> samples/s", L the latest "loss" gauge as
+// describe_loss() writes it (no loss field before the first one; samples/s "not measured" in
+// the final draw when it is 0).
 ProgressSink::Format loss_and_rate_fields();
 
 // What the report keeps of the events: evaluations ("test_accuracy" or "test_loss" gauges, at

@@ -2,10 +2,12 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "comm/communicator.h"
 #include "core/errors.h"
@@ -77,7 +79,9 @@ struct Trainer::Loop {
   nlohmann::json run();
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
-  void end_of_step(int64_t step, double loss);
+  void end_of_step(int64_t step, double loss, int64_t examples);
+  bool loss_is_shared(int64_t done) const;
+  double share_loss(double loss, int64_t examples);
   void maybe_checkpoint(int64_t done);
   void maybe_evaluate(int64_t done);
   void maybe_snapshot(const engine::StepPlan& plan);
@@ -117,6 +121,8 @@ struct Trainer::Loop {
   double eval_secs = 0, eval_before_warm = 0;
   uint64_t setup_bytes = 0;
   double last_loss = 0;
+  std::optional<double> shared_loss;   // share_loss() of the last step shared
+  comm::TrafficStats loss_traffic;     // what share_loss() sent: not training traffic
   std::optional<Straggler> straggler;  // train.slow_rank's artificial delay
   int64_t computed = 0;                // steps this rank computed
   int64_t next_eval = 0;
@@ -201,7 +207,7 @@ nlohmann::json Trainer::Loop::run() {
     engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
     engine->after_step(*plan);
     ++computed;
-    end_of_step(plan->step, loss);
+    end_of_step(plan->step, loss, plan->slice.size());
   }
   return group != nullptr ? finish_group() : finish_alone();
 }
@@ -237,13 +243,43 @@ std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
   return data::gather(d.training(), sampler->slice(sampler_step, part));
 }
 
-void Trainer::Loop::end_of_step(int64_t step, double loss) {
+void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples) {
   last_loss = loss;
   const int64_t done = step + 1;
-  events.gauge("loss", loss, done);
+  // Without a group (a parameter-server worker) this rank's loss is all there is, and nobody
+  // draws it: its server shows the job's progress.
+  if (group == nullptr) {
+    events.gauge("loss", loss, done);
+  } else if (loss_is_shared(done)) {
+    shared_loss = share_loss(loss, examples);
+    events.gauge("loss", *shared_loss, done);
+  }
   maybe_checkpoint(done);
   maybe_evaluate(done);
   if (progress) report_progress(step, done);
+}
+
+// "The loss" of a step, wherever krab shows it (progress bar, step lines, summary, report's
+// final_loss), is one number: the mean training loss over the whole global batch, every
+// worker's slice and every micro-batch (the mean of the per-example losses, so slices that
+// differ by one example weigh what they hold). Rank 0 alone knows only its slice, so the
+// group sums it, at the steps someone reads it: every train.log_every, every twentieth of the
+// run (the bar), and the last one. At most ~20 + steps / log_every all-reduces of 16 bytes.
+bool Trainer::Loop::loss_is_shared(int64_t done) const {
+  const int64_t stride = std::max<int64_t>(1, steps / 20);
+  return done == steps || (o.log_every > 0 && done % o.log_every == 0) || done % stride == 0;
+}
+
+double Trainer::Loop::share_loss(double loss, int64_t examples) {
+  const comm::TrafficStats before = group->traffic();
+  const double n = static_cast<double>(examples);
+  auto sums = torch::tensor({loss * n, n}, torch::kFloat64);
+  group->allreduce(sums)->wait();
+  // The report's traffic meter counts training: leave these bytes out of it.
+  const comm::TrafficStats after = group->traffic();
+  for (size_t k = 0; k < after.bytes_sent.size(); ++k)
+    loss_traffic.bytes_sent[k] += after.bytes_sent[k] - before.bytes_sent[k];
+  return sums[0].item<double>() / sums[1].item<double>();
 }
 
 void Trainer::Loop::maybe_checkpoint(int64_t done) {
@@ -305,7 +341,9 @@ nlohmann::json Trainer::Loop::finish_group() {
           : 0;
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
-  const comm::TrafficStats traffic = group->traffic();
+  comm::TrafficStats traffic = group->traffic();
+  for (size_t k = 0; k < traffic.bytes_sent.size(); ++k)
+    traffic.bytes_sent[k] -= loss_traffic.bytes_sent[k];
   out.train_seconds = seconds_between(t_loop, t_end) - eval_secs;
   models::Model& model = engine->model();
   if (d.testing() != nullptr) {
@@ -336,7 +374,9 @@ nlohmann::json Trainer::Loop::finish_group() {
     events.counter(str_cat("bytes_sent.", comm::op_name(static_cast<comm::OpKind>(k))),
                    totals[3 + k].item<double>());
   if (!rank0()) return nlohmann::json();
-  out.final_loss = totals[0].item<double>() / world.size;
+  // The last step's shared loss; the mean of the ranks' last losses when this run computed no
+  // step (resumed at its end).
+  out.final_loss = shared_loss ? *shared_loss : totals[0].item<double>() / world.size;
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
     progress->finish();

@@ -237,10 +237,11 @@ TEST_F(Cli, OutOfRangePortsAreRefused) {
 
 TEST_F(Cli, MisleadingMessagesSayWhatIsWrong) {
   write("ok.yaml", kSmallJob);
+  // Relative paths named as krab resolved them (from --set: the current directory).
   expect_refused_fast(krab("train ok.yaml --set data.name=fashion-mnist --set data.path=ok.yaml"),
-                      2, "'ok.yaml' is a file, not a directory");
+                      2, "'" + (dir_ / "ok.yaml").string() + "' is a file, not a directory");
   expect_refused_fast(krab("train ok.yaml --set data.name=csv --set data.path=."), 2,
-                      "CSV file '.' is a directory");
+                      "CSV file '" + dir_.string() + "' is a directory");
   expect_refused_fast(krab("trian ok.yaml"), 2, "unknown command 'trian'; did you mean 'train'?");
   expect_refused_fast(krab("privacy epsilonn --delta 1e-5"), 2,
                       "unknown command 'epsilonn'; did you mean 'epsilon'?");

@@ -411,10 +411,55 @@ TEST(ConfigFuzzFindings, AStringThatIsNotUtf8IsRefused) {
   const std::string msg = parse_error("name: run\xd7\xd7\n");
   EXPECT_CONTAINS(msg, "job.yaml:1:7: ");
   EXPECT_CONTAINS(msg, "name: 'run\\xd7\\xd7' is not valid UTF-8");
-  EXPECT_CONTAINS(parse_error("", {"data.path=/tmp/\xc0\xaf"}), "not valid UTF-8");  // overlong '/'
+  EXPECT_CONTAINS(parse_error("", {"comm.iface=/tmp/\xc0\xaf"}),
+                  "not valid UTF-8");  // overlong '/'
   const Config ok = Config::parse("name: caf\xc3\xa9-\xe2\x82\xac\n", "job.yaml");
   EXPECT_EQ(Config::parse(ok.to_yaml(), "again"), ok);
   EXPECT_EQ(ok.get_string("name"), "caf\xc3\xa9-\xe2\x82\xac");
+}
+
+// A path is bytes on Linux (issue 25): path keys take any bytes but NUL, from the file and
+// from --set alike; other strings stay UTF-8.
+TEST(ConfigPaths, PathKeysTakeAnyBytesButNul) {
+  EXPECT_EQ(Config::parse("data: {path: /d/caf\xe9.csv}\n", "job.yaml").get_string("data.path"),
+            "/d/caf\xe9.csv");
+  EXPECT_EQ(
+      Config::parse("", "job.yaml", {"checkpoint.dir=/r/\xc0\xaf"}).get_string("checkpoint.dir"),
+      "/r/\xc0\xaf");
+  const std::string nul = parse_error("data: {path: \"/d/a\\0b\"}\n");
+  EXPECT_CONTAINS(nul, "data.path: '/d/a\\x00b' holds a NUL byte");
+  EXPECT_CONTAINS(parse_error("name: run\xe9\n"), "is not valid UTF-8");
+  for (const char* key :
+       {"model.path", "data.path", "data.test_path", "data.tokenizer.sentencepiece",
+        "checkpoint.dir", "checkpoint.hmac_key_file", "federated.tls_cert", "federated.tls_key",
+        "federated.tls_client_ca", "federated.tokens", "federated.eval_data"})
+    EXPECT_TRUE(find_key(key)->path) << key;
+  EXPECT_FALSE(find_key("comm.iface")->path);
+}
+
+// Relative paths written in a job file are relative to the file's folder; --set's to the
+// current directory; defaults and absolute paths stay as they are. parse() anchors nothing.
+TEST(ConfigPaths, LoadFileAnchorsRelativePathsToTheJobFilesFolder) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::absolute(fs::path(testing::TempDir()) / "krab_config_paths");
+  fs::create_directories(dir / "jobs");
+  const fs::path job = dir / "jobs" / "j.yaml";
+  std::ofstream(job) << "model: {path: ../nets/n.ts}\ndata: {path: d.csv, test_path: /abs/t.csv}"
+                        "\ncheckpoint: {dir: 'out/{name}'}\n";
+  const Config c = Config::load_file(job.string(), {"data.tokenizer.sentencepiece=s.model"});
+  EXPECT_EQ(c.get_string("model.path"), (dir / "nets" / "n.ts").string());
+  EXPECT_EQ(c.get_string("data.path"), (dir / "jobs" / "d.csv").string());
+  EXPECT_EQ(c.get_string("data.test_path"), "/abs/t.csv");
+  EXPECT_EQ(c.get_string("checkpoint.dir"), (dir / "jobs" / "out" / "{name}").string());
+  EXPECT_EQ(c.get_string("data.tokenizer.sentencepiece"),
+            (fs::current_path() / "s.model").string());
+  EXPECT_EQ(c.get_string("checkpoint.hmac_key_file"), "");  // empty: none, not the folder
+  EXPECT_EQ(Config::load_file(job.string(), {"data.path=x.csv"}).get_string("data.path"),
+            (fs::current_path() / "x.csv").string());
+  std::ofstream(job) << "train: {epochs: 1}\n";
+  EXPECT_EQ(Config::load_file(job.string()).get_string("checkpoint.dir"), "runs/{name}");
+  EXPECT_EQ(Config::parse("data: {path: d.csv}\n", "j").get_string("data.path"), "d.csv");
+  fs::remove_all(dir);
 }
 
 }  // namespace

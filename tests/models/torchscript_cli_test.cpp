@@ -127,7 +127,9 @@ TEST_F(TorchScriptCli, RefusesAFileThatIsNotTorchScript) {
   job(b_.net(32, 16, 4));
   write("net.ts", "PK not really a module");
   auto r = run(krab("train job.yaml"));
-  expect_refused(r, 2, "model.path: 'net.ts' is not a TorchScript module");
+  // The path as krab used it: the job file's folder + model.path (docs/config.md, type path).
+  expect_refused(r, 2,
+                 "model.path: '" + (dir_ / "net.ts").string() + "' is not a TorchScript module");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 
@@ -249,7 +251,9 @@ class TorchScriptCliUntrusted : public TorchScriptCli,
 
 TEST_P(TorchScriptCliUntrusted, IsRefusedBeforeAnythingRuns) {
   const auto r = run(krab("train job.yaml"));
-  expect_refused(r, 2, "model.path: 'net.ts': code/__torch__/payload_module.py line ");
+  expect_refused(
+      r, 2,
+      "model.path: '" + (dir_ / "net.ts").string() + "': code/__torch__/payload_module.py line ");
   EXPECT_NE(r.output.find(": torch.from_file: aten::from_file maps a file into memory"),
             std::string::npos)
       << r.output;

@@ -25,13 +25,19 @@ TEST(ReportSink, KeepsEvaluationsAtTheSecondsOfTheirStepAndCounterTotals) {
   EXPECT_EQ(record->total("never"), 0);
 }
 
-TEST(LossAndRateFields, SmoothLossAndRateAndNotMeasuredAtTheEnd) {
+// The bar shows the step's loss as the step lines and the summary do (describe_loss), not a
+// smoothed or rounded one (issue 25: "loss 0.5" beside "final loss 0.3917").
+TEST(LossAndRateFields, TheLossAsEveryOutputShowsItAndRateAndNotMeasuredAtTheEnd) {
   const auto format = loss_and_rate_fields();
-  ProgressSink::Gauges g{{"loss.smooth", 0.123456}, {"samples_per_sec", 1234.4}};
-  EXPECT_EQ(format(g, false), "loss 0.1 | 1234 samples/s");
+  ProgressSink::Gauges g{{"samples_per_sec", 1234.4}};
+  EXPECT_EQ(format(g, false), "1234 samples/s");  // no loss shared yet
+  g["loss"] = 0.1234564;
+  EXPECT_EQ(format(g, false), "loss 0.123456 | 1234 samples/s");
   g["samples_per_sec"] = 0;
-  EXPECT_EQ(format(g, false), "loss 0.1 | 0.0 samples/s");
-  EXPECT_EQ(format(g, true), "loss 0.1 | samples/s not measured");
+  EXPECT_EQ(format(g, false), "loss 0.123456 | 0.0 samples/s");
+  EXPECT_EQ(format(g, true), "loss 0.123456 | samples/s not measured");
+  EXPECT_EQ(describe_loss(0.39419), "0.39419");
+  EXPECT_EQ(describe_loss(1.5e-5), "1.5e-05");
 }
 
 TEST(MakeReport, AppendsTheFinalEvaluationAndMergesTheEngineFields) {
