@@ -55,6 +55,9 @@ federated: {clients: 2, rounds: 2}
     const size_t end = r.output.find(';', at);
     return r.output.substr(at + mark.size(), end - at - mark.size());
   }
+  // A file of the test's directory as the error names it: relative paths in a job resolve
+  // against the job file's folder.
+  std::string at(const std::string& name) const { return (dir_ / name).string(); }
   static fs::path cases_;
 };
 
@@ -67,9 +70,8 @@ const char* kFloat64 =
 TEST_F(ForwardDryRun, Float64DataIntoAFloat32ModelIsNamedBeforeAnyWorker) {
   const auto r = run(krab_here("train job.yaml --set data.path=train64.pt"));
   const std::string file = expect_one_line(
-      r, std::string("model.path 'net.pt': forward on the first 2 examples of data.path "
-                     "'train64.pt' failed: ") +
-             kFloat64 + " (traceback in ./krab-forward-");
+      r, "model.path '" + at("net.pt") + "': forward on the first 2 examples of data.path '" +
+             at("train64.pt") + "' failed: " + kFloat64 + " (traceback in ./krab-forward-");
   // The traceback is in the file the line names: LibTorch's own text, whole.
   ASSERT_FALSE(file.empty()) << r.output;
   const std::string traceback = core::read_file((dir_ / file).string());
@@ -81,8 +83,10 @@ TEST_F(ForwardDryRun, Float64DataIntoAFloat32ModelIsNamedBeforeAnyWorker) {
 
 TEST_F(ForwardDryRun, ALinearLayerOfAnotherInputSizeIsNamedWithBothSizes) {
   const std::string line =
-      "model.path 'wide.pt': forward on the first 2 examples of data.path 'train.pt' failed: "
-      "mat1 and mat2 shapes cannot be multiplied (2x8 and 100x4): a Linear layer expects 100 "
+      "model.path '" + at("wide.pt") + "': forward on the first 2 examples of data.path '" +
+      at("train.pt") +
+      "' failed: mat1 and mat2 shapes cannot be multiplied (2x8 and 100x4): a Linear layer expects "
+      "100 "
       "input features but gets 8, the 8 values of one example of the data [8] (traceback in ";
   expect_one_line(run(krab_here("train job.yaml --set model.path=wide.pt")), line);
   // The parameter-server mode's launcher runs the same check before its servers start.
@@ -93,16 +97,16 @@ TEST_F(ForwardDryRun, ALinearLayerOfAnotherInputSizeIsNamedWithBothSizes) {
 
 TEST_F(ForwardDryRun, TheBuiltInMlpOnFloat64DataIsNamedBeforeAnyWorker) {
   const auto r = run(krab_here("train job.yaml --set model.name=mlp --set data.path=train64.pt"));
-  expect_one_line(r, std::string("model.name 'mlp': forward on the first 2 examples of data.path "
-                                 "'train64.pt' failed: ") +
-                         kFloat64);
+  expect_one_line(r, "model.name 'mlp': forward on the first 2 examples of data.path '" +
+                         at("train64.pt") + "' failed: " + kFloat64);
 }
 
 // A Python exception the module raises is the line LibTorch ends with, class included.
 TEST_F(ForwardDryRun, AnExceptionTheModuleRaisesIsNamedWithItsClass) {
   expect_one_line(run(krab_here("train job.yaml --set model.path=raises.pt")),
-                  "model.path 'raises.pt': forward on the first 2 examples of data.path "
-                  "'train.pt' failed: ValueError: x must be one-dimensional (traceback in ");
+                  "model.path '" + at("raises.pt") +
+                      "': forward on the first 2 examples of data.path '" + at("train.pt") +
+                      "' failed: ValueError: x must be one-dimensional (traceback in ");
 }
 
 // The loss of the same dry run: cross_entropy wants one class index per example.
@@ -110,15 +114,17 @@ TEST_F(ForwardDryRun, LabelsThatDoNotFitTheLossAreNamedWithBothShapes) {
   const auto r = run(krab_here("train job.yaml --set model.name=mlp --set data.path=pairs.pt"));
   expect_one_line(r,
                   "model.name 'mlp': train.loss cross_entropy of outputs [2, 4] torch.float32 "
-                  "against labels [2, 2] torch.int64 on the first 2 examples of data.path "
-                  "'pairs.pt' failed: ");
+                  "against labels [2, 2] torch.int64 on the first 2 examples of data.path '" +
+                      at("pairs.pt") + "' failed: ");
 }
 
 TEST_F(ForwardDryRun, VerbosePrintsTheTracebackAfterTheLine) {
   const auto r = run(krab_here("train job.yaml --set data.path=train64.pt --verbose"));
   EXPECT_EQ(r.code, 2) << r.output;
-  EXPECT_EQ(r.output.rfind("krab: error: model.path 'net.pt': forward on the first 2 examples", 0),
-            0u)
+  EXPECT_EQ(
+      r.output.rfind(
+          "krab: error: model.path '" + at("net.pt") + "': forward on the first 2 examples", 0),
+      0u)
       << r.output;
   EXPECT_NE(r.output.find("\nThe following operation failed in the TorchScript interpreter."),
             std::string::npos)
@@ -129,9 +135,9 @@ TEST_F(ForwardDryRun, VerbosePrintsTheTracebackAfterTheLine) {
 // fl-sim holds the model and the data in its own process: the same check, before round 1.
 TEST_F(ForwardDryRun, FlSimNamesItBeforeTheFirstRound) {
   const auto r = run(krab_here("fl-sim job.yaml --set data.path=train64.pt"));
-  expect_one_line(r, std::string("model.path 'net.pt': forward on the first 2 examples of "
-                                 "data.path 'train64.pt' failed: ") +
-                         kFloat64);
+  expect_one_line(r, "model.path '" + at("net.pt") +
+                         "': forward on the first 2 examples of data.path '" + at("train64.pt") +
+                         "' failed: " + kFloat64);
 }
 
 }  // namespace
