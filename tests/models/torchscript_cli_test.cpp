@@ -201,8 +201,9 @@ TEST_F(TorchScriptCliFromPython, RefusesATraceMadeInTrainMode) {
   use("train_trace.ts");
   const auto r = run(krab("train job.yaml"));
   expect_refused(r, 2,
-                 "model.path: 'net.ts': bn.forward calls aten::batch_norm with training fixed to "
-                 "true (torch.jit.trace of the module in train mode)");
+                 "model.path: '" + (dir_ / "net.ts").string() +
+                     "': bn.forward calls aten::batch_norm with training fixed to true "
+                     "(torch.jit.trace of the module in train mode)");
   EXPECT_EQ(count(r.output, "\n"), 1u) << r.output;
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
@@ -214,10 +215,10 @@ TEST_F(TorchScriptCliFromPython, WarnsOnceOfBuffersWhosePersistenceTheFileDoesNo
   use("nonpersistent.ts");
   const auto r = run(krab("train job.yaml --set train.steps=2"));
   ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_EQ(count(r.output,
-                  "krab: warning: model.path 'net.ts': model.pt will hold the buffers "
-                  "keep, scratch of your own classes"),
-            1u)
+  EXPECT_EQ(
+      count(r.output, "krab: warning: model.path '" + (dir_ / "net.ts").string() +
+                          "': model.pt will hold the buffers keep, scratch of your own classes"),
+      1u)
       << r.output;
   std::set<std::string> want{"scratch"};
   std::ifstream keys(dir_ / "nonpersistent.keys");
