@@ -21,6 +21,18 @@
 namespace krab::federated {
 namespace {
 
+// A client of the test's CA that presents `token` to the server on 127.0.0.1:`port` and gives
+// up after one second of retries.
+ClientRunOptions client_of(const std::string& dir, const std::string& port,
+                           const std::string& token) {
+  ClientRunOptions co;
+  co.server = "127.0.0.1:" + port;
+  co.ca_file = dir + "/ca.pem";
+  co.token = token;
+  co.retry_s = 1;
+  return co;
+}
+
 std::string write_token_file(const std::string& text) {
   const std::string path = (std::filesystem::temp_directory_path() /
                             ("krab-client-token-" + std::to_string(::getpid()) + ".txt"))
@@ -83,11 +95,7 @@ TEST_F(Tls, AClientRefusesAServerJobThatSetsAPath) {
                          ? "model: {name: mlp}\ndata: {name: csv, path: " + d + "/not-yours.csv}\n"
                          : "model: {name: torchscript, path: " + d + "/not-yours.csv}\n";
     FederationServer server(so);
-    ClientRunOptions co;
-    co.server = "127.0.0.1:" + std::to_string(server.port());
-    co.ca_file = d + "/ca.pem";
-    co.token = "token-of-alice-0123456";
-    co.retry_s = 1;
+    ClientRunOptions co = client_of(d, std::to_string(server.port()), "token-of-alice-0123456");
     std::string why = "(the client ran)";
     try {
       run_fl_client(co);
@@ -175,11 +183,7 @@ TEST_F(Tls, AClientWhoseModelCannotTakeItsDataIsRefusedBeforeJoining) {
   so.model_sha256 = file_sha256(spec.path, "");
   so.model_signature = train::model_signature(*models::make_model(spec));
   FederationServer server(so);
-  ClientRunOptions co;
-  co.server = "127.0.0.1:" + std::to_string(server.port());
-  co.ca_file = d + "/ca.pem";
-  co.token = "token-of-alice-0123456";
-  co.retry_s = 1;
+  ClientRunOptions co = client_of(d, std::to_string(server.port()), "token-of-alice-0123456");
   co.data = d + "/three.csv";
   co.model = spec.path;
   std::string why = "(the client ran)";
