@@ -8,6 +8,8 @@
 //
 // Exit codes: 0 success; 2 bad input (config, flags, data, checkpoint), with one line naming
 // the key, file or value; 1 runtime failure (a worker died, a timeout), naming the rank.
+//
+// The commands and their options are defined in commands.h; this file runs the one given.
 #include <c10/util/Exception.h>
 #include <glog/logging.h>
 #include <malloc.h>
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "cli/command_line.h"
+#include "cli/commands.h"
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
 #include "cli/resources.h"
@@ -48,12 +51,10 @@
 namespace {
 
 using namespace krab;
-
-struct EpsilonArgs {
-  double noise = 0, rate = 0, delta = 0;
-  int64_t steps = 0;
-  std::string conversion = "balle2020";
-};
+using cli::EpsilonArgs;
+using cli::ServerArgs;
+using cli::SimArgs;
+using cli::TrainArgs;
 
 // Prints epsilon alone on stdout (for scripts that compare it with TF Privacy or Opacus) and
 // how it was obtained on stderr.
@@ -73,13 +74,6 @@ int run_epsilon(const EpsilonArgs& a) {
   return 0;
 }
 
-struct SimArgs {
-  std::string job;
-  std::vector<std::string> sets;
-  std::string report;
-  int64_t clients = 0;
-};
-
 int run_fl_sim(const SimArgs& a) {
   core::Config config = core::Config::load_file(a.job, a.sets);
   if (a.clients > 0) config.set("federated.clients", std::to_string(a.clients));
@@ -98,12 +92,6 @@ int run_fl_sim(const SimArgs& a) {
   return 0;
 }
 
-struct ServerArgs {
-  std::string job;
-  std::vector<std::string> sets;
-  std::string report, port_file;
-};
-
 int run_fl_server(const ServerArgs& a) {
   const core::Config config = core::Config::load_file(a.job, a.sets);
   if (!a.report.empty()) core::check_writable_file(a.report, "--report");
@@ -118,13 +106,6 @@ int run_fl_server(const ServerArgs& a) {
     std::fprintf(stderr, "krab: report %s\n", core::printable_text(a.report).c_str());
   return 0;
 }
-
-struct TrainArgs {
-  std::string job;
-  std::vector<std::string> sets;
-  std::string report;
-  cli::LaunchFlags launch;
-};
 
 // The job keys the command line itself acts on, read once, as the job is loaded.
 struct JobKeys {
@@ -421,19 +402,6 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   return run_sync_worker(config, keys, plan, options);
 }
 
-// A count given on the command line: a whole number >= 1. (CLI::PositiveNumber's message
-// prints the largest double, 309 digits, as the bound.)
-const CLI::Validator kAtLeastOne(
-    [](std::string& text) -> std::string {
-      char* end = nullptr;
-      errno = 0;
-      const long long n = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || errno == ERANGE || n < 1 || n > 1000000000)
-        return "must be a whole number >= 1, got '" + text + "'";
-      return "";
-    },
-    "N>=1");
-
 // LibTorch's c10d logs through glog to stderr ("WARNING: Logging before InitGoogleLogging()",
 // "E1205 ... socket.cpp:860] The client socket has timed out ...") right before it throws the
 // exception krab turns into one line naming the address and the key. Keep only FATAL ones,
@@ -443,9 +411,6 @@ void quiet_library_logs() {
 }
 
 std::string g_who = "krab";
-// --verbose: after an error line, the library's full text (a TorchScript traceback) when there
-// is one (models/forward_error.h).
-bool g_verbose = false;
 
 // An exception that escapes a thread of ours or a library's (Gloo's EnforceNotMet in its
 // progress thread, say) ends in std::terminate: "terminate called after throwing ..." and
@@ -470,144 +435,6 @@ bool g_verbose = false;
   std::_Exit(1);
 }
 
-// What the command line holds once parsed: each command's arguments, and which command ran.
-struct Commands {
-  TrainArgs train;
-  SimArgs sim;
-  ServerArgs server;
-  federated::ClientRunOptions client;
-  federated::TokenSources client_token;
-  EpsilonArgs epsilon;
-  CLI::App* fl_sim = nullptr;
-  CLI::App* fl_server = nullptr;
-  CLI::App* fl_client = nullptr;
-  CLI::App* config_doc = nullptr;
-  CLI::App* privacy_epsilon = nullptr;
-};
-
-void add_train_command(CLI::App& app, TrainArgs& args) {
-  auto* train = app.add_subcommand("train", "Train the model a job file describes");
-  train->add_option("job", args.job, "Job file (YAML); see docs/config.md")->required();
-  train->add_option("--set", args.sets, "Override a key: --set train.steps=100 (repeatable)");
-  train->add_option("--report", args.report, "Write a JSON report of the run to FILE");
-  train->add_option("--nnodes", args.launch.nnodes, "Number of machines (default 1)");
-  train->add_option("--node-rank", args.launch.node_rank, "This machine's index, 0..nnodes-1");
-  train
-      ->add_option("--nproc-per-node", args.launch.nproc_per_node,
-                   "Workers on this machine; wins over parallel.workers (default: parallel.workers "
-                   "/ nnodes)")
-      ->check(kAtLeastOne);
-  train->add_option("--rdzv", args.launch.rdzv,
-                    "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
-                    "file)");
-  train->add_flag("--verbose", g_verbose,
-                  "After an error in the model's code, print its full traceback too");
-  train->add_option("--job-secret-file", args.launch.job_secret_file,
-                    "File holding the job secret, the same on every node (or KRAB_JOB_SECRET); "
-                    "see README 'Running across machines safely'");
-}
-
-CLI::App* add_fl_sim_command(CLI::App& app, SimArgs& sim) {
-  auto* fl_sim = app.add_subcommand(
-      "fl-sim", "Federated learning simulated in one process: server and clients on one machine");
-  fl_sim->add_option("job", sim.job, "Federated job file (YAML); see docs/config.md")->required();
-  fl_sim->add_option("--clients", sim.clients, "Simulated clients (overrides federated.clients)")
-      ->check(kAtLeastOne);
-  fl_sim->add_option("--set", sim.sets, "Override a key: --set federated.rounds=5 (repeatable)");
-  fl_sim->add_option("--report", sim.report, "Write a JSON report of the run to FILE");
-  fl_sim->add_flag("--verbose", g_verbose,
-                   "After an error in the model's code, print its full traceback too");
-  return fl_sim;
-}
-
-CLI::App* add_fl_server_command(CLI::App& app, ServerArgs& srv) {
-  auto* fl_server = app.add_subcommand(
-      "fl-server", "Federated server: waits for clients, runs rounds, writes the global model");
-  fl_server->add_option("job", srv.job, "Federated job file (YAML); see docs/config.md")
-      ->required();
-  fl_server->add_option("--set", srv.sets, "Override a key (repeatable)");
-  fl_server->add_option("--report", srv.report, "Write a JSON report of the run to FILE");
-  fl_server->add_option("--port-file", srv.port_file,
-                        "Write the port it listens on to FILE (with federated.address HOST:0)");
-  return fl_server;
-}
-
-CLI::App* add_fl_client_command(CLI::App& app, federated::ClientRunOptions& cli_opts,
-                                federated::TokenSources& token) {
-  auto* fl_client = app.add_subcommand(
-      "fl-client", "Federated client: trains on local data, sends back only model updates");
-  fl_client->add_option("--server", cli_opts.server, "Server HOST:PORT")->required();
-  fl_client->add_option("--token-file", token.file,
-                        "File holding this client's token (or the environment variable "
-                        "KRAB_FL_TOKEN)");
-  fl_client->add_option("--token", token.flag,
-                        "This client's token on the command line (visible in `ps` to every "
-                        "local user: prefer --token-file or KRAB_FL_TOKEN)");
-  fl_client
-      ->add_option("--ca", cli_opts.ca_file,
-                   "PEM file of the CA that signed the server's certificate")
-      ->required();
-  fl_client->add_option("--data", cli_opts.data,
-                        "This client's data: a dataset directory or file (data.path); never "
-                        "taken from the server");
-  fl_client->add_option("--model", cli_opts.model,
-                        "This client's copy of the TorchScript module, when the server's model "
-                        "is one (its SHA-256 must match the server's)");
-  fl_client->add_option("--partition", cli_opts.partition,
-                        "K/N: train on partition K of N of --data (experiments)");
-  fl_client->add_option("--cert", cli_opts.cert_file, "PEM client certificate (mutual TLS)");
-  fl_client->add_option("--key", cli_opts.key_file, "PEM key of --cert");
-  fl_client->add_flag("--require-secure-aggregation", cli_opts.policy.require_secure,
-                      "Leave (exit 2) if a round is not securely aggregated");
-  fl_client->add_option("--min-local-noise", cli_opts.policy.min_local_noise,
-                        "Leave if a round's local DP noise multiplier (noise std / clip) is "
-                        "below this (default 0: no minimum)");
-  fl_client->add_option("--max-clip", cli_opts.policy.max_clip,
-                        "Leave if a round does not clip updates to at most this L2 norm "
-                        "(default 0: no bound)");
-  fl_client->add_option("--max-weight", cli_opts.policy.max_weight,
-                        "Leave if a secure round weights this client's update above this "
-                        "(default 1: no bound)");
-  fl_client->add_option("--server-name", cli_opts.server_name,
-                        "Name the server's certificate must carry, when it is not --server's "
-                        "host (e.g. its DNS name while connecting to 127.0.0.1)");
-  fl_client->add_option("--retry-s", cli_opts.retry_s,
-                        "Keep retrying an unreachable server this long (default 60)");
-  fl_client->add_option("--threads", cli_opts.threads, "Intra-op threads (default 1)");
-  fl_client->add_flag("--verbose", g_verbose,
-                      "After an error in the model's code, print its full traceback too");
-  return fl_client;
-}
-
-// `krab privacy epsilon`; returns the `epsilon` subcommand.
-CLI::App* add_privacy_command(CLI::App& app, EpsilonArgs& eps) {
-  auto* privacy = app.add_subcommand("privacy", "Differential-privacy tools");
-  privacy->require_subcommand(1);
-  auto* epsilon = privacy->add_subcommand(
-      "epsilon", "Print the epsilon a subsampled Gaussian mechanism spends (RDP accountant)");
-  epsilon->add_option("--noise-multiplier", eps.noise, "Noise std / clipping norm (sigma)")
-      ->required();
-  epsilon->add_option("--sampling-rate", eps.rate, "Probability a client (or example) is in a step")
-      ->required();
-  epsilon->add_option("--steps", eps.steps, "Number of steps (rounds)")->required();
-  epsilon->add_option("--delta", eps.delta, "Target delta")->required();
-  epsilon->add_option("--conversion", eps.conversion,
-                      "RDP to (epsilon, delta): balle2020 (default; Opacus, dp_accounting) or "
-                      "mironov2017 (TF Privacy before 2020)");
-  return epsilon;
-}
-
-// Every command, in the order `krab --help` lists them.
-void add_commands(CLI::App& app, Commands& c) {
-  app.require_subcommand(1);
-  add_train_command(app, c.train);
-  c.fl_sim = add_fl_sim_command(app, c.sim);
-  c.fl_server = add_fl_server_command(app, c.server);
-  c.fl_client = add_fl_client_command(app, c.client, c.client_token);
-  c.config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
-  c.privacy_epsilon = add_privacy_command(app, c.epsilon);
-}
-
 // A worker names its rank in every error line, whoever launched it (krab, torchrun,
 // mpirun, Slurm).
 std::string error_prefix() {
@@ -618,7 +445,6 @@ std::string error_prefix() {
   return worker ? str_cat("krab[rank ", rank ? rank : "?", "]") : std::string("krab");
 }
 
-// Runs the command `c` holds, once parsed; `train` when no other was given.
 // fl-client: the token from its file, the environment or (with a warning) the command line.
 int run_fl_client_command(federated::ClientRunOptions options, federated::TokenSources sources) {
   sources.env = std::getenv("KRAB_FL_TOKEN");
@@ -630,7 +456,8 @@ int run_fl_client_command(federated::ClientRunOptions options, federated::TokenS
   return 0;
 }
 
-int run_command(const Commands& c, int argc, char** argv) {
+// Runs the command `c` holds, once parsed; `train` when no other was given.
+int run_command(const cli::Commands& c, int argc, char** argv) {
   if (c.privacy_epsilon->parsed()) return run_epsilon(c.epsilon);
   if (c.fl_server->parsed()) {
     keep_freed_memory();
@@ -654,8 +481,8 @@ int run_command(const Commands& c, int argc, char** argv) {
 int main(int argc, char** argv) {
   CLI::App app{"krab — distributed training of neural networks"};
   app.set_version_flag("--version", "krab " KRAB_BUILD_VERSION " (commit " KRAB_BUILD_COMMIT ")");
-  Commands commands;
-  add_commands(app, commands);
+  cli::Commands commands;
+  cli::add_commands(app, commands);
   g_who = error_prefix();
   std::set_terminate(on_terminate);
   quiet_library_logs();
@@ -675,7 +502,9 @@ int main(int argc, char** argv) {
   } catch (const krab::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(), core::printable_text(e.what()).c_str());
     const auto* forward = dynamic_cast<const krab::models::ForwardError*>(&e);
-    if (g_verbose && forward != nullptr) std::fprintf(stderr, "%s\n", forward->details().c_str());
+    // --verbose: the library's full text (a TorchScript traceback) after the error line.
+    if (commands.verbose && forward != nullptr)
+      std::fprintf(stderr, "%s\n", forward->details().c_str());
     return e.exit_code();
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", g_who.c_str(),
