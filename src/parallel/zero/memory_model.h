@@ -1,0 +1,128 @@
+// Memory and traffic of ZeRO sharding, as numbers: what one rank holds and sends per step at
+// stages 0-3, predicted from the parameter table alone (no model is built, nothing is
+// allocated). The launcher checks a job against it before spawning, the report prints it beside
+// what was measured, and the engine tests check their traffic meters against zero_traffic().
+// The companion of comm/traffic.h, whose ring model it uses for every collective.
+//
+// Terms (docs/design/zero-sharding.md §1.2, §1.3, §5.1). The parameters are split into units;
+// units[0] is the root unit (what no wrap glob took), the others follow in forward order. A
+// unit of numel_u elements is laid out as one flat padded to padded_u = roundup(numel_u, N·A)
+// (N = world size, A = alignment in elements), of which each rank owns a shard of S_u =
+// padded_u / N. Write Ψ = Σ numel_u, Ψp = Σ padded_u, Ψmax = the largest padded non-root unit,
+// k = optimizer fp32 values per parameter (SGD 0, SGD with momentum 1, Adam / AdamW 2, +1 with
+// amsgrad). All state is fp32, 4 bytes a value. Bytes one rank holds:
+//
+//   stage  params           grads            optimizer   working set
+//   0      4Ψ               4Ψ               4kΨ         4Ψ: DataParallel's bucket mirror of
+//                                                        every gradient, alive all step
+//   1      4Ψp (views into  4Ψ (each .grad)  4kΨp/N      4Ψp/N grad shards, filled by the last
+//          unit flats)                                   micro-batch's reduce-scatter and read
+//                                                        by the step; 2 buckets in flight
+//   2      4Ψp              4Ψp/N (shards)   4kΨp/N      2 buckets in flight; the .grad of one
+//                                                        unit not yet copied into its bucket
+//   3      4Ψp/N (master    4Ψp/N            4kΨp/N      gathered flats of the root and of
+//          shards)                                       1 + prefetch units (4·(root + (1+p)Ψmax)),
+//                                                        one unit's full grad and bucket (8Ψmax)
+//                                                        and the root's full grad (4·root), or at
+//                                                        the root's reduce its flat, grad and
+//                                                        bucket, whichever is larger
+//
+// A bucket holds at most max(bucket_bytes, one padded unit) bytes (a unit larger than the cap
+// is a bucket of its own). With Adam and no padding the model state (params + grads +
+// optimizer) is the issue's 16Ψ, 4Ψ + 4Ψ + 8Ψ/N, 4Ψ + 12Ψ/N and 16Ψ/N; the stage-1 grad shards
+// are counted as working set because they live only from the last backward to the step.
+// Padding adds less than N·A elements per unit to Ψp.
+//
+// Further terms, each its own field so a message can name what dominates:
+//   low_precision  bf16: the bf16 weight copies autograd saves for backward, 2Ψ; stage 3 with
+//                  activation checkpointing confines them to the root and one unit (§6.1).
+//   compression    a compressor with error feedback: its full-size first-level residual 4Ψ and
+//                  the second-level one, 4Ψ/N (§2.2).
+//   activations    passed through: the caller's estimate for its model and batch.
+//   offloaded      parallel.offload: disk moves the optimizer state (and stage 3's master
+//                  shards) into a file; RAM keeps a window of two units of it (§6.2).
+// Not counted: buffers (replicated, small), Adam's per-tensor step counters, LibTorch's process
+// overhead and the data set (the launcher adds those, cli/resources.h).
+//
+// Traffic per step (zero_traffic), with M micro-batches, P_u = 4·padded_u bytes and the wire
+// bytes of comm/traffic.h (AR = all-reduce, RS = reduce-scatter, AG = all-gather):
+//   0   AR of the unpadded gradients once (DataParallel reduces on the last micro-batch), as
+//       one op: DataParallel's meter rounds each bucket down, so it may read up to one byte
+//       per bucket less
+//   1   per unit RS(P_u) on the last micro-batch, AG(P_u/N) after the step
+//       = AR of the padded sizes, since (N-1)/N·P + (N-1)·P/N = 2(N-1)/N·P
+//   2   per unit RS(P_u) every micro-batch, AG(P_u/N) after the step
+//   3   per micro-batch: every non-root unit AG (forward) + AG (backward) + RS, except that the
+//       last unit in forward order is still gathered when backward reaches it (no backward AG);
+//       the root RS, then AG (before the next micro-batch's forward or after the step)
+// So stage 3 sends 3 units' worth where stage 1 sends 2: 1.5x all-reduce's bytes as the units
+// grow in number. Gathers are fp32 at every precision (§6.1). A unit of 0 elements issues no
+// collective. Compressed reduce-scatters and the buffer broadcast are not modelled.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/traffic.h"
+
+namespace krab::parallel::zero {
+
+enum class OptimizerKind { kSgd, kSgdMomentum, kAdam, kAdamW };
+enum class Precision { kFp32, kBf16 };
+enum class Offload { kNone, kDisk };
+
+// Everything the prediction depends on. Plain value.
+struct MemoryInputs {
+  // Trainable parameter count of each unit; [0] is the root unit (may be 0), the rest in
+  // forward order. Must not be empty; every entry >= 0.
+  std::vector<int64_t> unit_numel;
+  int world_size = 1;      // N >= 1
+  int stage = 0;           // 0..3
+  int64_t alignment = 16;  // A in elements, >= 1: lcm(16, the codec chunk), §1.2
+  OptimizerKind optimizer = OptimizerKind::kAdam;
+  bool amsgrad = false;  // Adam / AdamW only: a third moment
+  Precision precision = Precision::kFp32;
+  Offload offload = Offload::kNone;  // kDisk needs stage >= 1
+  bool activation_checkpointing = false;
+  int prefetch = 1;                 // stage 3: units gathered ahead, >= 0
+  int64_t bucket_bytes = 25 << 20;  // the bucket cap, > 0
+  bool error_feedback = false;      // a compressor with error feedback residuals
+  int64_t activation_bytes = 0;     // the caller's activation estimate, >= 0
+  int micro_batches = 1;            // gradient accumulation steps, >= 1 (traffic only)
+};
+
+// Bytes one rank holds, by kind. Plain value.
+struct MemoryPrediction {
+  int64_t params = 0;
+  int64_t grads = 0;
+  int64_t optimizer = 0;  // resident part: all of it, or the offload window
+  int64_t working_set = 0;
+  int64_t low_precision = 0;
+  int64_t compression = 0;
+  int64_t activations = 0;
+  int64_t offloaded = 0;  // on disk, not in RAM
+  // params + grads + optimizer: the issue's "model state".
+  int64_t model_state() const { return params + grads + optimizer; }
+  // Everything in RAM: all fields but `offloaded`.
+  int64_t resident() const {
+    return model_state() + working_set + low_precision + compression + activations;
+  }
+};
+
+// fp32 values the optimizer keeps per parameter: 0, 1, 2 or 3 (the k above).
+int optimizer_values_per_param(OptimizerKind kind, bool amsgrad);
+
+// padded_u for one unit: numel rounded up to a multiple of world_size · alignment. Pure; the
+// same rounding as the layout plan (§1.2).
+int64_t padded_numel(int64_t numel, int world_size, int64_t alignment);
+
+// The table above for `in`. Pure; throws InvalidArgument naming the field when an input is out
+// of range (and for offload at stage 0, which has no shards to offload).
+MemoryPrediction predict_memory(const MemoryInputs& in);
+
+// Bytes and ops one rank sends in one optimizer step of `in.micro_batches` micro-batches, per op
+// kind, as Communicator::traffic() would record them (comm/traffic.h); the fields of `in` that
+// only concern memory are ignored. Pure; throws like predict_memory.
+comm::TrafficStats zero_traffic(const MemoryInputs& in);
+
+}  // namespace krab::parallel::zero
