@@ -38,6 +38,9 @@ class Communicator;
 namespace krab::models {
 class Model;
 }
+namespace krab::engine {
+struct ShardedState;  // engine/sharded_state.h
+}
 
 namespace krab::engine {
 
@@ -50,14 +53,31 @@ struct StepPlan {
   data::BatchSlice slice;
 };
 
-// What a checkpoint holds of this rank. Every engine today keeps a full replica (shard 0 of 1):
-// the model's parameters and buffers and the optimizer's state. A sharded engine will hand
-// out its own part (shard i of n) and restore from it.
+// What a checkpoint holds of this rank.
+// - A full replica (data parallel, local SGD, a server's worker): shard 0 of 1, `sharded`
+//   null; the model's parameters and buffers and `optimizer`'s state. Rank 0 writes it.
+// - A sharded engine (ZeRO stages 1-3): shard `shard` of `shards` (= the group's rank and
+//   size), `sharded` set: this rank's piece of every unit's flat parameters and of its
+//   optimizer state (engine/sharded_state.h). `model` still holds the buffers and any frozen
+//   parameters (replicated); `optimizer` is null. Every rank writes its own shard.
 struct TrainState {
   models::Model* model = nullptr;
-  torch::optim::Optimizer* optimizer = nullptr;  // null: the engine has none (a server has it)
+  torch::optim::Optimizer* optimizer = nullptr;  // null: none whole (a server's, or sharded)
   int shard = 0;
   int shards = 1;
+  const ShardedState* sharded = nullptr;
+};
+
+// What this rank holds, in bytes, for the report's `memory` (docs/design/zero-sharding.md
+// §5.3). Storage bytes, each storage counted once; `known` false for an engine that does not
+// measure (the report then leaves the fields out).
+struct MemoryStats {
+  bool known = false;
+  int64_t params = 0;            // parameter storage held between steps (stage 3: master shards)
+  int64_t grads = 0;             // gradients held between backward and update
+  int64_t optimizer = 0;         // optimizer state in memory
+  int64_t working_set_peak = 0;  // the most transient bytes (gathered units, buckets) at once
+  int64_t offloaded = 0;         // optimizer state (and stage-3 masters) in files on disk
 };
 
 // What the loop measured, for engines that report it elsewhere (the parameter-server worker
@@ -115,6 +135,16 @@ class Engine {
 
   // Checkpoints: what to save and where to restore into (see TrainState).
   virtual TrainState state() = 0;
+  // Parameters may be in flight between steps (a sharded engine's deferred all-gathers):
+  // anything outside the step that reads the model's parameters (evaluation, checkpoints,
+  // model.pt, snapshots) calls settle() first. Collective where the engine has a group: every
+  // rank calls it at the same points. Default: nothing is ever in flight.
+  virtual void settle() {}
+  // After the loop wrote a checkpoint's values into state(): derive what the engine keeps from
+  // them (a sharded engine all-gathers the restored shards into the parameters). Collective.
+  virtual void after_restore() {}
+  // This rank's bytes by kind (MemoryStats); cheap, called once at the end.
+  virtual MemoryStats memory() const { return {}; }
 
   // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
   virtual nlohmann::json describe() const = 0;

@@ -18,6 +18,24 @@ std::pair<int64_t, int64_t> Model::correct(const at::Tensor& logits, const at::T
   return {hits.sum().item<int64_t>(), hits.numel()};
 }
 
+void Model::set_unit_runner(UnitRunner* runner, std::vector<int> unit_of_candidate) {
+  if (runner != nullptr) {
+    const size_t n = unit_candidates().size();
+    KRAB_CHECK_ARG(unit_of_candidate.size() == n, "set_unit_runner: ", unit_of_candidate.size(),
+                   " unit indices for ", n, " unit candidates");
+  }
+  runner_ = runner;
+  unit_of_candidate_ = runner != nullptr ? std::move(unit_of_candidate) : std::vector<int>{};
+}
+
+at::Tensor Model::run_unit(int candidate, const at::Tensor& x, const UnitForward& forward) {
+  if (runner_ == nullptr || candidate < 0 ||
+      candidate >= static_cast<int>(unit_of_candidate_.size()) ||
+      unit_of_candidate_[candidate] < 0)
+    return forward(x);
+  return runner_->run(unit_of_candidate_[candidate], x, forward);
+}
+
 std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   // A user's module decides for itself what inputs and how many outputs it takes; check_fits
   // (torchscript.h) tries it on the data instead.

@@ -46,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include "models/units.h"
+
 namespace krab::models {
 
 struct ModelSpec {
@@ -85,6 +87,25 @@ class Model : public torch::nn::Module {
   // What evaluation hands to correct(): forward(inputs) unless the model has its own
   // (a TorchScript module's predict).
   virtual at::Tensor predict(const at::Tensor& inputs) { return forward(inputs); }
+
+  // Units (models/units.h). The module paths this model runs through run_unit(), in forward
+  // order ("blocks.0", "blocks.1" for gpt; "conv1", ... for cnn; for a TorchScript module the
+  // children it could split). Candidate i is the i-th path. Empty: nothing can be split.
+  virtual std::vector<std::string> unit_candidates() const { return {}; }
+  // Installs `runner` (null: none) for the candidates: unit_of_candidate[i] is the unit index
+  // the runner gets for candidate i, or -1 to run candidate i directly. Not owned; the
+  // installer keeps it alive while it is installed. unit_of_candidate must have one entry per
+  // candidate (InvalidArgument otherwise).
+  void set_unit_runner(UnitRunner* runner, std::vector<int> unit_of_candidate);
+  UnitRunner* unit_runner() const { return runner_; }
+
+ protected:
+  // forward(x) for candidate `candidate`, through the runner when one is installed for it.
+  at::Tensor run_unit(int candidate, const at::Tensor& x, const UnitForward& forward);
+
+ private:
+  UnitRunner* runner_ = nullptr;
+  std::vector<int> unit_of_candidate_;
 };
 
 // Builds the model `spec.name` names. InvalidArgument, naming the config key, for: an unknown

@@ -176,6 +176,7 @@ void Trainer::Loop::resume() {
   start_step = decode_checkpoint(bytes, path.empty() ? "rank 0's checkpoint" : path, meta(0),
                                  *state.model, *state.optimizer)
                    .step;
+  engine->after_restore();
   events.note(str_cat("resumed from ", path, " at step ", start_step));
 }
 
@@ -283,8 +284,9 @@ double Trainer::Loop::share_loss(double loss, int64_t examples) {
 }
 
 void Trainer::Loop::maybe_checkpoint(int64_t done) {
-  if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps || !rank0())
-    return;
+  if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps) return;
+  engine->settle();  // collective: every rank, before rank 0 reads the parameters
+  if (!rank0()) return;
   const engine::TrainState state = engine->state();
   last_checkpoint = save_checkpoint(
       run_dir,
@@ -299,6 +301,7 @@ void Trainer::Loop::maybe_evaluate(int64_t done) {
     return;
   const auto t_eval = Clock::now();
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
+  engine->settle();
   models::Model& model = engine->model();
   model.eval();
   const double value = evaluate(model, metric, *d.testing(), *group);
@@ -311,7 +314,8 @@ void Trainer::Loop::maybe_evaluate(int64_t done) {
 
 // EvaluationMode::kDeferred: when the job's progress (the step about to be computed) passes a
 // multiple of train.eval_every, rank 0 keeps a copy of the parameters it is about to use and
-// evaluates the copies after training. Memory: one parameter copy per evaluation.
+// evaluates the copies after training. Memory: one parameter copy per evaluation. (Engines
+// that evaluate this way have no group, so nothing they hold is ever in flight: no settle().)
 void Trainer::Loop::maybe_snapshot(const engine::StepPlan& plan) {
   if (engine->evaluation_mode() != engine::EvaluationMode::kDeferred || !rank0() ||
       o.eval_every <= 0 || d.testing() == nullptr || plan.step < next_eval || computed == 0)
@@ -345,6 +349,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   for (size_t k = 0; k < traffic.bytes_sent.size(); ++k)
     traffic.bytes_sent[k] -= loss_traffic.bytes_sent[k];
   out.train_seconds = seconds_between(t_loop, t_end) - eval_secs;
+  engine->settle();  // every rank: evaluation and the final state read the parameters
   models::Model& model = engine->model();
   if (d.testing() != nullptr) {
     model.eval();
