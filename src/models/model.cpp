@@ -30,8 +30,7 @@ void Model::set_unit_runner(UnitRunner* runner, std::vector<int> unit_of_candida
 
 at::Tensor Model::run_unit(int candidate, const at::Tensor& x, const UnitForward& forward) {
   if (runner_ == nullptr || candidate < 0 ||
-      candidate >= static_cast<int>(unit_of_candidate_.size()) ||
-      unit_of_candidate_[candidate] < 0)
+      candidate >= static_cast<int>(unit_of_candidate_.size()) || unit_of_candidate_[candidate] < 0)
     return forward(x);
   return runner_->run(unit_of_candidate_[candidate], x, forward);
 }
