@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <map>
-#include <set>
 #include <unordered_map>
 
 #include "core/errors.h"
@@ -181,7 +180,8 @@ ScriptUnitPlan plan_script_units(const torch::jit::Module& module) {
       if (overlaps(path, other)) whole.emplace(path, "overlaps " + other + ", which is called too");
   for (const std::string& path : uses.order)
     for (const auto& [other, reason] : uses.marks)
-      if (overlaps(path, other)) whole.emplace(path, "overlaps " + other + ", which " + reason);
+      if (overlaps(path, other))
+        whole.emplace(path, str_cat("overlaps ", other, " (", reason, ")"));
 
   std::map<std::string, torch::jit::Module> modules;
   for (const auto& m : module.named_modules()) modules.emplace(m.name, m.value);
@@ -250,15 +250,26 @@ void apply_script_units(torch::jit::Module& module, const ScriptUnitPlan& plan) 
   for (size_t i = 0; i < plan.units.size(); ++i) unit_of.emplace(plan.units[i], i);
   const c10::ClassTypePtr type = module.type();
   const auto cu = module._ivalue()->compilation_unit();
-  // forward first: the copies of training_loss and predict call __krab_forward.
+  std::vector<std::string> methods;
   for (const char* method : kMethods) {
     if (!module.find_method(method)) continue;
-    const std::string name = script_unit_method(method);
-    if (type->findMethod(name) != nullptr)
-      throw NotSupported(str_cat("the module already has a method ", name));
-    auto graph = module.get_method(method).graph()->copy();
-    rewrite(*graph, unit_of, method);
-    type->addMethod(cu->create_function(c10::QualifiedName(*type->name(), name), graph));
+    if (type->findMethod(script_unit_method(method)) != nullptr)
+      throw NotSupported(str_cat("the module already has a method ", script_unit_method(method)));
+    methods.push_back(method);
+  }
+  // forward first: the copies of training_loss and predict call __krab_forward.
+  std::vector<std::string> added;
+  try {
+    for (const std::string& method : methods) {
+      const std::string name = script_unit_method(method);
+      auto graph = module.get_method(method).graph()->copy();
+      rewrite(*graph, unit_of, method);
+      type->addMethod(cu->create_function(c10::QualifiedName(*type->name(), name), graph));
+      added.push_back(name);
+    }
+  } catch (...) {
+    for (const std::string& name : added) type->unsafeRemoveMethod(name);
+    throw;
   }
 }
 

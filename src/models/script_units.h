@@ -66,9 +66,9 @@ std::string script_unit_method(const std::string& method);
 
 // Adds `__krab_<method>` for each of forward, training_loss and predict that `module` defines,
 // calling krab::unit_call for every unit of `plan` (plan.units must be non-empty). Throws
-// NotSupported (the reason, for the report) when a graph cannot be rewritten or the module
-// already has a method of that name; the module's type may then hold some of the copies, which
-// nothing calls.
+// NotSupported when the module already has a method of such a name, or whatever LibTorch throws
+// when a copy cannot be made; the module's type is then as before (the copies made so far are
+// removed).
 void apply_script_units(torch::jit::Module& module, const ScriptUnitPlan& plan);
 
 }  // namespace krab::models

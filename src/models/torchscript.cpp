@@ -343,8 +343,9 @@ void TorchScriptModel::save(const std::string& path) const {
   // rewritten methods, which call an operator only krab has (Python's torch.jit.load would fail
   // on them). The copy has a type of its own; the running module's keeps them.
   std::unordered_set<std::string> krab_methods;
-  for (const torch::jit::Function* fn : module_.type()->methods())
-    if (fn->name().rfind(script_unit_method(""), 0) == 0) krab_methods.insert(fn->name());
+  if (!units_.units.empty())
+    for (const char* method : {"forward", "training_loss", "predict"})
+      krab_methods.insert(script_unit_method(method));
   torch::jit::Module copy = module_.clone(/*inplace=*/false, krab_methods, {});
   copy.eval();
   std::ostringstream out;

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 
+#include "core/errors.h"
 #include "models/torchscript.h"
 #include "support/script_modules.h"
 
@@ -220,6 +221,22 @@ def forward(self, x):
   EXPECT_EQ(plan.gathered_whole, (std::vector<std::string>{"a: reached in method features"}));
 }
 
+// A child called beside its own submodule: neither owns its parameters alone.
+TEST_F(ScriptUnits, NestedCallsAreNotUnits) {
+  torch::jit::Module root = b_.module("Nested");
+  root.register_module("a", block(b_, 6));
+  root.register_module("b", b_.linear(6, 3));
+  root.define(R"(
+def forward(self, x):
+    return self.b.forward(self.a.forward(x) + self.a.fc.forward(x))
+)");
+  const ScriptUnitPlan plan = plan_script_units(root);
+  EXPECT_EQ(plan.units, (std::vector<std::string>{"b"}));
+  EXPECT_EQ(plan.gathered_whole,
+            (std::vector<std::string>{"a: overlaps a.fc, which is called too",
+                                      "a.fc: overlaps a, which is called too"}));
+}
+
 // Runs `m` (through its rewritten methods) and the plain module of the same file (through the
 // originals) on the same batch; outputs and every parameter's gradient must be bit-equal.
 void expect_same_as_original(TorchScriptModel& m, const std::string& path,
@@ -276,6 +293,61 @@ TEST_F(ScriptUnits, TrainingLossRunsTheUnitsOfTheRewrittenForward) {
   torch::jit::Module plain = torch::jit::load(path);
   torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
   EXPECT_TRUE(torch::equal(loss, plain.get_method("training_loss")({x, y}).toTensor()));
+}
+
+TEST_F(ScriptUnits, PredictRunsTheUnitsOfTheRewrittenForward) {
+  torch::jit::Module net = resnet_like(b_);
+  net.define(R"(
+def predict(self, x):
+    return -self.forward(x)
+)");
+  const std::string path = save(net);
+  auto m = load(path);
+  CountingRunner counting;
+  m->set_unit_runner(&counting, {0, 1, 2, 3, 4});
+  const at::Tensor x = torch::randn({5, 6});
+  const at::Tensor out = m->predict(x);
+  EXPECT_EQ(counting.seen, (std::vector<int>{0, 1, 2, 3, 4}));
+  torch::jit::Module plain = torch::jit::load(path);
+  torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
+  EXPECT_TRUE(torch::equal(out, plain.get_method("predict")({x}).toTensor()));
+}
+
+// A name the rewrite would take is the user's already: the module trains whole, and says why.
+TEST_F(ScriptUnits, ANameClashLeavesTheModuleWhole) {
+  torch::jit::Module net = resnet_like(b_);
+  net.define(R"(
+def __krab_forward(self, x):
+    return x
+)");
+  const std::string path = save(net);
+  auto m = load(path);
+  EXPECT_TRUE(m->unit_candidates().empty());
+  EXPECT_EQ(m->gathered_whole(),
+            (std::vector<std::string>{"nothing split: the module already has a method "
+                                      "__krab_forward"}));
+  expect_same_as_original(*m, path, "whole");
+  const std::string out = (dir_ / "model.ts").string();
+  m->save(out);  // the user's own method stays in model.ts
+  EXPECT_TRUE(torch::jit::load(out).find_method("__krab_forward").has_value());
+}
+
+// A runner's failure (a gather that timed out) reaches the caller as itself, not as a failure
+// of the user's code: the interpreter between them would turn it into a std::runtime_error.
+TEST_F(ScriptUnits, ARunnersErrorKeepsItsType) {
+  struct FailingRunner : UnitRunner {
+    at::Tensor run(int, const at::Tensor&, const UnitForward&) override {
+      throw Timeout("all_gather of unit 1 timed out");
+    }
+  } failing;
+  auto m = load(save(gpt_like(b_)));
+  m->set_unit_runner(&failing, {0, 1, 2, 3});
+  try {
+    m->forward(torch::randn({5, 6}));
+    FAIL() << "no Timeout";
+  } catch (const Timeout& e) {
+    EXPECT_STREQ(e.what(), "all_gather of unit 1 timed out");
+  }
 }
 
 TEST_F(ScriptUnits, RecomputedUnitsGiveTheSameGradients) {
