@@ -28,12 +28,14 @@
 //   - nothing else reaches it, its parameters, one of its own submodules or a module above it
 //     (other than by the GetAttr chain to a unit): `self.fc.weight` read in the root's code,
 //     `self.encoder` passed to a call, a call in a method of self other than these three;
-//   - it holds at least one parameter (a unit without one has nothing to gather).
-// So top-level children called once (ResNet's layer1..layer4, the parts of a nn.Sequential at
-// the top) and the elements of a ModuleList iterated in the root's forward (TorchScript unrolls
-// `for b in self.blocks` into one call per element, `getattr(self.blocks, "0")`) are units. Every
-// other child holding parameters is "gathered whole" with a reason, and the plan is never
-// refused: its parameters stay with the root unit.
+//   - it holds at least one trainable parameter (requires_grad; ZeRO shards only those, so a
+//     unit without one would have nothing to gather).
+// So top-level children called once (ResNet's layer1..layer4, the parts of a root that is an
+// nn.Sequential) and the elements of a ModuleList iterated in the root's forward (TorchScript
+// unrolls `for b in self.blocks` into one call per element, `getattr(self.blocks, "0")`) are
+// units. Every other child that holds trainable parameters and that one of the three methods
+// reaches is "gathered whole" with a reason, and the plan is never refused: its parameters stay
+// with the root unit.
 //
 // Thread safety: none needed; the planner reads the module, apply_script_units writes its type
 // (call it once, before the module runs on any other thread).
@@ -51,9 +53,9 @@ struct ScriptUnitPlan {
   // forward (then training_loss, then predict). Unit i is the operator's unit argument i and
   // Model::unit_candidates()[i].
   std::vector<std::string> units;
-  // Children holding parameters that are not units, one line each: "<path>: <reason>"
-  // ("head: returns a tuple", "b: called inside a loop"), in path order. When the whole split
-  // failed (apply_script_units threw), one line without a path.
+  // The children reached and holding trainable parameters that are not units, one line each,
+  // "<path>: <reason>" ("head: returns a tuple", "b: called inside a loop"), in path order. When
+  // the whole split failed (apply_script_units threw), one line without a path.
   std::vector<std::string> gathered_whole;
 };
 

@@ -194,6 +194,32 @@ TEST_F(ScriptUnits, PlansTopLevelLayersInForwardOrder) {
   EXPECT_TRUE(m->gathered_whole().empty());
 }
 
+// A root nn.Sequential, as torch.jit.script writes it: its parts are units, except one without
+// parameters (nothing to gather).
+TEST_F(ScriptUnits, PlansThePartsOfARootSequential) {
+  torch::jit::Module relu = b_.module("ReLU");
+  relu.define(R"(
+def forward(self, x):
+    return torch.relu(x)
+)");
+  torch::jit::Module root = b_.module("Sequential");
+  root.register_module("0", b_.linear(6, 6));
+  root.register_module("1", relu);
+  root.register_module("2", b_.linear(6, 3));
+  root.define(R"(
+def forward(self, input):
+    _0 = getattr(self, "0")
+    _1 = getattr(self, "1")
+    _2 = getattr(self, "2")
+    input0 = (_0).forward(input, )
+    input1 = (_1).forward(input0, )
+    return (_2).forward(input1, )
+)");
+  auto m = load(save(root));
+  EXPECT_EQ(m->unit_candidates(), (std::vector<std::string>{"0", "2"}));
+  EXPECT_TRUE(m->gathered_whole().empty());
+}
+
 TEST_F(ScriptUnits, ReportsWhatItCannotSplit) {
   auto m = load(save(awkward(b_)));
   EXPECT_EQ(m->unit_candidates(), (std::vector<std::string>{"ok"}));
