@@ -12,6 +12,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 
@@ -265,11 +266,11 @@ def forward(self, x):
 
 // Runs `m` (through its rewritten methods) and the plain module of the same file (through the
 // originals) on the same batch; outputs and every parameter's gradient must be bit-equal.
-void expect_same_as_original(TorchScriptModel& m, const std::string& path,
-                             const std::string& what) {
+void expect_same_as_original(TorchScriptModel& m, const std::string& path, const std::string& what,
+                             const at::Tensor& x = torch::randn({5, 6}),
+                             const at::Tensor& y = torch::randint(0, 3, {5})) {
   torch::jit::Module plain = torch::jit::load(path);
-  const at::Tensor x = torch::randn({5, 6});
-  const at::Tensor y = torch::randint(0, 3, {5});
+  if (!m.is_training()) plain.eval();
   m.zero_grad();
   const at::Tensor out = m.forward(x);
   m.loss(out, y).backward();
@@ -397,6 +398,28 @@ TEST_F(ScriptUnits, RecomputedUnitsGiveTheSameGradients) {
   }
 }
 
+// The issue-25 layer zoo (write_layer_zoo.py), as torch.jit.script writes it: the stem, the
+// blocks of its ModuleList, the LayerNorm and the head are units; the LSTM (an overloaded
+// forward) and the attention (seven inputs) train whole; outputs and gradients are the
+// original's, bit for bit.
+TEST_F(ScriptUnits, SplitsWhatPythonScriptsForTorchNnLayers) {
+  const std::string path = (dir_ / "zoo.ts").string();
+  const std::string cmd =
+      std::string(KRAB_PYTHON) + " " + KRAB_SOURCE_DIR + "/tests/models/write_layer_zoo.py " + path;
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  auto m = load(path);
+  EXPECT_EQ(m->unit_candidates(),
+            (std::vector<std::string>{"stem", "blocks.0", "blocks.1", "norm", "head"}));
+  EXPECT_EQ(m->gathered_whole(),
+            (std::vector<std::string>{"attention: takes 7 inputs",
+                                      "lstm: its method forward__0 is called"}));
+  m->eval();  // dropout off: the two runs draw no random numbers
+  CountingRunner counting;
+  m->set_unit_runner(&counting, {0, 1, 2, 3, 4});
+  expect_same_as_original(*m, path, "zoo", torch::randn({2, 3, 16, 16}), torch::tensor({1, 7}));
+  EXPECT_EQ(counting.seen, (std::vector<int>{0, 1, 2, 3, 4}));
+}
+
 // model.ts is read by Python's torch.jit.load, which knows no krab operator: the file holds the
 // user's methods only, and still computes what the trained module computes.
 TEST_F(ScriptUnits, SavedModelHoldsNoKrabCode) {
@@ -414,6 +437,9 @@ TEST_F(ScriptUnits, SavedModelHoldsNoKrabCode) {
   }
   torch::jit::Module back = torch::jit::load(out);
   EXPECT_FALSE(back.find_method("__krab_forward").has_value());
+  const std::string python =
+      std::string(KRAB_PYTHON) + " -c 'import sys, torch; torch.jit.load(sys.argv[1])' " + out;
+  EXPECT_EQ(std::system(python.c_str()), 0) << python;
   m->eval();
   const at::Tensor x = torch::randn({5, 6});
   torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
