@@ -92,6 +92,7 @@ def forward(self, x):
   root.register_module("looped", b.linear(6, 6));
   root.register_module("twice", b.linear(6, 6));
   root.register_module("peeked", b.linear(6, 3));
+  root.register_module("maybe", b.linear(6, 6));
   root.define(R"(
 def forward(self, x):
     x = self.ok.forward(x)
@@ -99,6 +100,8 @@ def forward(self, x):
     x = a * c
     for i in range(2):
         x = self.looped.forward(x)
+    if x.numel() > 0:
+        x = self.maybe.forward(x)
     x = self.twice.forward(self.twice.forward(x))
     return self.peeked.forward(x) + self.peeked.bias
 )");
@@ -225,7 +228,8 @@ TEST_F(ScriptUnits, ReportsWhatItCannotSplit) {
   auto m = load(save(awkward(b_)));
   EXPECT_EQ(m->unit_candidates(), (std::vector<std::string>{"ok"}));
   EXPECT_EQ(m->gathered_whole(),
-            (std::vector<std::string>{"looped: called inside a loop", "pair: returns a tuple",
+            (std::vector<std::string>{"looped: called inside a loop",
+                                      "maybe: called inside a branch (if)", "pair: returns a tuple",
                                       "peeked: its attribute peeked.bias is read outside its "
                                       "forward",
                                       "twice: called 2 times in one run of forward"}));
