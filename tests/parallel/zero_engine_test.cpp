@@ -311,6 +311,67 @@ TEST(ZeroEngine, PaddingStaysZeroAndParametersLiveInTheFlats) {
   });
 }
 
+// Stage 2 releases every .grad as soon as the hooks copied it (stage 1 keeps them for the
+// step); after apply() no full gradient is left at either stage.
+TEST(ZeroEngine, StageTwoReleasesGradientsDuringBackward) {
+  for (int stage : {1, 2}) {
+    Case c;
+    c.model = "gpt";
+    c.stage = stage;
+    c.bucket_mb = 0.004;
+    testing::run_gloo_ranks_owned(2, [&](int r, std::unique_ptr<comm::Communicator> g) {
+      auto e = make_engine(c, std::move(g));
+      auto plan = e->next_step();
+      e->before_backward(0, true);
+      auto [x, y] = batch(c, 0, 0, r);
+      e->model().loss(e->model().forward(x), y).backward();
+      for (const auto& item : e->model().named_parameters())
+        EXPECT_EQ(item.value().grad().defined(), stage == 1) << item.key();
+      e->reduce_gradients();
+      e->apply(0.01);
+      for (const auto& p : e->model().parameters()) EXPECT_FALSE(p.grad().defined());
+      e->after_step(*plan);
+      e->settle();
+    });
+  }
+}
+
+// memory(): the bytes this rank holds are the closed form of memory_model.h for its layout
+// (params 4Ψp, grads 4Ψ at stage 1 and 4Ψp/N at stage 2, Adam 8Ψp/N), and the buckets alive at
+// once never exceed two of the largest (input and output each): the mlp's units fill one
+// after another in backward.
+TEST(ZeroEngine, MemoryIsTheClosedForm) {
+  for (int stage : {1, 2}) {
+    Case c;
+    c.world = 3;
+    c.stage = stage;
+    c.bucket_mb = 0;  // a bucket per unit
+    testing::run_gloo_ranks_owned(c.world, [&](int r, std::unique_ptr<comm::Communicator> g) {
+      auto e = make_engine(c, std::move(g));
+      auto& z = dynamic_cast<ZeroEngine&>(*e);
+      Outcome ignored;
+      while (auto plan = e->next_step()) one_step(c, *e, r, *plan, &ignored);
+      e->settle();
+      MemoryInputs in;
+      for (const auto& u : z.layout().units()) in.unit_numel.push_back(u.numel);
+      in.world_size = c.world;
+      in.stage = stage;
+      const auto want = predict_memory(in);
+      const auto got = e->memory();
+      EXPECT_TRUE(got.known);
+      EXPECT_EQ(got.params, want.params);
+      EXPECT_EQ(got.grads, want.grads);
+      EXPECT_EQ(got.optimizer, want.optimizer);
+      int64_t largest = 0;
+      for (const auto& b : z.reducer().plan().buckets)
+        largest = std::max(largest, (b.numel(c.world) + b.segment) * 4);
+      EXPECT_GT(z.reducer().plan().buckets.size(), 2u);
+      EXPECT_GT(z.reducer().peak_bucket_bytes(), 0);
+      EXPECT_LE(z.reducer().peak_bucket_bytes(), 2 * largest);
+    });
+  }
+}
+
 // state() hands out this rank's shard views and their optimizers; writing a shard and
 // after_restore() makes every rank's parameters hold the written values.
 TEST(ZeroEngine, StateIsTheShardAndAfterRestoreGathersIt) {

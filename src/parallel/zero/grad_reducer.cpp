@@ -106,6 +106,9 @@ void GradReducer::begin_step() {
 at::Tensor& GradReducer::buffer(int bucket) {
   at::Tensor& buf = buffers_[bucket];
   if (!buf.defined()) {
+    // Two buckets in flight and a third about to fill: the oldest lands first, so buckets
+    // in flight and filling stay two where buckets fill one after another.
+    if (in_flight_.size() >= 2) fold_oldest();
     // Zeros: padding, and parameters that get no gradient, reduce as 0.
     buf = torch::zeros({plan_.buckets[bucket].numel(layout_.world())}, torch::kFloat);
     live_bytes_ += static_cast<int64_t>(buf.nbytes());
@@ -138,7 +141,7 @@ void GradReducer::launch_ready() {
 }
 
 void GradReducer::launch(int bucket) {
-  if (in_flight_.size() >= 2) fold_oldest();
+  if (in_flight_.size() >= 2) fold_oldest();  // after finish() zero-filled several buckets
   InFlight f;
   f.bucket = bucket;
   f.input = buffer(bucket);

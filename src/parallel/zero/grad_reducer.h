@@ -18,12 +18,15 @@
 // boundaries: ShardLayout::pieces gives the runs); at stage 2 it then releases the
 // parameter's .grad. When a bucket has all its gradients it is launched — strictly in bucket
 // order, so that every rank issues the same reduce-scatters in the same order — as an
-// averaging reduce-scatter. At most two buckets are in flight: launching a third first waits
-// for the oldest and folds its output into the shards. finish() (after the backward) treats
-// every parameter that got no gradient as a zero gradient, launches the rest, waits for all and
-// folds: the first fold of a step copies into the grad shard, later ones (stage 2, gradient
-// accumulation: one reduce per micro-batch) add to it. Buffers are allocated per launch and
-// dropped after their fold, so buckets cost at most two buffers at once.
+// averaging reduce-scatter. At most two buckets are in flight, and a bucket's buffer is only
+// allocated (at its first gradient) after the oldest of two in flight has been waited for and
+// folded into the shards: where buckets fill one after another (each unit's gradients arrive
+// together), at most two buffers are alive. A unit whose gradients arrive spread over the
+// backward (GPT's root: the head's first, the embeddings' last) keeps its buffer meanwhile.
+// finish() (after the backward) treats every parameter that got no gradient as a zero gradient,
+// launches the rest, waits for all and folds: the first fold of a step copies into the grad shard,
+// later ones (stage 2, gradient accumulation: one reduce per micro-batch) add to it. Buffers are
+// allocated per launch and dropped after their fold, so buckets cost at most two buffers at once.
 //
 // Reduction order: Gloo's reduce-scatter sums ranks 0..W-1 in order then divides by W; for
 // W = 2 that equals the ring all-reduce of stage 0 bit for bit (§1.5).
