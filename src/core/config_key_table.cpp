@@ -283,7 +283,8 @@ std::vector<KeySpec> parallel_keys() {
               "keeps the optimizer state of 1/N of the parameters, updates that part and "
               "all-gathers the updated parameters; 2 also keeps only 1/N of the gradients "
               "(reduce-scattered during backward). Same parameters as 0 up to the order of "
-              "additions. 3 (parameters sharded too) is not built yet.",
+              "additions; `comm.compression` fp16 and bf16 compose (through the reduce-scatter). 3 "
+              "(parameters sharded too) is not built yet.",
               0, 3),
       list_key("parallel.wrap", "auto",
                "`parallel.zero_stage` > 0: the units parameters are sharded by, as module-path "

@@ -80,6 +80,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
     zo.stage = o.zero_stage;
     zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
     zo.data_parallel = dpo;
+    zo.compression = compress::CompressionOptions::from_config(c);
     return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
                                                         optimizer);
   }

@@ -66,18 +66,22 @@ void check_zero_options(const core::Config& c) {
                  "parallel.zero_stage ", stage,
                  " cannot write or resume checkpoints yet: set checkpoint.every_steps: 0 and "
                  "checkpoint.resume: false (or parallel.zero_stage: 0)");
-  // Temporary: compression through the reduce-scatter (design §2.2) is not built yet.
+  // fp16 and bf16 go through the reduce-scatter (parallel/zero/sharded_compression.h); the
+  // others cannot split their payload by rank (topk, randomk, powersgd) or are not aligned to
+  // their chunks yet (int8, onebit).
   const std::string& compression = c.get_string("comm.compression");
-  KRAB_CHECK_ARG(compression == "none", "parallel.zero_stage ", stage,
+  KRAB_CHECK_ARG(compression == "none" || compression == "fp16" || compression == "bf16",
+                 "parallel.zero_stage ", stage,
                  " cannot be combined with comm.compression: ", compression,
-                 " yet (use comm.compression: none, or parallel.zero_stage: 0)");
-  if (stage < 2) return;
+                 " yet (none, fp16 and bf16 can; or use parallel.zero_stage: 0)");
+  // Both keep a full-size velocity or norm per bucket of full gradients: a stage that drops
+  // them (2) cannot, and the sharded reduce-scatter does not apply them at stage 1 yet.
   KRAB_CHECK_ARG(c.get_float("comm.momentum_correction") == 0, "parallel.zero_stage ", stage,
                  " cannot be combined with comm.momentum_correction (a full-size velocity per "
-                 "bucket; stage 2 keeps only gradient shards): use parallel.zero_stage: 1");
+                 "bucket): use parallel.zero_stage: 0");
   KRAB_CHECK_ARG(c.get_float("comm.clip_norm") == 0, "parallel.zero_stage ", stage,
                  " cannot be combined with comm.clip_norm (a norm over each worker's full "
-                 "gradient; stage 2 keeps only gradient shards): use parallel.zero_stage: 1");
+                 "gradient): use parallel.zero_stage: 0");
 }
 
 // randomk with error feedback sends each value after 1 / ratio steps on average: in

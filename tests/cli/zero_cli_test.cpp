@@ -58,8 +58,11 @@ TEST_F(Cli, ZeroKeysAreRefusedByName) {
                  "parallel.zero_stage 1 needs sync.mode: sync");
   expect_refused(train("--set parallel.zero_stage=1 --set sync.mode=async --set sync.servers=1"), 2,
                  "parallel.zero_stage 1 needs sync.mode: sync");
-  expect_refused(train("--set parallel.zero_stage=2 --set comm.clip_norm=1"), 2,
-                 "parallel.zero_stage 2 cannot be combined with comm.clip_norm");
+  expect_refused(train("--set parallel.zero_stage=2 --set comm.compression=fp16 "
+                       "--set comm.clip_norm=1"),
+                 2, "parallel.zero_stage 2 cannot be combined with comm.clip_norm");
+  expect_refused(train("--set parallel.zero_stage=1 --set comm.compression=topk"), 2,
+                 "parallel.zero_stage 1 cannot be combined with comm.compression: topk");
   expect_refused(train("--set parallel.zero_stage=1 --set checkpoint.every_steps=5"), 2,
                  "checkpoint.every_steps");
   expect_refused(train("--set parallel.zero_stage=2 --set parallel.wrap=[fc*,nothing]"), 2,

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "parallel/zero/sharded_compression.h"
 
 namespace krab::parallel::zero {
 
@@ -41,13 +42,17 @@ int64_t bucket_position(const engine::ShardLayout& layout, const ZeroBucket& buc
 
 GradReducer::GradReducer(const engine::ShardLayout& layout,
                          std::vector<std::vector<at::Tensor>> params, comm::Communicator& comm,
-                         int64_t bucket_bytes, bool release_grads)
+                         int64_t bucket_bytes, bool release_grads,
+                         std::unique_ptr<compress::Compressor> compressor)
     : layout_(layout),
       comm_(comm),
       release_grads_(release_grads),
       plan_(plan_zero_buckets(layout, bucket_bytes)) {
   KRAB_CHECK_ARG(layout.world() == comm.size(), "GradReducer: layout for ", layout.world(),
                  " ranks, group of ", comm.size());
+  if (compressor)
+    compression_ =
+        std::make_unique<ShardedCompression>(layout, plan_, comm.rank(), std::move(compressor));
   plan_runs(layout, std::move(params));
   buffers_.resize(plan_.buckets.size());
   pending_.assign(plan_.buckets.size(), 0);
@@ -149,7 +154,8 @@ void GradReducer::launch(int bucket) {
   f.output = torch::empty({plan_.buckets[bucket].segment}, torch::kFloat);
   live_bytes_ += static_cast<int64_t>(f.output.nbytes());
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
-  f.work = comm_.reduce_scatter(f.input, f.output, comm::ReduceOp::kAvg);
+  f.work = compression_ ? compression_->reduce(comm_, bucket, f.input, f.output, step_)
+                        : comm_.reduce_scatter(f.input, f.output, comm::ReduceOp::kAvg);
   in_flight_.push_back(std::move(f));
 }
 
@@ -191,6 +197,11 @@ void GradReducer::finish() {
 
 void GradReducer::release_shards() {
   for (auto& s : shards_) s = at::Tensor();
+  ++step_;
+}
+
+std::string GradReducer::compression() const {
+  return compression_ ? compression_->name() : "none";
 }
 
 }  // namespace krab::parallel::zero

@@ -39,13 +39,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
+#include "compress/compressor.h"
 #include "engine/shard_layout.h"
 #include "parallel/grad_hooks.h"
 
 namespace krab::parallel::zero {
+
+class ShardedCompression;  // sharded_compression.h
 
 // One bucket: its units (in backward order) and where each unit's shard sits in a rank's
 // segment of the buffer.
@@ -73,8 +77,11 @@ class GradReducer {
  public:
   // `params[u][i]` is layout.unit(u).params[i] (the parameters, as UnitStorage made them).
   // `release_grads`: stage 2, drop each parameter's .grad once it is in its bucket.
+  // `compressor`: null for fp32 reduce-scatters, else the buckets go through it
+  // (sharded_compression.h; InvalidArgument for a compressor it cannot drive).
   GradReducer(const engine::ShardLayout& layout, std::vector<std::vector<at::Tensor>> params,
-              comm::Communicator& comm, int64_t bucket_bytes, bool release_grads);
+              comm::Communicator& comm, int64_t bucket_bytes, bool release_grads,
+              std::unique_ptr<compress::Compressor> compressor = nullptr);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -88,8 +95,10 @@ class GradReducer {
   // fp32 [S_u], this rank's average gradient of unit u since the last release_shards();
   // undefined before the first fold (and for units of 0 elements).
   const at::Tensor& grad_shard(int unit) const { return shards_.at(unit); }
-  // Drops the grad shards (after the optimizer step).
+  // Drops the grad shards, after the optimizer step (which it counts: compression's warm-up).
   void release_shards();
+  // "none", or the compressor's name.
+  std::string compression() const;
 
   const ZeroBucketPlan& plan() const { return plan_; }
   // The most bytes of bucket buffers alive at once so far.
@@ -123,6 +132,7 @@ class GradReducer {
   comm::Communicator& comm_;
   const bool release_grads_;
   ZeroBucketPlan plan_;
+  std::unique_ptr<ShardedCompression> compression_;
   std::vector<Param> params_;
   std::vector<int64_t> bucket_params_;  // parameters per bucket
   std::vector<at::Tensor> buffers_;     // allocated at a bucket's first gradient
@@ -131,6 +141,7 @@ class GradReducer {
   std::vector<InFlight> in_flight_;  // oldest first
   std::vector<at::Tensor> shards_;
   int next_launch_ = 0;
+  int64_t step_ = 0;  // optimizer steps so far
   bool sync_ = true;
   bool active_ = false;
   int64_t live_bytes_ = 0, peak_bytes_ = 0;

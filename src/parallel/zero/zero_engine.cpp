@@ -74,7 +74,8 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
   storage_ = std::make_unique<UnitStorage>(layout_, params, comm_->rank());
   const auto cap =
       static_cast<int64_t>(options_.data_parallel.data_parallel.bucket_mb * 1024 * 1024);
-  reducer_ = std::make_unique<GradReducer>(layout_, params, *comm_, cap, options_.stage == 2);
+  reducer_ = std::make_unique<GradReducer>(layout_, params, *comm_, cap, options_.stage == 2,
+                                           compress::make_compressor(options_.compression));
   std::vector<at::Tensor> shards;
   for (int u = 0; u < layout_.num_units(); ++u) shards.push_back(storage_->shard(u));
   optimizers_ = std::make_unique<ShardOptimizers>(shards, make_optimizer);
@@ -144,7 +145,7 @@ nlohmann::json ZeroEngine::describe() const {
   for (const auto& u : layout_.units()) units.push_back(u.name);
   return {{"backend", comm_->backend()},
           {"buckets", reducer_->plan().buckets.size()},
-          {"compression", "none"},
+          {"compression", reducer_->compression()},
           {"zero",
            {{"stage", options_.stage},
             {"units", units},

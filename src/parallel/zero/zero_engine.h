@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
+#include "compress/options.h"
 #include "engine/engine.h"
 #include "engine/shard_layout.h"
 #include "engine/sharded_state.h"
@@ -60,6 +61,8 @@ struct ZeroEngineOptions {
   // Module-path globs picking the units (plan.h); empty puts every parameter in the root unit.
   std::vector<std::string> wrap;
   int64_t alignment = 16;  // shard alignment in elements (plan.h's shard_alignment)
+  // comm.compression: none, fp16 or bf16 (sharded_compression.h).
+  compress::CompressionOptions compression;
   // total_steps, global_micro_batch, bucket cap (data_parallel.bucket_mb), broadcast_buffers;
   // as for the data-parallel engine (data_parallel.broadcast_initial_state is always on).
   DataParallelEngineOptions data_parallel;
