@@ -47,5 +47,4 @@ class ThenWork : public comm::Work {
   std::exception_ptr error_;
 };
 
-
 }  // namespace krab::parallel

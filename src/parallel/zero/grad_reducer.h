@@ -28,6 +28,9 @@
 // later ones (stage 2, gradient accumulation: one reduce per micro-batch) add to it. Buffers are
 // allocated per launch and dropped after their fold, so buckets cost at most two buffers at once.
 //
+// With a compressor (fp16, bf16) a bucket goes through ShardedCompression instead of a plain
+// reduce-scatter; everything else here is the same.
+//
 // Reduction order: Gloo's reduce-scatter sums ranks 0..W-1 in order then divides by W; for
 // W = 2 that equals the ring all-reduce of stage 0 bit for bit (§1.5).
 //

@@ -64,8 +64,10 @@ ShardedCompression::BucketSplit ShardedCompression::split(const engine::ShardLay
   s.large = *std::max_element(n_large.begin(), n_large.end());
   s.small = *std::max_element(n_small.begin(), n_small.end());
   for (int j = 0; j < world; ++j) {
-    for (const Run& r : large[j]) s.pack_large.push_back({j * bucket.segment + r.from, j * s.large + r.to, r.length});
-    for (const Run& r : small[j]) s.pack_small.push_back({j * bucket.segment + r.from, j * s.small + r.to, r.length});
+    for (const Run& r : large[j])
+      s.pack_large.push_back({j * bucket.segment + r.from, j * s.large + r.to, r.length});
+    for (const Run& r : small[j])
+      s.pack_small.push_back({j * bucket.segment + r.from, j * s.small + r.to, r.length});
   }
   for (const Run& r : large[rank]) s.own_large.push_back({r.to, r.from, r.length});
   for (const Run& r : small[rank]) s.own_small.push_back({r.to, r.from, r.length});

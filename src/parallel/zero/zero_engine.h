@@ -32,6 +32,9 @@
 // order of additions otherwise (§1.5). Traffic per step: a reduce-scatter and an all-gather of
 // every unit's padded size, the bytes of one all-reduce (memory_model.h's zero_traffic()).
 //
+// Compression: comm.compression fp16 or bf16 runs through the reduce-scatter
+// (sharded_compression.h) and equals stage 0 with the same codec.
+//
 // Checkpoints: state() hands out this rank's shard of every unit and its optimizer
 // (engine::ShardedState); after_restore() gathers restored shards into the parameters.
 //
