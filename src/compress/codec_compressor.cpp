@@ -5,6 +5,7 @@
 
 #include "compress/codecs.h"
 #include "compress/kinds.h"
+#include "core/errors.h"
 
 namespace krab::compress {
 namespace {
@@ -71,6 +72,14 @@ class CodecCompressor : public Compressor {
     for (int q = 0; q < W; ++q)
       codec_->decode(bptr(gathered) + q * E, piece, fptr(padded) + q * piece);
     x.copy_(padded.narrow(0, 0, n));
+  }
+
+  void decode_piece(const Context& ctx, int64_t, const at::Tensor& piece,
+                    at::Tensor& out) override {
+    const int64_t n = piece_numel(stream(ctx).numel, ctx.world);
+    KRAB_CHECK(out.numel() == n && out.is_contiguous(), "decode_piece: output of ", out.numel(),
+               " values for a piece of ", n);
+    codec_->decode(bptr(piece), n, fptr(out));
   }
 
  protected:

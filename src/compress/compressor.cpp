@@ -44,6 +44,10 @@ at::Tensor Compressor::reencode(const Context&, const at::Tensor&) {
   return {};
 }
 
+void Compressor::decode_piece(const Context&, int64_t, const at::Tensor&, at::Tensor&) {
+  KRAB_CHECK(false, "compressor ", kind_name(options_.kind), " cannot decode a single piece");
+}
+
 void Compressor::end(const Context& ctx) {
   Stream& s = stream(ctx);
   if (!s.input.defined()) return;

@@ -113,6 +113,12 @@ class Compressor {
   virtual at::Tensor reencode(const Context& ctx, const at::Tensor& received);
   virtual void decode(const Context& ctx, int64_t round, const at::Tensor& combined,
                       at::Tensor& x) = 0;
+  // kReencode only, for a reducer that keeps only its own piece (ZeRO's reduce-scatter,
+  // parallel/zero/sharded_compression.h): decodes `piece`, what reencode() returned on this
+  // worker, into `out` (fp32, the piece's values: ceil(ceil(n / world) / chunk) · chunk for a
+  // stream of n). Instead of gathering every piece and decode(); the default refuses.
+  virtual void decode_piece(const Context& ctx, int64_t round, const at::Tensor& piece,
+                            at::Tensor& out);
   void end(const Context& ctx);
 
   // For tests: a stream's value as this worker last sent it (decoded), and the error-feedback

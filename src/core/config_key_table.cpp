@@ -277,6 +277,21 @@ std::vector<KeySpec> parallel_keys() {
                "statistics) are broadcast to all workers, as PyTorch DDP's broadcast_buffers, so "
                "that every forward, evaluation and checkpoint sees the same buffers; false leaves "
                "each worker its own. Models without buffers send nothing."),
+      int_key("parallel.zero_stage", "0",
+              "ZeRO sharding over the data-parallel workers (`sync.mode: sync`): 0 every "
+              "worker holds the whole model, its gradients and optimizer state; 1 each worker "
+              "keeps the optimizer state of 1/N of the parameters, updates that part and "
+              "all-gathers the updated parameters; 2 also keeps only 1/N of the gradients "
+              "(reduce-scattered during backward). Same parameters as 0 up to the order of "
+              "additions; `comm.compression` fp16 and bf16 compose (through the reduce-scatter). 3 "
+              "(parameters sharded too) is not built yet.",
+              0, 3),
+      list_key("parallel.wrap", "auto",
+               "`parallel.zero_stage` > 0: the units parameters are sharded by, as module-path "
+               "globs (`*` matches within one path component), e.g. `[blocks.*]` or "
+               "`[layer*, fc]`; parameters no unit takes form the root unit. `auto`: one unit "
+               "per `gpt` block (`blocks.*`), else one per top-level child holding "
+               "parameters."),
   };
 }
 

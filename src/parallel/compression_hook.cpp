@@ -3,51 +3,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
-#include <functional>
-#include <mutex>
 
 #include "core/errors.h"
+#include "parallel/then_work.h"
 
 namespace krab::parallel {
-namespace {
 
 using compress::Aggregation;
-
-// A Work that waits for `deps` in order, then runs `then` once (which may issue and wait for
-// further collectives). Errors from either are kept and rethrown by every later wait().
-class ThenWork : public comm::Work {
- public:
-  ThenWork(std::vector<comm::WorkPtr> deps, std::function<void()> then)
-      : deps_(std::move(deps)), then_(std::move(then)) {}
-  void wait() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    if (done_) return;
-    try {
-      for (auto& d : deps_)
-        if (d) d->wait();
-      then_();
-    } catch (...) {
-      error_ = std::current_exception();
-      done_ = true;
-      throw;
-    }
-    done_ = true;
-  }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<comm::WorkPtr> deps_;
-  std::function<void()> then_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
-}  // namespace
 
 CompressionHook::CompressionHook(std::unique_ptr<compress::Compressor> compressor)
     : compressor_(std::move(compressor)), options_(compressor_->options()) {}

@@ -1,6 +1,5 @@
 #include "parallel/data_parallel.h"
 
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #include <torch/torch.h>
 
 #include "core/errors.h"
@@ -36,46 +35,29 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
 
   if (options_.broadcast_initial_state) broadcast_state();
 
-  // The hooks hold this engine weakly. LibTorch 1.13 cannot remove a post hook from a Node,
-  // and the accumulator (with its hooks) lives on as long as the parameter's autograd graph
-  // does: after this engine is destroyed its hooks must find nothing, not freed memory, so
-  // that a new engine can be built on the same module (an elastic rebuild, a resharding).
-  self_ = std::make_shared<DataParallel*>(this);
-  const std::weak_ptr<DataParallel*> weak = self_;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    const auto index = static_cast<int64_t>(i);
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [weak, index](const torch::autograd::variable_list& outputs,
-                      const torch::autograd::variable_list&) {
-          if (const auto self = weak.lock()) (*self)->on_grad_ready(index);
-          return outputs;
-        }));
-    accumulators_.push_back(std::move(acc));
-  }
+  hooks_ =
+      std::make_unique<GradReadyHooks>(params_, [this](int64_t param) { on_grad_ready(param); });
 }
 
-// Dropping the only strong reference expires every hook's weak one: from here on they are
-// no-ops (see the constructor).
-DataParallel::~DataParallel() { self_.reset(); }
+DataParallel::~DataParallel() = default;
 
 void DataParallel::broadcast_state() {
   std::vector<at::Tensor> state = module_.parameters();
   for (auto& b : module_.buffers()) state.push_back(b);
-  broadcast_from_rank0(state);
+  broadcast_from_rank0(comm_, state);
 }
 
-void DataParallel::broadcast_buffers() { broadcast_from_rank0(module_.buffers()); }
+void DataParallel::broadcast_buffers() { broadcast_from_rank0(comm_, module_.buffers()); }
 
-void DataParallel::broadcast_from_rank0(const std::vector<at::Tensor>& state) {
+void broadcast_from_rank0(comm::Communicator& comm, const std::vector<at::Tensor>& state) {
   torch::NoGradGuard no_grad;
-  if (state.empty() || comm_.size() == 1) return;
+  if (state.empty() || comm.size() == 1) return;
   // One flat buffer per dtype keeps this to a handful of broadcasts.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_type;
   for (auto& t : state) by_type[t.scalar_type()].push_back(t);
   for (auto& [type, ts] : by_type) {
     at::Tensor flat = core::flatten(ts, type);
-    comm_.broadcast(flat, 0)->wait();
+    comm.broadcast(flat, 0)->wait();
     core::unflatten_into(flat, ts);
   }
 }

@@ -32,12 +32,13 @@
 #include "comm/communicator.h"
 #include "parallel/buckets.h"
 #include "parallel/comm_hook.h"
-
-namespace torch::autograd {
-struct Node;
-}
+#include "parallel/grad_hooks.h"
 
 namespace krab::parallel {
+
+// Copies rank 0's `state` (any dtypes) into every rank's tensors in place, one flat broadcast
+// per dtype. Collective; nothing is sent for an empty list or a group of one.
+void broadcast_from_rank0(comm::Communicator& comm, const std::vector<at::Tensor>& state);
 
 struct DataParallelOptions {
   double bucket_mb = 25.0;  // bucket cap in MiB; 0 = one bucket per parameter
@@ -76,7 +77,6 @@ class DataParallel {
   void on_grad_ready(int64_t param);
   void launch_ready_buckets();
   void launch(int64_t bucket);
-  void broadcast_from_rank0(const std::vector<at::Tensor>& state);
 
   torch::nn::Module& module_;
   comm::Communicator& comm_;
@@ -93,11 +93,8 @@ class DataParallel {
   bool sync_ = true;
   bool step_active_ = false;
   int64_t step_ = 0;
-  // Keep the accumulators alive: hooks on a dead accumulator silently never fire.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  // The one strong reference to this engine's address; the gradient hooks hold it weakly, so
-  // they do nothing once the engine is gone (they cannot be removed from LibTorch's nodes).
-  std::shared_ptr<DataParallel*> self_;
+  // Last member: destroyed first, so no hook reaches a half-destroyed engine.
+  std::unique_ptr<GradReadyHooks> hooks_;
 };
 
 }  // namespace krab::parallel

@@ -13,15 +13,18 @@ DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
       comm_(std::move(comm)),
       options_(options),
       dp_(*model_, *comm_, options.data_parallel, std::move(hook)),
-      optimizer_(make_optimizer(model_->parameters())) {}
+      optimizer_(make_optimizer(model_->parameters())),
+      steps_(options.total_steps, options.global_micro_batch) {}
 
 DataParallelEngine::~DataParallelEngine() = default;
 
-std::optional<engine::StepPlan> DataParallelEngine::next_step() {
-  if (next_ >= options_.total_steps) return std::nullopt;
-  return engine::StepPlan{
-      next_++, data::equal_slice(options_.global_micro_batch, comm_->rank(), comm_->size())};
+std::optional<engine::StepPlan> DataParallelSteps::next(const comm::Communicator& group) {
+  if (next_ >= total_) return std::nullopt;
+  return engine::StepPlan{next_++,
+                          data::equal_slice(global_micro_batch_, group.rank(), group.size())};
 }
+
+std::optional<engine::StepPlan> DataParallelEngine::next_step() { return steps_.next(*comm_); }
 
 void DataParallelEngine::apply(double lr) {
   for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);

@@ -21,6 +21,22 @@ namespace krab::parallel {
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
+// The steps of every data-parallel engine (this one, ZeRO's): handed out in order from the
+// resume point until total_steps; rank r computes slice r of W equal slices of every global
+// micro-batch of `global_micro_batch` examples.
+class DataParallelSteps {
+ public:
+  DataParallelSteps(int64_t total_steps, int64_t global_micro_batch)
+      : total_(total_steps), global_micro_batch_(global_micro_batch) {}
+  void start_at(int64_t step) { next_ = step; }
+  std::optional<engine::StepPlan> next(const comm::Communicator& group);
+
+ private:
+  int64_t total_ = 0;
+  int64_t global_micro_batch_ = 0;
+  int64_t next_ = 0;
+};
+
 struct DataParallelEngineOptions {
   int64_t total_steps = 0;
   int64_t global_micro_batch = 0;  // examples of one global micro-batch (the sampler's batch)
@@ -42,7 +58,7 @@ class DataParallelEngine : public engine::Engine {
 
   std::string name() const override { return "sync"; }
   models::Model& model() override { return *model_; }
-  void start_at(int64_t step) override { next_ = step; }
+  void start_at(int64_t step) override { steps_.start_at(step); }
   std::optional<engine::StepPlan> next_step() override;
   void before_backward(int64_t micro, bool last) override { dp_.set_sync(last); }
   void reduce_gradients() override { dp_.finish(); }
@@ -62,7 +78,7 @@ class DataParallelEngine : public engine::Engine {
   DataParallelEngineOptions options_;
   DataParallel dp_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
-  int64_t next_ = 0;
+  DataParallelSteps steps_;
 };
 
 }  // namespace krab::parallel

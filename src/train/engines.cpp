@@ -7,6 +7,7 @@
 #include "core/errors.h"
 #include "parallel/compression_hook.h"
 #include "parallel/dp_engine.h"
+#include "parallel/zero/zero_engine.h"
 #include "sync/local_sgd.h"
 #include "sync/ps_worker.h"
 #include "train/job.h"
@@ -74,6 +75,15 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   const parallel::OptimizerFactory optimizer = [&c](std::vector<at::Tensor> params) {
     return make_optimizer(c, std::move(params));
   };
+  if (o.zero_stage > 0) {  // options.cpp allows it with sync.mode: sync only
+    parallel::zero::ZeroEngineOptions zo;
+    zo.stage = o.zero_stage;
+    zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
+    zo.data_parallel = dpo;
+    zo.compression = compress::CompressionOptions::from_config(c);
+    return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
+                                                        optimizer);
+  }
   if (o.sync_mode == SyncMode::kLocalSgd)
     return std::make_unique<sync::LocalSgdEngine>(
         std::move(model), std::move(group), dpo, std::move(hook), optimizer,

@@ -46,7 +46,42 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
   o.log_every = c.get_int("train.log_every");
   o.local_sgd_period = c.get_int("sync.period");
   o.local_sgd_warmup = c.get_int("sync.warmup_steps");
+  check_zero_options(c);
+  o.zero_stage = static_cast<int>(c.get_int("parallel.zero_stage"));
   return o;
+}
+
+void check_zero_options(const core::Config& c) {
+  const int64_t stage = c.get_int("parallel.zero_stage");
+  KRAB_CHECK_ARG(stage != 3, "parallel.zero_stage: 3: stage 3 is not built yet (use 0, 1 or 2)");
+  if (stage == 0) return;
+  const std::string& mode = c.get_string("sync.mode");
+  KRAB_CHECK_ARG(mode == "sync", "parallel.zero_stage ", stage, " needs sync.mode: sync, got ",
+                 mode,
+                 mode == "async" ? " (the parameter servers hold the optimizer state)"
+                                 : " (a worker holding 1/N of the optimizer state cannot take "
+                                   "local steps on the whole model)");
+  // Temporary, until sharded checkpoints land (the trainer cannot write or read them yet).
+  KRAB_CHECK_ARG(c.get_int("checkpoint.every_steps") == 0 && !c.get_bool("checkpoint.resume"),
+                 "parallel.zero_stage ", stage,
+                 " cannot write or resume checkpoints yet: set checkpoint.every_steps: 0 and "
+                 "checkpoint.resume: false (or parallel.zero_stage: 0)");
+  // fp16 and bf16 go through the reduce-scatter (parallel/zero/sharded_compression.h); the
+  // others cannot split their payload by rank (topk, randomk, powersgd) or are not aligned to
+  // their chunks yet (int8, onebit).
+  const std::string& compression = c.get_string("comm.compression");
+  KRAB_CHECK_ARG(compression == "none" || compression == "fp16" || compression == "bf16",
+                 "parallel.zero_stage ", stage,
+                 " cannot be combined with comm.compression: ", compression,
+                 " yet (none, fp16 and bf16 can; or use parallel.zero_stage: 0)");
+  // Both keep a full-size velocity or norm per bucket of full gradients: a stage that drops
+  // them (2) cannot, and the sharded reduce-scatter does not apply them at stage 1 yet.
+  KRAB_CHECK_ARG(c.get_float("comm.momentum_correction") == 0, "parallel.zero_stage ", stage,
+                 " cannot be combined with comm.momentum_correction (a full-size velocity per "
+                 "bucket): use parallel.zero_stage: 0");
+  KRAB_CHECK_ARG(c.get_float("comm.clip_norm") == 0, "parallel.zero_stage ", stage,
+                 " cannot be combined with comm.clip_norm (a norm over each worker's full "
+                 "gradient): use parallel.zero_stage: 0");
 }
 
 // randomk with error feedback sends each value after 1 / ratio steps on average: in

@@ -394,11 +394,15 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   const engine::TrainState state = engine->state();
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
   save_model_pt(out.checkpoint, *state.model);
-  out.state =
-      save_checkpoint(run_dir,
-                      core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer),
-                                 seal_key, seal_job),
-                      steps, o.checkpoint_keep);
+  // TEMPORARY (issue 26) until sharded checkpoints land: a sharded engine (parallel.zero_stage
+  // > 0) has no whole optimizer to encode, so its run ends with model.pt and the report but no
+  // final state.krab (options.cpp refuses checkpoint.every_steps and checkpoint.resume with it).
+  if (state.optimizer != nullptr)
+    out.state =
+        save_checkpoint(run_dir,
+                        core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer),
+                                   seal_key, seal_job),
+                        steps, o.checkpoint_keep);
   out.workers = world.size;
   out.global_batch = o.batch * world.size * o.micro_batches;
   out.steps = steps;
@@ -480,6 +484,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   check_compression_options(job);  // the job as written: its keys are what errors name
   check_async_options(c);
+  check_zero_options(job);
   // The synchronous trainer reads shards lazily; the parameter-server mode holds all the data.
   // Quiet: rank 0's worker says what data.skip_bad skipped (job.h).
   auto d = load_data(

@@ -1,0 +1,78 @@
+#include "parallel/zero/unit_storage.h"
+
+#include <torch/torch.h>
+
+#include "core/errors.h"
+
+namespace krab::parallel::zero {
+
+UnitStorage::UnitStorage(const engine::ShardLayout& layout,
+                         const std::vector<std::vector<at::Tensor>>& params, int rank) {
+  KRAB_CHECK_ARG(static_cast<int>(params.size()) == layout.num_units(),
+                 "UnitStorage: ", params.size(), " parameter lists for ", layout.num_units(),
+                 " units");
+  torch::NoGradGuard no_grad;
+  for (int u = 0; u < layout.num_units(); ++u) {
+    const engine::UnitLayout& unit = layout.unit(u);
+    KRAB_CHECK_ARG(params[u].size() == unit.params.size(), "UnitStorage: unit '", unit.name,
+                   "' has ", unit.params.size(), " parameters in the layout, ", params[u].size(),
+                   " given");
+    // Zeros: the padding must be exactly 0 (an optimizer step then keeps it 0, §1.4).
+    at::Tensor flat = torch::zeros({unit.padded}, torch::kFloat);
+    for (size_t i = 0; i < unit.params.size(); ++i) {
+      const engine::ParamSpan& span = unit.params[i];
+      at::Tensor p = params[u][i];
+      KRAB_CHECK_ARG(p.scalar_type() == at::kFloat && p.device().is_cpu(),
+                     "parallel.zero_stage: parameter '", span.name,
+                     "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
+      KRAB_CHECK_ARG(p.sizes().vec() == span.shape, "UnitStorage: parameter '", span.name,
+                     "' has shape ", p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
+      at::Tensor view = flat.narrow(0, span.offset, span.numel).view(span.shape);
+      view.copy_(p);
+      // Same dtype and device: set_data keeps the TensorImpl and the grad accumulator.
+      p.set_data(view);
+    }
+    const engine::Range r = layout.shard(u, rank);
+    shards_.push_back(flat.narrow(0, r.begin, r.size()));
+    flats_.push_back(std::move(flat));
+  }
+}
+
+// Gloo threads may still write into the flats: never free them under a gather.
+UnitStorage::~UnitStorage() {
+  try {
+    wait();
+  } catch (...) {  // the error was (or will be) reported by whoever waited first
+  }
+}
+
+void UnitStorage::start_gather(comm::Communicator& comm) {
+  wait();
+  for (size_t u = 0; u < flats_.size(); ++u) {
+    if (flats_[u].numel() == 0) continue;
+    Pending p;
+    p.input = shards_[u].clone();
+    p.work = comm.allgather(p.input, flats_[u]);
+    pending_.push_back(std::move(p));
+  }
+}
+
+void UnitStorage::wait() {
+  // Wait for all before rethrowing, so that no gather is left writing into a flat.
+  std::exception_ptr first;
+  for (auto& p : pending_) try {
+      p.work->wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  pending_.clear();
+  if (first) std::rethrow_exception(first);
+}
+
+int64_t UnitStorage::bytes() const {
+  int64_t total = 0;
+  for (const auto& f : flats_) total += static_cast<int64_t>(f.nbytes());
+  return total;
+}
+
+}  // namespace krab::parallel::zero

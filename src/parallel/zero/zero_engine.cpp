@@ -1,0 +1,156 @@
+#include "parallel/zero/zero_engine.h"
+
+#include <torch/torch.h>
+
+#include "core/errors.h"
+#include "parallel/data_parallel.h"
+#include "parallel/zero/plan.h"
+
+namespace krab::parallel::zero {
+
+namespace {
+
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// The trainable parameters by unit, in layout order.
+std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
+                                                    models::Model& model) {
+  const auto named = model.named_parameters();
+  std::vector<std::vector<at::Tensor>> out(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u)
+    for (const auto& span : layout.unit(u).params) out[u].push_back(named[span.name]);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> wrap_globs(const std::string& text, const std::string& model_name) {
+  if (trimmed(text) == "auto") {
+    if (model_name == "gpt") return {"blocks.*"};
+    return {"*"};
+  }
+  std::vector<std::string> globs;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = trimmed(text.substr(pos, comma - pos));
+    KRAB_CHECK_ARG(!item.empty(), "parallel.wrap: '", text,
+                   "' has an empty item (write auto or a list of module-path globs)");
+    globs.push_back(item);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return globs;
+}
+
+ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
+                       std::unique_ptr<comm::Communicator> comm, ZeroEngineOptions options,
+                       const OptimizerFactory& make_optimizer)
+    : model_(std::move(model)),
+      comm_(std::move(comm)),
+      options_(std::move(options)),
+      steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch) {
+  KRAB_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
+                 "parallel.zero_stage: ZeroEngine runs stages 1 and 2, got ", options_.stage);
+  // Every replica starts from rank 0's values, as with the data-parallel engine.
+  std::vector<at::Tensor> state = model_->parameters();
+  for (auto& b : model_->buffers()) state.push_back(b);
+  broadcast_from_rank0(*comm_, state);
+
+  std::vector<engine::ParamShape> shapes;
+  for (const auto& item : model_->named_parameters())
+    if (item.value().requires_grad()) {
+      shapes.push_back({item.key(), item.value().sizes().vec()});
+      trainable_.push_back(item.value());
+    }
+  KRAB_CHECK_ARG(!shapes.empty(), "parallel.zero_stage: the model has no trainable parameters");
+  layout_ = engine::plan_layout(plan_units(shapes, module_paths(shapes), options_.wrap),
+                                comm_->size(), options_.alignment);
+  const auto params = params_by_unit(layout_, *model_);
+  storage_ = std::make_unique<UnitStorage>(layout_, params, comm_->rank());
+  const auto cap =
+      static_cast<int64_t>(options_.data_parallel.data_parallel.bucket_mb * 1024 * 1024);
+  reducer_ = std::make_unique<GradReducer>(layout_, params, *comm_, cap, options_.stage == 2,
+                                           compress::make_compressor(options_.compression));
+  std::vector<at::Tensor> shards;
+  for (int u = 0; u < layout_.num_units(); ++u) shards.push_back(storage_->shard(u));
+  optimizers_ = std::make_unique<ShardOptimizers>(shards, make_optimizer);
+  sharded_.layout = &layout_;
+  sharded_.stage = options_.stage;
+  sharded_.values = shards;
+  sharded_.optimizers = optimizers_->pointers();
+}
+
+ZeroEngine::~ZeroEngine() = default;
+
+void ZeroEngine::before_backward(int64_t micro, bool last) {
+  // The parameters are read from here on: the previous step's gathers must have landed.
+  storage_->wait();
+  // Stage 2 reduces every micro-batch: the previous one's buckets end before this backward
+  // refills them.
+  if (options_.stage == 2 && micro > 0) reducer_->finish();
+  reducer_->set_sync(options_.stage == 2 || last);
+}
+
+void ZeroEngine::reduce_gradients() { reducer_->finish(); }
+
+void ZeroEngine::apply(double lr) {
+  for (int u = 0; u < layout_.num_units(); ++u)
+    storage_->shard(u).mutable_grad() = reducer_->grad_shard(u);
+  optimizers_->step(lr);
+  for (int u = 0; u < layout_.num_units(); ++u) storage_->shard(u).mutable_grad() = at::Tensor();
+  reducer_->release_shards();
+  // Undefined rather than zero: the next backward's accumulation starts from nothing either
+  // way (0 + g = g), and stage 1 holds no full gradient between steps.
+  for (auto& p : trainable_) p.mutable_grad() = at::Tensor();
+}
+
+void ZeroEngine::after_step(const engine::StepPlan& plan) {
+  storage_->start_gather(*comm_);
+  if (options_.data_parallel.broadcast_buffers) broadcast_from_rank0(*comm_, model_->buffers());
+}
+
+engine::TrainState ZeroEngine::state() {
+  return {model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+}
+
+void ZeroEngine::after_restore() {
+  storage_->start_gather(*comm_);
+  storage_->wait();
+}
+
+engine::MemoryStats ZeroEngine::memory() const {
+  engine::MemoryStats m;
+  m.known = true;
+  m.params = storage_->bytes();
+  int64_t shard_bytes = 0;
+  for (int u = 0; u < layout_.num_units(); ++u)
+    shard_bytes += layout_.shard_numel(u) * static_cast<int64_t>(sizeof(float));
+  int64_t full_grads = 0;
+  for (const auto& p : trainable_) full_grads += p.numel() * static_cast<int64_t>(sizeof(float));
+  // Stage 1 holds every .grad through the backward and the grad shards until the step (working
+  // set, as memory_model.h counts them); stage 2 holds the shards.
+  m.grads = options_.stage == 1 ? full_grads : shard_bytes;
+  m.optimizer = optimizers_->state_bytes();
+  m.working_set_peak = reducer_->peak_bucket_bytes() + (options_.stage == 1 ? shard_bytes : 0);
+  return m;
+}
+
+nlohmann::json ZeroEngine::describe() const {
+  nlohmann::json units = nlohmann::json::array();
+  for (const auto& u : layout_.units()) units.push_back(u.name);
+  return {{"backend", comm_->backend()},
+          {"buckets", reducer_->plan().buckets.size()},
+          {"compression", reducer_->compression()},
+          {"zero",
+           {{"stage", options_.stage},
+            {"units", units},
+            {"alignment", layout_.alignment()},
+            {"gathered_whole", nlohmann::json::array()}}}};
+}
+
+}  // namespace krab::parallel::zero

@@ -1,0 +1,124 @@
+// ZeroEngine: sharded data parallelism, ZeRO stages 1 and 2 (docs/design/zero-sharding.md §2).
+//
+// Every rank still computes a full forward and backward on its slice of each global
+// micro-batch (the steps are handed out exactly as the data-parallel engine's), and every rank
+// still holds all parameters between steps; what is sharded is the rest:
+//
+//   stage 1  optimizer state: each rank keeps the state of its shard of every unit and updates
+//            only that shard; gradients accumulate locally in .grad and are reduce-scattered
+//            on the step's last micro-batch;
+//   stage 2  also the gradients: every micro-batch's gradients are reduce-scattered (and added
+//            up) into this rank's gradient shards, and a parameter's .grad is released as soon
+//            as it is copied into its bucket.
+//
+// The parameters live in one flat fp32 storage per unit (UnitStorage; units from
+// `parallel.wrap`, parallel/zero/plan.h), padded so that rank r owns an equal, aligned chunk.
+// One step through the Engine calls (engine/engine.h):
+//
+//   before_backward(m, last)  waits for the previous step's all-gathers (the parameters are
+//                             whole again); stage 2: finishes micro-batch m-1's reduce-scatters;
+//                             arms the gradient hooks (stage 1: on the last micro-batch only)
+//   backward                  hooks copy gradients into rank-major buckets, reduce-scatters
+//                             start in bucket order (GradReducer)
+//   reduce_gradients()        the rest of the buckets: the grad shards hold the average
+//   apply(lr)                 one optimizer per unit steps this rank's shard in place
+//                             (ShardOptimizers); every gradient is released
+//   after_step(plan)          starts the all-gather of every shard into its flat (waited at
+//                             the next before_backward or settle()); rank 0's buffers are
+//                             broadcast as the data-parallel engine does
+//
+// With the same model, data and optimizer this ends every step with the parameters of the
+// data-parallel engine: bit for bit on two ranks without gradient accumulation, up to the
+// order of additions otherwise (§1.5). Traffic per step: a reduce-scatter and an all-gather of
+// every unit's padded size, the bytes of one all-reduce (memory_model.h's zero_traffic()).
+//
+// Compression: comm.compression fp16 or bf16 runs through the reduce-scatter
+// (sharded_compression.h) and equals stage 0 with the same codec.
+//
+// Checkpoints: state() hands out this rank's shard of every unit and its optimizer
+// (engine::ShardedState); after_restore() gathers restored shards into the parameters.
+//
+// Thread safety: one training thread, like every engine.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "compress/options.h"
+#include "engine/engine.h"
+#include "engine/shard_layout.h"
+#include "engine/sharded_state.h"
+#include "models/model.h"
+#include "parallel/dp_engine.h"
+#include "parallel/zero/grad_reducer.h"
+#include "parallel/zero/shard_optimizer.h"
+#include "parallel/zero/unit_storage.h"
+
+namespace krab::parallel::zero {
+
+struct ZeroEngineOptions {
+  int stage = 1;  // 1 or 2
+  // Module-path globs picking the units (plan.h); empty puts every parameter in the root unit.
+  std::vector<std::string> wrap;
+  int64_t alignment = 16;  // shard alignment in elements (plan.h's shard_alignment)
+  // comm.compression: none, fp16 or bf16 (sharded_compression.h).
+  compress::CompressionOptions compression;
+  // total_steps, global_micro_batch, bucket cap (data_parallel.bucket_mb), broadcast_buffers;
+  // as for the data-parallel engine (data_parallel.broadcast_initial_state is always on).
+  DataParallelEngineOptions data_parallel;
+};
+
+// The globs `parallel.wrap: <text>` stands for: "auto" (the default) is `blocks.*` for gpt
+// (one unit per transformer block) and `*` (every top-level child holding parameters) for any
+// other model; otherwise the comma-separated list, items trimmed (the config stores a YAML
+// list joined by commas). Throws InvalidArgument naming parallel.wrap for an empty item.
+std::vector<std::string> wrap_globs(const std::string& text, const std::string& model_name);
+
+class ZeroEngine : public engine::Engine {
+ public:
+  // Broadcasts rank 0's parameters and buffers (every replica starts equal), plans the units
+  // and their layout, moves the parameters into the unit flats, registers the gradient hooks
+  // and builds one optimizer per unit shard. InvalidArgument for a stage other than 1 or 2,
+  // a wrap plan_units refuses, or an optimizer ShardOptimizers refuses.
+  ZeroEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
+             ZeroEngineOptions options, const OptimizerFactory& make_optimizer);
+  ~ZeroEngine() override;
+
+  std::string name() const override { return "sync"; }
+  models::Model& model() override { return *model_; }
+  void start_at(int64_t step) override { steps_.start_at(step); }
+  std::optional<engine::StepPlan> next_step() override { return steps_.next(*comm_); }
+  void before_backward(int64_t micro, bool last) override;
+  void reduce_gradients() override;
+  void apply(double lr) override;
+  void after_step(const engine::StepPlan& plan) override;
+  comm::Communicator* group() override { return comm_.get(); }
+  engine::TrainState state() override;
+  void settle() override { storage_->wait(); }
+  void after_restore() override;
+  engine::MemoryStats memory() const override;
+  nlohmann::json describe() const override;
+
+  const engine::ShardLayout& layout() const { return layout_; }
+  const UnitStorage& storage() const { return *storage_; }
+  const GradReducer& reducer() const { return *reducer_; }
+
+ private:
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<comm::Communicator> comm_;
+  ZeroEngineOptions options_;
+  DataParallelSteps steps_;
+  std::vector<at::Tensor> trainable_;
+  engine::ShardLayout layout_;
+  // Declared in dependency order: destroyed in reverse, the reducer (hooks, buckets in
+  // flight) before the storage (gathers in flight) before the communicator.
+  std::unique_ptr<UnitStorage> storage_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ShardOptimizers> optimizers_;
+  engine::ShardedState sharded_;
+};
+
+}  // namespace krab::parallel::zero
