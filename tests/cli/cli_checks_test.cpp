@@ -62,6 +62,40 @@ parallel: {workers: 100000}
                       "--nproc-per-node: 100000 worker processes", 30);
 }
 
+// A GPT of 38.7 B parameters (width 8192, 48 blocks) is refused from its configuration alone:
+// the launcher predicts its bytes per worker without building it (16 bytes a parameter with Adam
+// would take 620 GB), so the refusal comes in well under a second, names the numbers and says
+// that even stage 3 with activation checkpointing does not fit. The same job at its small size
+// trains.
+TEST_F(Cli, AGptTooLargeForTheNodeIsRefusedWithoutBeingBuilt) {
+  std::string corpus;
+  for (int i = 0; i < 400; ++i) corpus += "the cat sat on a mat. ";
+  write("corpus.txt", corpus);
+  write("gpt.yaml", R"(
+model: {name: gpt, layers: 2, width: 32, heads: 2, context: 16}
+data: {name: text, path: corpus.txt, batch_size: 4}
+train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+parallel: {workers: 2}
+comm: {timeout_s: 20}
+)");
+  const std::string huge =
+      krab("train gpt.yaml --set model.width=8192 --set model.layers=48 --set model.heads=64");
+  expect_refused_fast(huge, 2,
+                      "parallel.zero_stage 0: a gpt of 38.7 B parameters needs about 722 GiB "
+                      "per worker (parallel.workers 2: 144 GiB params, 144 GiB grads, 288 GiB "
+                      "optimizer, 144 GiB working set",
+                      5);
+  const Result r = run(huge);
+  EXPECT_NE(r.output.find("but each has "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("it does not fit even at parallel.zero_stage: 3 and "
+                          "model.activation_checkpointing: true"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+  const Result small = run(krab("train gpt.yaml"), 120);
+  EXPECT_EQ(small.code, 0) << small.output;
+}
+
 TEST_F(Cli, MoreWorkersThanCoresGetAWarning) {
   cpu_set_t set;
   CPU_ZERO(&set);
