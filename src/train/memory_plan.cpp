@@ -49,6 +49,10 @@ std::string billions(int64_t n) {
 // A TorchScript archive's tensors are its "data/N" records (torch.jit.save stores every
 // storage, parameters and buffers, once). Their bytes over 4 bound its fp32 parameter count
 // from above (buffers count too) without loading it: torch::jit::load would build the module.
+// As models/script_inspection.cpp: torch.jit.save deflates its source and debug records, a few
+// MB for a large network; only the sizes are read here.
+constexpr uint64_t kMaxInflated = uint64_t{64} << 20;
+
 int64_t archive_parameters(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   KRAB_CHECK_ARG(in.good(), "model.path: cannot read '", path, "'");
@@ -56,7 +60,8 @@ int64_t archive_parameters(const std::string& path) {
   const auto size = static_cast<uint64_t>(in.tellg());
   in.seekg(0);
   uint64_t bytes = 0;
-  for (const auto& [name, n] : core::check_zip_directory(in, size, path, "TorchScript archive", 0))
+  for (const auto& [name, n] :
+       core::check_zip_directory(in, size, path, "TorchScript archive", kMaxInflated))
     if (name.rfind("data/", 0) == 0) bytes += n;
   return static_cast<int64_t>(bytes / 4);
 }
@@ -128,7 +133,13 @@ MemoryPlan plan_memory(const core::Config& job, int world) {
   if (spec.name == "torchscript") {
     // Not split before the model is loaded: all in the root unit (a prediction for stage 3
     // that treats it as gathered whole, the safe side).
-    count = archive_parameters(spec.path);
+    // A file that cannot be walked is preflight's to refuse, with its own message (the model
+    // checks come after this one); until then it counts as no parameters.
+    try {
+      count = archive_parameters(spec.path);
+    } catch (const std::exception&) {
+      count = 0;
+    }
     params.push_back({"archive", {count}});
     plan.activations_predicted = false;
   } else {
