@@ -17,10 +17,13 @@
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "engine/engine.h"
+#include "models/describe.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
+#include "train/memory_plan.h"
+#include "train/memory_report.h"
 #include "train/options.h"
 #include "train/schedule.h"
 
@@ -369,6 +372,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   totals[3 + kOps] = batches ? batches->waited_seconds() : 0.0;
   totals[4 + kOps] = out.train_seconds;
   group->allreduce(totals)->wait();
+  const at::Tensor memory = gather_rank_memory(*engine, *group);  // report's `memory`
   if (batches) {
     events.counter("data_wait_seconds", totals[3 + kOps].item<double>());
     events.counter("data_wait_train_seconds", totals[4 + kOps].item<double>());
@@ -382,6 +386,10 @@ nlohmann::json Trainer::Loop::finish_group() {
   // The last step's shared loss; the mean of the ranks' last losses when this run computed no
   // step (resumed at its end).
   out.final_loss = shared_loss ? *shared_loss : totals[0].item<double>() / world.size;
+  out.memory = memory_report(
+      c, model, memory,
+      models::activation_bytes(model_spec(c, d), o.batch,
+                               bool_key_or(c, "model.activation_checkpointing", false)));
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
     progress->finish();
