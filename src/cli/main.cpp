@@ -149,15 +149,16 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
   const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
-  // Memory first, from the configuration alone: preflight builds the model, which a job too
-  // large for the node must never do (train/memory_plan.h).
-  const train::MemoryPlan memory = train::plan_memory(config, plan.world_size);
-  cli::check_job_memory(
-      plan.nproc_per_node + servers,
-      {memory.model, memory.inputs, memory.activations_plain, memory.activations_checkpointed,
-       memory.activations_predicted, memory.data_bytes},
-      cli::read_memory_budget(), workers_key);
-  train::preflight(config, plan.world_size);
+  // Memory is checked from the configuration and the data alone, before preflight builds the
+  // model, which a job too large for the node must never do (train/memory_plan.h).
+  train::preflight(config, plan.world_size, [&](const data::DataSplits& d) {
+    const train::MemoryPlan memory = train::plan_memory(config, d, plan.world_size);
+    cli::check_job_memory(
+        plan.nproc_per_node + servers,
+        {memory.model, memory.inputs, memory.activations_plain, memory.activations_checkpointed,
+         memory.activations_predicted, memory.data_bytes},
+        cli::read_memory_budget(), workers_key);
+  });
   // Only rank 0, on node 0, writes the outputs.
   if (plan.node_rank == 0) {
     core::check_writable_dir(train::run_directory(config), "checkpoint.dir");

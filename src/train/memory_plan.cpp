@@ -121,8 +121,11 @@ zero::MemoryInputs memory_inputs(const core::Config& c, int world,
 }
 
 MemoryPlan plan_memory(const core::Config& job, int world) {
+  return plan_memory(job, load_data(job, DataResidency::kLazy, LoadNotes::kQuiet), world);
+}
+
+MemoryPlan plan_memory(const core::Config& job, const data::DataSplits& d, int world) {
   const core::Config c = with_folded_momentum(job);  // randomk may fold sgd's momentum away
-  const data::DataSplits d = load_data(c, DataResidency::kLazy, LoadNotes::kQuiet);
   const models::ModelSpec spec = model_spec(c, d);
   MemoryPlan plan;
   plan.data_bytes =

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "data/dataset.h"
 #include "engine/shard_layout.h"
 #include "parallel/zero/memory_model.h"
 
@@ -32,9 +33,13 @@ struct MemoryPlan {
   int64_t data_bytes = 0;                 // training + test tensors one worker holds
 };
 
-// The plan of `config` for a data-parallel group of `world` ranks: loads the data's description
-// (lazily, as preflight does), the model's parameter table and units. Throws InvalidArgument
-// naming the key, as preflight would, for a model or data the job cannot have.
+// The plan of `config` for a data-parallel group of `world` ranks over the data `d` (as
+// load_data gives it; only its shapes and resident bytes are read): the model's parameter table
+// and units. Throws InvalidArgument naming the key, as preflight would, for a model the job
+// cannot have.
+MemoryPlan plan_memory(const core::Config& config, const data::DataSplits& d, int world);
+
+// The same, loading the data itself (lazily, as preflight does).
 MemoryPlan plan_memory(const core::Config& config, int world);
 
 // The inputs for trainable parameters `params` (named_parameters order) with `candidates` as

@@ -483,7 +483,8 @@ nlohmann::json run_async_worker(const core::Config& config, const comm::WorldInf
   return Trainer(config, world, options).run();
 }
 
-PreflightInfo preflight(const core::Config& job, int workers) {
+PreflightInfo preflight(const core::Config& job, int workers,
+                        const std::function<void(const data::DataSplits&)>& before_model) {
   const core::Config c = with_folded_momentum(job);
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   check_compression_options(job);  // the job as written: its keys are what errors name
@@ -497,6 +498,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   KRAB_CHECK_ARG(global <= d.training().size(), "data.batch_size ", c.get_int("data.batch_size"),
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.training().size(), " examples)");
+  if (before_model) before_model(d);
   auto model = models::make_model(model_spec(c, d));
   print_model_warnings(*model);  // here, once: the workers make the model again
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
