@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_support.h"
+#include "core/config.h"
+#include "core/errors.h"
 #include "core/fs.h"
 
 namespace {
@@ -52,6 +54,51 @@ parallel: {workers: 2}
                   p["optimizer"].get<int64_t>() + p["working_set"].get<int64_t>() +
                   p["low_precision"].get<int64_t>() + p["compression"].get<int64_t>() +
                   p["activations"].get<int64_t>());
+  }
+}
+
+// Stages 1 and 2 (ZeroEngine), once parallel.zero_stage is registered: per rank the issue's
+// forms up to padding (Ψp ≤ Ψ + units·N·16), stage 1 4Ψp + 4Ψ + 8Ψp/N, stage 2 4Ψp + 4Ψp/N +
+// 8Ψp/N, and the prediction beside them within 10%.
+TEST_F(Cli, ReportMemoryAtStagesOneAndTwoIsTheIssuesForms) {
+  if (krab::core::find_key("parallel.zero_stage") == nullptr)
+    GTEST_SKIP() << "parallel.zero_stage is not registered in this build";
+  write("job.yaml", R"(
+model: {name: cnn}
+data: {name: fashion-mnist, batch_size: 16}
+train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+parallel: {workers: 2}
+)");
+  const double psi = 421642, n = 2, padded_max = psi + 4 * n * 16;  // 4 units (conv1 .. fc2)
+  for (int stage : {1, 2}) {
+    SCOPED_TRACE(stage);
+    const Result r = run(krab(krab::str_cat("train job.yaml --set parallel.zero_stage=", stage,
+                                            " --report r", stage, ".json")));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto rep = nlohmann::json::parse(
+        krab::core::read_file((dir_ / krab::str_cat("r", stage, ".json")).string()))["memory"];
+    EXPECT_EQ(rep["stage"], stage);
+    for (const auto& m : rep["ranks"]) {
+      SCOPED_TRACE(m.dump());
+      const double params = m["params_bytes"].get<double>();
+      const double grads = m["grads_bytes"].get<double>();
+      const double optimizer = m["optimizer_bytes"].get<double>();
+      EXPECT_GE(params, 4 * psi);
+      EXPECT_LE(params, 4 * padded_max);
+      if (stage == 1) {
+        EXPECT_EQ(grads, 4 * psi);
+      } else {
+        EXPECT_GE(grads, 4 * psi / n);
+        EXPECT_LE(grads, 4 * padded_max / n);
+      }
+      EXPECT_GE(optimizer, 8 * psi / n);
+      EXPECT_LE(optimizer, 8 * padded_max / n);
+      const auto& p = m["predicted"];
+      EXPECT_NEAR(
+          (p["params"].get<double>() + p["grads"].get<double>() + p["optimizer"].get<double>()) /
+              (params + grads + optimizer),
+          1.0, 0.10);
+    }
   }
 }
 
