@@ -46,6 +46,7 @@
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace {
@@ -144,19 +145,25 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
-  const train::PreflightInfo info = train::preflight(config, plan.world_size);
+  const std::string workers_key =
+      args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
+  // Node 0 also runs sync.servers parameter servers for sync.mode async.
+  const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
+  // Memory is checked from the configuration and the data alone, before preflight builds the
+  // model, which a job too large for the node must never do (train/memory_plan.h).
+  train::preflight(config, plan.world_size, [&](const data::DataSplits& d) {
+    const train::MemoryPlan memory = train::plan_memory(config, d, plan.world_size);
+    cli::check_job_memory(
+        plan.nproc_per_node + servers,
+        {memory.model, memory.inputs, memory.activations_plain, memory.activations_checkpointed,
+         memory.activations_predicted, memory.data_bytes},
+        cli::read_memory_budget(), workers_key);
+  });
   // Only rank 0, on node 0, writes the outputs.
   if (plan.node_rank == 0) {
     core::check_writable_dir(train::run_directory(config), "checkpoint.dir");
     if (!args.report.empty()) core::check_writable_file(args.report, "--report");
   }
-  const std::string workers_key =
-      args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
-  // Node 0 also runs sync.servers parameter servers for sync.mode async.
-  const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
-  cli::check_memory(plan.nproc_per_node + servers,
-                    cli::estimate_worker_memory(info.data_bytes, info.parameters),
-                    cli::available_memory_bytes(), workers_key);
   cli::warn_if_oversubscribed(plan.nproc_per_node, cli::usable_cores(), workers_key);
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "core/errors.h"
 
@@ -30,6 +31,43 @@ std::string gib(int64_t bytes) {
 
 std::string mib(int64_t bytes) { return str_cat((bytes + (int64_t{1} << 19)) >> 20, " MiB"); }
 
+// GiB from 1 GiB up, MiB below, so that small kinds do not read "0.0 GiB".
+std::string size_text(int64_t bytes) {
+  return bytes >= (int64_t{1} << 30) ? gib(bytes) : mib(bytes);
+}
+
+// v1 reports "unlimited" as the largest page-aligned int64; anything this large is no limit.
+constexpr int64_t kNoLimit = int64_t{1} << 60;
+
+// A limit file's value: -1 for "max", no limit, or a file that cannot be read.
+int64_t read_limit(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return -1;
+  try {
+    const int64_t v = std::stoll(text);
+    return v > 0 && v < kNoLimit ? v : -1;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// The cgroup path of the memory controller in a /proc/PID/cgroup file, and whether it is v1.
+// Empty when the file has neither a v1 memory line nor a v2 line.
+std::pair<std::string, bool> memory_cgroup(const std::string& self_cgroup) {
+  std::ifstream in(self_cgroup);
+  std::string line, v2;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    const std::string path = line.substr(b + 1);
+    if (controllers.find(",memory,") != std::string::npos) return {path, true};
+    if (line.compare(0, a, "0") == 0 && b == a + 1) v2 = path;
+  }
+  return {v2, false};
+}
+
 }  // namespace
 
 WorkerFootprint estimate_worker_memory(int64_t data_bytes, int64_t parameters) {
@@ -40,8 +78,18 @@ WorkerFootprint estimate_worker_memory(int64_t data_bytes, int64_t parameters) {
   return f;
 }
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
+WorkerFootprint estimate_worker_memory(int64_t data_bytes,
+                                       const parallel::zero::MemoryPrediction& model) {
+  WorkerFootprint f = estimate_worker_memory(data_bytes, 0);
+  f.model = model;
+  f.model_bytes = model.resident();
+  return f;
+}
+
+namespace {
+
+int64_t mem_available(const std::string& meminfo) {
+  std::ifstream in(meminfo);
   std::string line;
   while (std::getline(in, line)) {
     if (line.rfind("MemAvailable:", 0) != 0) continue;
@@ -53,6 +101,51 @@ int64_t available_memory_bytes() {
   return -1;
 }
 
+}  // namespace
+
+int64_t available_memory_bytes() { return mem_available("/proc/meminfo"); }
+
+int64_t cgroup_memory_limit(const MemorySources& sources, std::string* file) {
+  auto [path, v1] = memory_cgroup(sources.self_cgroup);
+  if (path.empty()) return -1;
+  const std::string base = v1 ? sources.cgroup_root + "/memory" : sources.cgroup_root;
+  const char* name = v1 ? "memory.limit_in_bytes" : "memory.max";
+  int64_t best = -1;
+  // The cgroup itself, then each ancestor up to the root of the hierarchy.
+  while (true) {
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    const std::string candidate = base + (path == "/" ? "" : path) + "/" + name;
+    const int64_t limit = read_limit(candidate);
+    if (limit > 0 && (best < 0 || limit < best)) {
+      best = limit;
+      if (file != nullptr) *file = candidate;
+    }
+    if (path.empty() || path == "/") break;
+    path = path.substr(0, path.rfind('/'));
+    if (path.empty()) path = "/";
+  }
+  return best;
+}
+
+int64_t MemoryBudget::bytes() const {
+  if (mem_available < 0) return cgroup_limit;
+  if (cgroup_limit < 0) return mem_available;
+  return std::min(mem_available, cgroup_limit);
+}
+
+std::string MemoryBudget::source() const {
+  if (cgroup_limit >= 0 && (mem_available < 0 || cgroup_limit < mem_available))
+    return str_cat("the cgroup limit in ", cgroup_file);
+  return "MemAvailable in /proc/meminfo";
+}
+
+MemoryBudget read_memory_budget(const MemorySources& sources) {
+  MemoryBudget b;
+  b.mem_available = mem_available(sources.meminfo);
+  b.cgroup_limit = cgroup_memory_limit(sources, &b.cgroup_file);
+  return b;
+}
+
 int usable_cores() {
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -60,16 +153,104 @@ int usable_cores() {
   return std::max(1, CPU_COUNT(&set));
 }
 
-void check_memory(int processes, const WorkerFootprint& footprint, int64_t available,
-                  const std::string& key) {
-  if (available < 0) return;
+namespace {
+
+void check_processes(int processes, const WorkerFootprint& footprint, int64_t available,
+                     const std::string& source, const std::string& key) {
   const double need = static_cast<double>(processes) * static_cast<double>(footprint.total());
   KRAB_CHECK_ARG(need <= static_cast<double>(available), key, ": ", processes,
                  " worker processes on this node need about ", gib(static_cast<int64_t>(need)),
                  " (", mib(footprint.total()), " each: ", mib(footprint.fixed_bytes),
                  " LibTorch process, ", mib(footprint.data_bytes), " data, ",
                  mib(footprint.model_bytes), " model and optimizer) but this machine has ",
-                 gib(available), " available (MemAvailable in /proc/meminfo); use fewer workers");
+                 gib(available), " available (", source, "); use fewer workers");
+}
+
+// The prediction for `job` with the stage and checkpointing replaced.
+WorkerFootprint footprint_at(const JobMemory& job, int stage, bool checkpointing) {
+  parallel::zero::MemoryInputs in = job.inputs;
+  in.stage = stage;
+  in.activation_checkpointing = checkpointing;
+  in.activation_bytes = checkpointing && job.activations_checkpointed >= 0
+                            ? job.activations_checkpointed
+                            : job.activations_plain;
+  return estimate_worker_memory(job.data_bytes, parallel::zero::predict_memory(in));
+}
+
+std::string setting(int stage, bool checkpointing, const JobMemory& job) {
+  std::string s;
+  if (stage != job.inputs.stage) s = str_cat("parallel.zero_stage: ", stage);
+  if (checkpointing && !job.inputs.activation_checkpointing)
+    s += str_cat(s.empty() ? "" : " and ", "model.activation_checkpointing: true");
+  return s;
+}
+
+// What would fit, evaluated: a higher stage alone first (no recomputation), then
+// checkpointing alone, then both; the first that fits. `per_worker` is the budget of one.
+std::string advice(const JobMemory& job, int64_t per_worker) {
+  const int s0 = job.inputs.stage;
+  const bool c0 = job.inputs.activation_checkpointing;
+  const bool can_checkpoint = job.activations_checkpointed >= 0;
+  std::vector<std::pair<int, bool>> tries;
+  for (int s = s0 + 1; s <= 3; ++s) tries.push_back({s, c0});
+  if (can_checkpoint && !c0) {
+    tries.push_back({s0, true});
+    for (int s = s0 + 1; s <= 3; ++s) tries.push_back({s, true});
+  }
+  for (const auto& [s, c] : tries) {
+    const int64_t need = footprint_at(job, s, c).total();
+    if (need <= per_worker)
+      return str_cat("it would fit with ", setting(s, c, job), " (about ", size_text(need),
+                     " per worker)");
+  }
+  const bool c = c0 || can_checkpoint;
+  const std::string cheapest = setting(3, c, job);
+  return str_cat("it does not fit even at ", cheapest.empty() ? "the cheapest setting" : cheapest,
+                 " (about ", size_text(footprint_at(job, 3, c).total()),
+                 " per worker); use more nodes or a smaller model");
+}
+
+std::string by_kind(const WorkerFootprint& f, bool activations_predicted) {
+  const parallel::zero::MemoryPrediction& m = f.model;
+  std::string s =
+      str_cat(size_text(m.params), " params, ", size_text(m.grads), " grads, ",
+              size_text(m.optimizer), " optimizer, ", size_text(m.working_set), " working set, ");
+  if (m.low_precision > 0) s += str_cat(size_text(m.low_precision), " bf16 copies, ");
+  if (m.compression > 0) s += str_cat(size_text(m.compression), " compression residuals, ");
+  s += activations_predicted ? str_cat(size_text(m.activations), " activations, ")
+                             : std::string("activations not predicted, ");
+  return s + str_cat(size_text(f.fixed_bytes), " process, ", size_text(f.data_bytes), " data");
+}
+
+}  // namespace
+
+void check_memory(int processes, const WorkerFootprint& footprint, int64_t available,
+                  const std::string& key) {
+  if (available < 0) return;
+  check_processes(processes, footprint, available, "MemAvailable in /proc/meminfo", key);
+}
+
+void check_job_memory(int processes, const JobMemory& job, const MemoryBudget& budget,
+                      const std::string& key) {
+  const int64_t available = budget.bytes();
+  if (available < 0) return;
+  const WorkerFootprint f =
+      footprint_at(job, job.inputs.stage, job.inputs.activation_checkpointing);
+  if (static_cast<double>(processes) * static_cast<double>(f.total()) <=
+      static_cast<double>(available))
+    return;
+  // Too many processes for the node whatever the model: the number of workers is at fault.
+  if (static_cast<double>(processes) *
+          static_cast<double>(estimate_worker_memory(job.data_bytes, 0).total()) >
+      static_cast<double>(available))
+    check_processes(processes, f, available, budget.source(), key);
+  const int64_t per_worker = available / processes;
+  throw InvalidArgument(str_cat("parallel.zero_stage ", job.inputs.stage, ": ", job.model,
+                                " needs about ", size_text(f.total()), " per worker (", key, " ",
+                                processes, ": ", by_kind(f, job.activations_predicted),
+                                ") but each has ", size_text(per_worker), " (", budget.source(),
+                                " ", size_text(available), " / ", processes, "); ",
+                                advice(job, per_worker)));
 }
 
 void warn_if_oversubscribed(int processes, int cores, const std::string& key) {

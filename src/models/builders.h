@@ -14,4 +14,11 @@ std::shared_ptr<Model> make_cnn(const ModelSpec& spec);
 std::shared_ptr<Model> make_gpt(const ModelSpec& spec);
 std::shared_ptr<Model> make_torchscript(const ModelSpec& spec);  // torchscript.cpp
 
+// The checks make_model and describe_parameters share (models/describe.h): the spec fields
+// common to the built-in models, then each model's own. Throw InvalidArgument naming the key.
+void check_builtin_spec(const ModelSpec& spec);  // model.cpp
+void check_mlp_spec(const ModelSpec& spec);      // classifiers.cpp
+void check_cnn_spec(const ModelSpec& spec);      // classifiers.cpp
+void check_gpt_spec(const ModelSpec& spec);      // gpt.cpp
+
 }  // namespace krab::models::detail

@@ -52,19 +52,28 @@ class Cnn : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_mlp(const ModelSpec& spec) {
+void check_mlp_spec(const ModelSpec& spec) {
   KRAB_CHECK_ARG(spec.hidden >= 1, "model.hidden must be >= 1, got ", spec.hidden);
+}
+
+void check_cnn_spec(const ModelSpec& spec) {
+  const auto& s = spec.input_shape;
+  KRAB_CHECK_ARG(s.size() == 3 && s[1] >= 4 && s[2] >= 4,
+                 "model 'cnn' needs images of shape {channels, height, width} with height and "
+                 "width >= 4; the data has shape ",
+                 at::IntArrayRef(s), " (use 'mlp' for flat features)");
+}
+
+std::shared_ptr<Model> make_mlp(const ModelSpec& spec) {
+  check_mlp_spec(spec);
   int64_t in = 1;
   for (int64_t d : spec.input_shape) in *= d;
   return std::make_shared<Mlp>(in, spec.hidden, spec.num_classes);
 }
 
 std::shared_ptr<Model> make_cnn(const ModelSpec& spec) {
+  check_cnn_spec(spec);
   const auto& s = spec.input_shape;
-  KRAB_CHECK_ARG(s.size() == 3 && s[1] >= 4 && s[2] >= 4,
-                 "model 'cnn' needs images of shape {channels, height, width} with height and "
-                 "width >= 4; the data has shape ",
-                 at::IntArrayRef(s), " (use 'mlp' for flat features)");
   return std::make_shared<Cnn>(s[0], s[1], s[2], spec.num_classes);
 }
 

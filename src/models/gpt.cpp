@@ -139,7 +139,7 @@ class Gpt : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_gpt(const ModelSpec& spec) {
+void check_gpt_spec(const ModelSpec& spec) {
   KRAB_CHECK_ARG(spec.layers >= 1, "model.layers must be >= 1, got ", spec.layers);
   KRAB_CHECK_ARG(spec.width >= 1, "model.width must be >= 1, got ", spec.width);
   KRAB_CHECK_ARG(spec.heads >= 1, "model.heads must be >= 1, got ", spec.heads);
@@ -151,6 +151,10 @@ std::shared_ptr<Model> make_gpt(const ModelSpec& spec) {
                  at::IntArrayRef(spec.input_shape), " (use 'mlp' or 'cnn' for this data)");
   KRAB_CHECK_ARG(spec.input_shape[0] <= spec.context, "the data's sequences have ",
                  spec.input_shape[0], " tokens, more than model.context ", spec.context);
+}
+
+std::shared_ptr<Model> make_gpt(const ModelSpec& spec) {
+  check_gpt_spec(spec);
   return std::make_shared<Gpt>(spec);
 }
 

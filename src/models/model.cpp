@@ -39,6 +39,17 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
   // A user's module decides for itself what inputs and how many outputs it takes; check_fits
   // (torchscript.h) tries it on the data instead.
   if (spec.name == "torchscript") return detail::make_torchscript(spec);
+  detail::check_builtin_spec(spec);
+  if (spec.name == "mlp") return detail::make_mlp(spec);
+  if (spec.name == "cnn") return detail::make_cnn(spec);
+  if (spec.name == "gpt") return detail::make_gpt(spec);
+  throw InvalidArgument(
+      str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+}
+
+namespace detail {
+
+void check_builtin_spec(const ModelSpec& spec) {
   KRAB_CHECK_ARG(spec.loss == "cross_entropy", "train.loss '", spec.loss,
                  "' is for model.name torchscript; the built-in models train with cross_entropy");
   KRAB_CHECK_ARG(!spec.input_shape.empty(), "model '", spec.name,
@@ -47,12 +58,9 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
     KRAB_CHECK_ARG(d >= 1, "model '", spec.name, "': input shape has a dimension of ", d);
   }
   KRAB_CHECK_ARG(spec.num_classes >= 2, "model.num_classes must be >= 2, got ", spec.num_classes);
-  if (spec.name == "mlp") return detail::make_mlp(spec);
-  if (spec.name == "cnn") return detail::make_cnn(spec);
-  if (spec.name == "gpt") return detail::make_gpt(spec);
-  throw InvalidArgument(
-      str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
 }
+
+}  // namespace detail
 
 int64_t parameter_count(const torch::nn::Module& module) {
   int64_t n = 0;

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include "parallel/memory_stats.h"
+
 namespace krab::parallel {
 
 DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
@@ -34,6 +36,19 @@ void DataParallelEngine::apply(double lr) {
 
 void DataParallelEngine::after_step(const engine::StepPlan& plan) {
   if (options_.broadcast_buffers) dp_.broadcast_buffers();
+}
+
+engine::MemoryStats DataParallelEngine::memory() const {
+  engine::MemoryStats m;
+  m.known = true;
+  const std::vector<at::Tensor> params = model_->parameters();
+  m.params = storage_bytes(params);
+  m.grads = storage_bytes(gradients(params));
+  m.optimizer = storage_bytes(optimizer_state_tensors(*optimizer_));
+  // DataParallel allocates one fp32 buffer per bucket at construction and keeps it (the
+  // plan's sizes are the buffers' sizes).
+  for (int64_t n : dp_.plan().bucket_numel) m.working_set_peak += n * 4;
+  return m;
 }
 
 nlohmann::json DataParallelEngine::describe() const {

@@ -36,6 +36,7 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
   report["bytes_sent_by_op"] = o.bytes_sent_by_op;
   report["gradient_bytes"] = o.gradient_bytes;
   report["sync_mode"] = o.sync_mode;
+  if (!o.memory.is_null()) report["memory"] = o.memory;
   report["checkpoint"] = o.checkpoint;
   report["state"] = o.state;
   report["config"] = config;

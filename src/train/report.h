@@ -38,6 +38,8 @@ struct RunOutcome {
   std::string sync_mode;
   std::string checkpoint;  // model.pt
   std::string state;       // the last resumable checkpoint ("" when none)
+  // The `memory` field (train/memory_report.h), measured and predicted per rank; null: left out.
+  nlohmann::json memory;
 };
 
 nlohmann::json make_report(const RunOutcome& outcome, const nlohmann::json& engine_fields,

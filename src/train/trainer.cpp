@@ -17,10 +17,13 @@
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "engine/engine.h"
+#include "models/describe.h"
 #include "models/model.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
+#include "train/memory_plan.h"
+#include "train/memory_report.h"
 #include "train/options.h"
 #include "train/schedule.h"
 
@@ -369,6 +372,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   totals[3 + kOps] = batches ? batches->waited_seconds() : 0.0;
   totals[4 + kOps] = out.train_seconds;
   group->allreduce(totals)->wait();
+  const at::Tensor memory = gather_rank_memory(*engine, *group);  // report's `memory`
   if (batches) {
     events.counter("data_wait_seconds", totals[3 + kOps].item<double>());
     events.counter("data_wait_train_seconds", totals[4 + kOps].item<double>());
@@ -382,6 +386,10 @@ nlohmann::json Trainer::Loop::finish_group() {
   // The last step's shared loss; the mean of the ranks' last losses when this run computed no
   // step (resumed at its end).
   out.final_loss = shared_loss ? *shared_loss : totals[0].item<double>() / world.size;
+  out.memory = memory_report(
+      c, model, memory,
+      models::activation_bytes(model_spec(c, d), o.batch,
+                               bool_key_or(c, "model.activation_checkpointing", false)));
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
     progress->finish();
@@ -479,7 +487,8 @@ nlohmann::json run_async_worker(const core::Config& config, const comm::WorldInf
   return Trainer(config, world, options).run();
 }
 
-PreflightInfo preflight(const core::Config& job, int workers) {
+PreflightInfo preflight(const core::Config& job, int workers,
+                        const std::function<void(const data::DataSplits&)>& before_model) {
   const core::Config c = with_folded_momentum(job);
   KRAB_CHECK_ARG(workers >= 1, "parallel.workers must be >= 1, got ", workers);
   check_compression_options(job);  // the job as written: its keys are what errors name
@@ -494,6 +503,7 @@ PreflightInfo preflight(const core::Config& job, int workers) {
   KRAB_CHECK_ARG(global <= d.training().size(), "data.batch_size ", c.get_int("data.batch_size"),
                  " x ", workers, " workers = global batch ", global,
                  " is larger than the training data (", d.training().size(), " examples)");
+  if (before_model) before_model(d);
   auto model = models::make_model(model_spec(c, d));
   print_model_warnings(*model);  // here, once: the workers make the model again
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes

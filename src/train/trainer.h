@@ -11,6 +11,7 @@
 // reproduce one worker with the W-times larger batch up to float reduction order.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -73,7 +74,10 @@ struct PreflightInfo {
 
 // Checks what can be checked before any process is spawned: data present and readable, batch
 // not larger than the data, model buildable, checkpoint resumable. Throws InvalidArgument /
-// CorruptData naming the key or file. `workers` is the total world size.
-PreflightInfo preflight(const core::Config& config, int workers);
+// CorruptData naming the key or file. `workers` is the total world size. `before_model`, when
+// given, is called with the loaded data after the data checks and before the model is built
+// (the launcher's memory check, which must refuse a model too large to build).
+PreflightInfo preflight(const core::Config& config, int workers,
+                        const std::function<void(const data::DataSplits&)>& before_model = {});
 
 }  // namespace krab::train

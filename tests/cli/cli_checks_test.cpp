@@ -2,7 +2,9 @@
 // outputs that cannot be written, more workers than memory, nodes that disagree about the job,
 // rendezvous that times out, and inputs whose old messages were misleading.
 #include <sched.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_support.h"
@@ -60,6 +62,77 @@ parallel: {workers: 100000}
   EXPECT_NE(r.output.find("MemAvailable"), std::string::npos) << r.output;
   expect_refused_fast(krab("train big.yaml --nproc-per-node 100000"), 2,
                       "--nproc-per-node: 100000 worker processes", 30);
+}
+
+constexpr const char* kGptJob = R"(
+model: {name: gpt, layers: 2, width: 32, heads: 2, context: 16}
+data: {name: text, path: corpus.txt, batch_size: 4}
+train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+parallel: {workers: 2}
+comm: {timeout_s: 20}
+)";
+
+std::string corpus() {
+  std::string text;
+  for (int i = 0; i < 400; ++i) text += "the cat sat on a mat. ";
+  return text;
+}
+
+// A GPT of 38.7 B parameters (width 8192, 48 blocks) is refused from its configuration alone:
+// the launcher predicts its bytes per worker without building it (16 bytes a parameter with Adam
+// would take 620 GB), so the refusal comes in well under a second, names the numbers and says
+// that even stage 3 with activation checkpointing does not fit. The same job at its small size
+// trains.
+TEST_F(Cli, AGptTooLargeForTheNodeIsRefusedWithoutBeingBuilt) {
+  write("corpus.txt", corpus());
+  write("gpt.yaml", kGptJob);
+  const std::string huge =
+      krab("train gpt.yaml --set model.width=8192 --set model.layers=48 --set model.heads=64");
+  expect_refused_fast(huge, 2,
+                      "parallel.zero_stage 0: a gpt of 38.7 B parameters needs about 722 GiB "
+                      "per worker (parallel.workers 2: 144 GiB params, 144 GiB grads, 288 GiB "
+                      "optimizer, 144 GiB working set",
+                      5);
+  const Result r = run(huge);
+  EXPECT_NE(r.output.find("but each has "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("it does not fit even at parallel.zero_stage: 3 and "
+                          "model.activation_checkpointing: true"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+  const Result small = run(krab("train gpt.yaml"), 120);
+  EXPECT_EQ(small.code, 0) << small.output;
+}
+
+// The launcher's cgroup limit is the workers' budget when it is below MemAvailable: krab runs
+// in a cgroup v1 memory group capped at 1 GiB, and a GPT of 101 M parameters (2.1 GiB per
+// worker at stage 0, which the machine's MemAvailable would hold) is refused naming the
+// group's limit file. Needs root and cgroup v1's memory hierarchy writable; skipped otherwise.
+TEST_F(Cli, TheCgroupLimitIsTheWorkersBudget) {
+  const fs::path group =
+      fs::path("/sys/fs/cgroup/memory") / ("krab_cli_test_" + std::to_string(::getpid()));
+  std::error_code ec;
+  if (!fs::create_directory(group, ec))
+    GTEST_SKIP() << "cannot create " << group << ": " << ec.message();
+  struct Remove {
+    fs::path p;
+    ~Remove() {
+      std::error_code ignored;
+      fs::remove(p, ignored);  // rmdir: the group is empty once krab has exited
+    }
+  } remove{group};
+  const std::string limit = (group / "memory.limit_in_bytes").string();
+  { std::ofstream(limit) << (int64_t{1} << 30); }
+  if (krab::core::read_file(limit).rfind("1073741824", 0) != 0) GTEST_SKIP() << "no limit set";
+  write("corpus.txt", corpus());
+  write("gpt.yaml", kGptJob);
+  const std::string tasks = (group / "tasks").string();
+  const Result r = run("echo $$ > " + tasks + " && " +
+                       krab("train gpt.yaml --set model.width=1024 --set model.layers=8"));
+  expect_refused(r, 2, "a gpt of 101.3 M parameters needs about 2.1 GiB per worker");
+  EXPECT_NE(r.output.find("but each has 512 MiB (the cgroup limit in " + limit + " 1.0 GiB / 2)"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(Cli, MoreWorkersThanCoresGetAWarning) {
