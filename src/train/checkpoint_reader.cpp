@@ -184,9 +184,9 @@ class ShardedReader : public StateReader {
   // The shard holding element `at` of the parameter at `loc` (shard 0 for an empty unit).
   int rank_of(const engine::Loc& loc, int64_t at) const {
     const int64_t s = m_.layout.shard_numel(loc.unit);
-    return s == 0 ? 0
-                  : static_cast<int>(std::min<int64_t>((loc.offset + at) / s,
-                                                       m_.layout.world() - 1));
+    return s == 0
+               ? 0
+               : static_cast<int>(std::min<int64_t>((loc.offset + at) / s, m_.layout.world() - 1));
   }
   const core::Record& shard(int r);
   void check_shard(const core::Record& in, int r) const;
@@ -211,9 +211,9 @@ const core::Record& ShardedReader::shard(int r) {
 void ShardedReader::check_shard(const core::Record& in, int r) const {
   const std::string& src = in.source();
   if (in.text("meta.checkpoint_id") != m_.checkpoint_id)
-    throw CorruptData(str_cat("shard '", src, "' belongs to checkpoint ",
-                              core::printable(in.text("meta.checkpoint_id")), ", not ",
-                              m_.checkpoint_id, " of its manifest: it is from another run or step"));
+    throw CorruptData(str_cat(
+        "shard '", src, "' belongs to checkpoint ", core::printable(in.text("meta.checkpoint_id")),
+        ", not ", m_.checkpoint_id, " of its manifest: it is from another run or step"));
   if (in.integer("meta.rank") != r || in.integer("meta.world") != m_.layout.world() ||
       in.integer("meta.step") != m_.meta.step)
     throw CorruptData(str_cat("shard '", src, "' says it is rank ", in.integer("meta.rank"), " of ",
@@ -224,7 +224,8 @@ void ShardedReader::check_shard(const core::Record& in, int r) const {
     const int64_t s = m_.layout.shard_numel(u);
     check_fp32(in, key(u, kValue), s);
     if (in.text(str_cat("unit.", u, ".optimizer.type")) != m_.optimizer_type)
-      throw CorruptData(str_cat("shard '", src, "': unit ", u, "'s optimizer is not the manifest's"));
+      throw CorruptData(
+          str_cat("shard '", src, "': unit ", u, "'s optimizer is not the manifest's"));
     for (const std::string& f : state_fields(m_.optimizer_type))
       if (in.has(key(u, f))) check_fp32(in, key(u, f), s);
   }

@@ -47,8 +47,7 @@ class StateReader {
   // The checkpoint in `step_dir` (manifest.krab if there is one, else state.krab), its
   // small file read, checked and unsealed with `seal_key` for `seal_job` (checkpoint_job()).
   // Shards are read later, by verify(). CorruptData / InvalidArgument naming the file.
-  static std::unique_ptr<StateReader> open(const std::string& step_dir,
-                                           const std::string& seal_key,
+  static std::unique_ptr<StateReader> open(const std::string& step_dir, const std::string& seal_key,
                                            const std::string& seal_job);
 
   const CheckpointMeta& meta() const { return meta_; }

@@ -26,15 +26,14 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 // so a malformed list is a krab bug or a forgery: refused, never guessed at.
 }  // namespace
 
-std::vector<engine::ParamShape> parse_param_list(const std::string& text,
-                                                 const std::string& source,
+std::vector<engine::ParamShape> parse_param_list(const std::string& text, const std::string& source,
                                                  const std::string& key) {
   std::vector<engine::ParamShape> out;
   std::istringstream in(text);
   std::string item;
   const auto bad = [&] {
-    throw CorruptData(str_cat(source, ": ", key, " is not a parameter list ('",
-                              core::printable(item), "')"));
+    throw CorruptData(
+        str_cat(source, ": ", key, " is not a parameter list ('", core::printable(item), "')"));
   };
   while (std::getline(in, item, ';')) {
     const auto colon = item.rfind(':');

@@ -36,9 +36,9 @@ struct Manifest {
   std::string checkpoint_id;
   int stage = 0;
   engine::ShardLayout layout;
-  std::string optimizer_type;                    // "sgd" | "adam" | "adamw"
+  std::string optimizer_type;                       // "sgd" | "adam" | "adamw"
   std::map<std::string, double> optimizer_options;  // train/optimizer_state.h's names
-  std::vector<ShardDigest> shards;               // by rank; layout.world() of them
+  std::vector<ShardDigest> shards;                  // by rank; layout.world() of them
 };
 
 // "step-N/manifest.krab" and "step-N/shard-00003-of-00004.krab" inside `step_dir`.
@@ -47,8 +47,7 @@ std::string shard_path(const std::string& step_dir, int rank, int world);
 
 // "name:[d0, d1];..." (model_signature's and layout.unit.U.params's format) as names and
 // shapes; CorruptData naming `source` and `key` for anything else.
-std::vector<engine::ParamShape> parse_param_list(const std::string& text,
-                                                 const std::string& source,
+std::vector<engine::ParamShape> parse_param_list(const std::string& text, const std::string& source,
                                                  const std::string& key);
 
 // The manifest's record entries (the caller frames and seals them).

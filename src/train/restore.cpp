@@ -64,9 +64,8 @@ void check_unit_state(StateReader& reader, const engine::ShardLayout& layout, in
       same = same && reader.has_field(name, f, piece.param_offset) ==
                          reader.has_field(lead.param, f, lead.at);
     if (!same)
-      throw InvalidArgument(str_cat("checkpoint '", reader.source(), "': parameters '",
-                                    lead.param, "' and '", name, "' of unit '",
-                                    layout.unit(u).name,
+      throw InvalidArgument(str_cat("checkpoint '", reader.source(), "': parameters '", lead.param,
+                                    "' and '", name, "' of unit '", layout.unit(u).name,
                                     "' have different optimizer state; they cannot share a shard"));
   }
 }
@@ -80,9 +79,9 @@ void verify_sharded(StateReader& reader, const TrainState& state) {
              " optimizers for ", layout.num_units(), " units");
   for (int u = 0; u < layout.num_units(); ++u) {
     const at::Tensor& v = s.values[u];
-    KRAB_CHECK(v.scalar_type() == at::kFloat && v.is_contiguous() &&
-                   v.numel() == layout.shard_numel(u),
-               "sharded state: values[", u, "] is not fp32 [", layout.shard_numel(u), "]");
+    KRAB_CHECK(
+        v.scalar_type() == at::kFloat && v.is_contiguous() && v.numel() == layout.shard_numel(u),
+        "sharded state: values[", u, "] is not fp32 [", layout.shard_numel(u), "]");
     for (const auto& piece : layout.pieces(u, layout.shard(u, state.shard)))
       reader.verify(layout.unit(u).params[piece.param].name, piece.param_offset, piece.length);
     check_unit_state(reader, layout, u, state.shard);
