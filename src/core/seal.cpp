@@ -42,6 +42,8 @@ bool sealed(const std::string& bytes) {
 
 }  // namespace
 
+bool is_sealed(const std::string& bytes) { return sealed(bytes); }
+
 std::string read_seal_key(const std::string& path, const std::string& run_dir) {
   if (path.empty()) return "";
   namespace fs = std::filesystem;

@@ -40,6 +40,9 @@ std::string seal(std::string bytes, const std::string& key, const std::string& j
 std::string unseal(std::string bytes, const std::string& key, const std::string& source,
                    const std::string& job = "");
 
+// Whether `bytes` end in a seal's tag (not whether the seal is valid: unseal() says that).
+bool is_sealed(const std::string& bytes);
+
 // seal() for bytes that stream past and are never held whole (a shard of a sharded
 // checkpoint): update() with every byte before the seal, in order, then finish() gives the
 // seal to append — "" when `key` is "" (sealing off). seal(b, key, job) == b +

@@ -5,6 +5,8 @@
 // W thread-ranks over loopback Gloo and read back at W' ranks, as a full replica, or from a
 // state.krab. Every value and optimizer field must land exactly (bitwise) where the layout
 // says; every bad file is refused by name with nothing installed on any rank.
+#include "train/sharded_checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -23,7 +25,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_reader.h"
 #include "train/manifest.h"
-#include "train/sharded_checkpoint.h"
+#include "train/model_export.h"
 
 namespace krab::train {
 namespace {
@@ -55,7 +57,8 @@ const std::vector<engine::UnitParams>& units() {
 std::unique_ptr<torch::optim::Optimizer> make_opt(const std::string& type,
                                                   std::vector<at::Tensor> params) {
   if (type == "sgd")
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.05).momentum(0.9));
+    return std::make_unique<torch::optim::SGD>(params,
+                                               torch::optim::SGDOptions(0.05).momentum(0.9));
   return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
 }
 
@@ -166,7 +169,8 @@ struct Rank {
       const auto want = [&](const std::string& f) {
         return unit_flat(ref.full.at(f), u, layout.unit(u).padded).narrow(0, rank * s, s);
       };
-      EXPECT_TRUE(torch::equal(sharded.values[u], want("value"))) << "rank " << rank << " unit " << u;
+      EXPECT_TRUE(torch::equal(sharded.values[u], want("value")))
+          << "rank " << rank << " unit " << u;
       const auto it = opts[u]->state().find(
           c10::guts::to_string(opts[u]->param_groups()[0].params()[0].unsafeGetTensorImpl()));
       ASSERT_NE(it, opts[u]->state().end()) << "rank " << rank << " unit " << u;
@@ -209,8 +213,8 @@ void write_sharded(const Reference& ref, const RunDir& dir, int world, int64_t s
                    const CheckpointSeal& seal = {}) {
   testing::run_gloo_ranks(world, [&](int r, comm::Communicator& comm) {
     Rank rank(ref, r, world, true);
-    const std::string path = save_sharded_checkpoint(comm, dir.str(), ref.meta(step),
-                                                     rank.state(), seal, 5);
+    const std::string path =
+        save_sharded_checkpoint(comm, dir.str(), ref.meta(step), rank.state(), seal, 5);
     EXPECT_EQ(path.empty(), r != 0);
   });
 }
@@ -283,9 +287,8 @@ TEST(ShardedCheckpoint, ShardedRestoresIntoAFullReplica) {
       for (const std::string& f : ref.fields()) {
         const at::Tensor got =
             type == "sgd" ? static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer()
-            : f == "exp_avg"
-                ? static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg()
-                : static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg_sq();
+            : f == "exp_avg" ? static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg()
+                             : static_cast<torch::optim::AdamParamState&>(*it->second).exp_avg_sq();
         EXPECT_TRUE(torch::equal(got, ref.full.at(f).at(item.key()))) << item.key() << " " << f;
       }
       if (type == "adam")
@@ -313,7 +316,8 @@ TEST(ShardedCheckpoint, AFullCheckpointRestoresIntoShards) {
 void patch_manifest(const std::string& step_dir, const CheckpointSeal& seal,
                     const std::function<void(Manifest&)>& edit) {
   const std::string path = manifest_path(step_dir);
-  Manifest m = read_manifest(parse_checkpoint(read_checkpoint_file(path, seal.key, seal.job), path));
+  Manifest m =
+      read_manifest(parse_checkpoint(read_checkpoint_file(path, seal.key, seal.job), path));
   edit(m);
   core::RecordWriter rec;
   write_manifest(m, rec);
@@ -333,21 +337,25 @@ TEST(ShardedCheckpoint, ABadShardIsRefusedByNameOnEveryRankAndNothingIsInstalled
   const std::string shard1 = "shard-00001-of-00002.krab";
   const std::vector<std::pair<std::string, std::function<void(const RunDir&)>>> damages = {
       {"is missing", [&](const RunDir& d) { fs::remove(shard_path(d.step(5), 1, 2)); }},
-      {"truncated", [&](const RunDir& d) {
-         fs::resize_file(shard_path(d.step(5), 1, 2), fs::file_size(shard_path(d.step(5), 1, 2)) - 9);
+      {"truncated",
+       [&](const RunDir& d) {
+         fs::resize_file(shard_path(d.step(5), 1, 2),
+                         fs::file_size(shard_path(d.step(5), 1, 2)) - 9);
        }},
-      {"SHA-256", [&](const RunDir& d) {
-         std::fstream f(shard_path(d.step(5), 1, 2), std::ios::in | std::ios::out | std::ios::binary);
+      {"SHA-256",
+       [&](const RunDir& d) {
+         std::fstream f(shard_path(d.step(5), 1, 2),
+                        std::ios::in | std::ios::out | std::ios::binary);
          f.seekp(100);
          f.put('\x5a');
        }},
       // Another checkpoint's shard 1, its digest patched into the manifest: its id gives it away.
-      {"belongs to checkpoint", [&](const RunDir& d) {
+      {"belongs to checkpoint",
+       [&](const RunDir& d) {
          fs::copy_file(shard_path(d.step(3), 1, 2), shard_path(d.step(5), 1, 2),
                        fs::copy_options::overwrite_existing);
-         patch_manifest(d.step(5), {}, [&](Manifest& m) {
-           m.shards[1] = digest_of(shard_path(d.step(5), 1, 2));
-         });
+         patch_manifest(d.step(5), {},
+                        [&](Manifest& m) { m.shards[1] = digest_of(shard_path(d.step(5), 1, 2)); });
        }},
   };
   for (const auto& [why, damage] : damages) {
@@ -403,11 +411,38 @@ TEST(ShardedCheckpoint, AWriteFailureOnOneRankLeavesThePreviousCheckpointInForce
       errors[r] = e.what();
     }
   });
-  for (const std::string& e : errors) EXPECT_NE(e.find("shard-00001-of-00002.krab"), std::string::npos) << e;
+  for (const std::string& e : errors)
+    EXPECT_NE(e.find("shard-00001-of-00002.krab"), std::string::npos) << e;
   EXPECT_NE(errors[0].find("failed on rank 1"), std::string::npos) << errors[0];
   EXPECT_EQ(*latest_step_dir(dir.str()), dir.step(3));
   EXPECT_FALSE(fs::exists(manifest_path(dir.step(5))));
   for (const auto& e : read_sharded(ref, *latest_step_dir(dir.str()), 2)) EXPECT_EQ(e, "");
+}
+
+// `krab export`'s model.pt from a sharded checkpoint (W=3) and from a state.krab: the
+// reference model's parameters and buffers, exactly, under their names.
+TEST(ShardedCheckpoint, ExportWritesTheFullModelFromEitherFormat) {
+  const Reference ref("adam");
+  RunDir sharded("sharded"), full("full");
+  write_sharded(ref, sharded, 3, 5);
+  save_checkpoint(full.str(), encode_checkpoint(ref.meta(5), *ref.net, *ref.opt), 5, 2);
+  for (const RunDir* dir : {&sharded, &full}) {
+    const std::string out = export_model_pt({dir->str(), std::nullopt, "", ""});
+    EXPECT_EQ(out, (dir->path / "model.pt").string());
+    const std::string bytes = core::read_file(out);
+    const auto dict =
+        torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+    EXPECT_EQ(dict.size(), ref.net->named_parameters().size() + ref.net->named_buffers().size());
+    for (const auto& item : ref.net->named_parameters())
+      EXPECT_TRUE(torch::equal(dict.at(item.key()).toTensor(), item.value())) << item.key();
+    EXPECT_TRUE(torch::equal(dict.at("count").toTensor(), ref.net->count));
+  }
+  try {
+    export_model_pt({full.str(), 4, "", ""});
+    ADD_FAILURE() << "a missing --step was exported";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("--step 4"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
