@@ -39,9 +39,11 @@ void check_fp32(const core::Record& in, const std::string& key, int64_t numel) {
                               ", expected ", numel, " float32 elements"));
 }
 
+// The element count of a shape a file stated; -1 (which no tensor matches) where it overflows.
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (const int64_t d : shape) n *= d;
+  for (const int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return -1;
   return n;
 }
 

@@ -111,8 +111,8 @@ Manifest read_manifest(const core::Record& in) {
                     parse_param_list(in.text(unit_key(u, "params")), src, unit_key(u, "params"))});
   try {
     m.layout = engine::plan_layout(plan, static_cast<int>(world), alignment);
-  } catch (const InvalidArgument& e) {
-    throw CorruptData(str_cat(src, ": its layout cannot be planned: ", e.what()));
+  } catch (const Error& e) {
+    throw CorruptData(str_cat(src, ": its layout cannot be planned: ", core::printable(e.what())));
   }
   for (int u = 0; u < units; ++u)
     if (in.integer(unit_key(u, "padded")) != m.layout.unit(u).padded)

@@ -26,6 +26,7 @@
 #include "train/checkpoint_reader.h"
 #include "train/manifest.h"
 #include "train/model_export.h"
+#include "train/shard_file.h"
 
 namespace krab::train {
 namespace {
@@ -443,6 +444,18 @@ TEST(ShardedCheckpoint, ExportWritesTheFullModelFromEitherFormat) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--step 4"), std::string::npos) << e.what();
   }
+}
+
+// The fuzz target's seeds (tests/fuzz/corpus/fuzz_shard, mode byte first) are valid files, so
+// that fuzzing starts deep inside both readers.
+TEST(ShardedCheckpoint, TheFuzzSeedsAreValidShardAndManifestFiles) {
+  const fs::path seeds = fs::path(KRAB_SOURCE_DIR) / "tests/fuzz/corpus/fuzz_shard";
+  const std::string shard = core::read_file((seeds / "shard-file").string()).substr(1);
+  EXPECT_EQ(parse_shard_bytes(shard, "seed", "", "").integer("meta.world"), 2);
+  const std::string manifest = core::read_file((seeds / "manifest-file").string()).substr(1);
+  const Manifest m = read_manifest(parse_checkpoint(manifest, "seed"));
+  EXPECT_EQ(m.layout.world(), 2);
+  EXPECT_EQ(m.layout.unit(0).padded, 16);
 }
 
 }  // namespace
