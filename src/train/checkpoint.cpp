@@ -14,6 +14,7 @@
 #include "core/record.h"
 #include "core/seal.h"
 #include "models/torchscript.h"
+#include "train/model_file.h"
 #include "train/optimizer_state.h"
 
 namespace krab::train {
@@ -315,11 +316,13 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
 }
 
 void save_model_pt(const std::string& path, const torch::nn::Module& module) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& item : module.named_parameters()) dict.insert(item.key(), item.value().detach());
-  for (const auto& item : module.named_buffers()) dict.insert(item.key(), item.value().detach());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  core::write_file_atomic(path, std::string(bytes.begin(), bytes.end()), core::FileAccess::kShared);
+  // Streamed tensor by tensor (train/model_file.h): never a second copy of the model.
+  core::AtomicFileWriter file(path, core::FileAccess::kShared);
+  TorchSaveWriter out(file);
+  for (const auto& item : module.named_parameters()) out.add(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) out.add(item.key(), item.value());
+  out.finish();
+  file.commit();
   // Every mode's final model goes through here, so every mode hands a user's module back.
   if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&module))
     ts->save((std::filesystem::path(path).parent_path() / "model.ts").string());

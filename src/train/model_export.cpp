@@ -10,6 +10,7 @@
 #include "train/checkpoint.h"
 #include "train/checkpoint_reader.h"
 #include "train/manifest.h"
+#include "train/model_file.h"
 
 namespace krab::train {
 namespace {
@@ -52,17 +53,19 @@ std::string export_model_pt(const ExportOptions& o) {
   auto reader = StateReader::open(step_dir, key, job);
   for (const auto& p : reader->params()) reader->verify(p.name);
   const core::Record& rep = reader->replicated();
-  c10::Dict<std::string, at::Tensor> dict;
+  const std::string out = o.out.empty() ? (fs::path(o.run_dir) / "model.pt").string() : o.out;
+  // One parameter in memory at a time (train/model_file.h), as save_model_pt orders them.
+  core::AtomicFileWriter file(out, core::FileAccess::kShared);
+  TorchSaveWriter pt(file);
   for (const auto& p : reader->params()) {
     at::Tensor t = at::empty(p.shape, at::kFloat);
     reader->read(p.name, "value", 0, t.numel(), t.data_ptr<float>());
-    dict.insert(p.name, t);
+    pt.add(p.name, t);
   }
   for (const std::string& name : rep.names())
-    if (name.rfind("buffer.", 0) == 0) dict.insert(name.substr(7), rep.tensor(name));
-  const std::string out = o.out.empty() ? (fs::path(o.run_dir) / "model.pt").string() : o.out;
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  core::write_file_atomic(out, std::string(bytes.begin(), bytes.end()), core::FileAccess::kShared);
+    if (name.rfind("buffer.", 0) == 0) pt.add(name.substr(7), rep.tensor(name));
+  pt.finish();
+  file.commit();
   return out;
 }
 

@@ -3,9 +3,9 @@
 // every parameter by name, whatever world size and stage wrote it, plus the buffers.
 //
 // The file is what save_model_pt() writes at the end of a run: a name -> tensor dict for
-// torch.load / torch::pickle_load, parameters in signature order then buffers. It is built in
-// memory by torch::pickle_save (a streamed torch.save writer is not built yet), so export
-// needs the model's size in memory once; never the optimizer state.
+// torch.load / torch::pickle_load, parameters in signature order then buffers. It is streamed
+// through TorchSaveWriter (train/model_file.h), one parameter in memory at a time (plus the
+// shard records the reader holds); never the optimizer state.
 // model.ts (TorchScript runs) is not written by export yet.
 #pragma once
 

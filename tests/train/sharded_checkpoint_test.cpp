@@ -26,6 +26,7 @@
 #include "train/checkpoint_reader.h"
 #include "train/manifest.h"
 #include "train/model_export.h"
+#include "train/model_file.h"
 #include "train/shard_file.h"
 
 namespace krab::train {
@@ -456,6 +457,64 @@ TEST(ShardedCheckpoint, TheFuzzSeedsAreValidShardAndManifestFiles) {
   const Manifest m = read_manifest(parse_checkpoint(manifest, "seed"));
   EXPECT_EQ(m.layout.world(), 2);
   EXPECT_EQ(m.layout.unit(0).padded, 16);
+}
+
+// The streamed model.pt holds what torch::pickle_save's holds, for every dtype a model or its
+// buffers use, scalars, empty and non-contiguous tensors included; both load back with
+// torch::pickle_load to the same names and bits.
+TEST(TorchSaveWriter, WritesWhatPickleSaveWritesTensorByTensor) {
+  torch::manual_seed(3);
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"fc.weight", torch::randn({3, 4})},
+      {"fc.weight.t", torch::randn({4, 3}).t()},  // not contiguous
+      {"scalar", torch::tensor(2.5)},
+      {"empty", torch::zeros({0, 3})},
+      {"steps", torch::arange(5, torch::kInt64)},
+      {"half", torch::randn({6}).to(torch::kHalf)},
+      {"bf16", torch::randn({2, 2}).to(torch::kBFloat16)},
+      {"mask", torch::tensor({true, false, true})},
+      {"bytes", torch::arange(4, torch::kUInt8)},
+  };
+  std::string streamed;
+  {
+    core::StringSink sink(streamed);
+    TorchSaveWriter out(sink);
+    for (const auto& [name, t] : tensors) out.add(name, t);
+    out.finish();
+  }
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t);
+  const std::vector<char> whole = torch::pickle_save(c10::IValue(dict));
+  const auto a =
+      torch::pickle_load(std::vector<char>(streamed.begin(), streamed.end())).toGenericDict();
+  const auto b = torch::pickle_load(whole).toGenericDict();
+  ASSERT_EQ(a.size(), tensors.size());
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor x = a.at(name).toTensor(), y = b.at(name).toTensor();
+    EXPECT_EQ(x.scalar_type(), y.scalar_type()) << name;
+    EXPECT_EQ(x.sizes(), y.sizes()) << name;
+    EXPECT_TRUE(torch::equal(x, y)) << name;
+  }
+}
+
+// A sink that fails (a full disk) fails add() or finish() with the sink's own error, and an
+// unfinished writer is destroyed without writing (no exception out of a destructor).
+TEST(TorchSaveWriter, ASinkFailureComesOutAsTheSinksError) {
+  struct Full : core::ByteSink {
+    size_t room = 200;
+    void write(const char*, size_t n) override {
+      if (n > room) throw Error("model.pt: No space left on device");
+      room -= n;
+    }
+  } sink;
+  try {
+    TorchSaveWriter out(sink);
+    out.add("w", torch::zeros({1000}));
+    out.finish();
+    ADD_FAILURE() << "the full sink took the file";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("No space left"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
