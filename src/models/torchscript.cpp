@@ -1,11 +1,16 @@
 #include "models/torchscript.h"
 
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/library.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <exception>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <unordered_set>
+#include <utility>
 
 #include "core/errors.h"
 #include "core/fs.h"
@@ -84,7 +89,45 @@ bool is_batchnorm(const torch::jit::Module& m) {
 
 std::string shape_of(const at::Tensor& t) { return str_cat(t.sizes()); }
 
+// The model whose method runs on this thread (innermost), for krab::unit_call's kernel, and a
+// krab error the kernel threw: the interpreter rethrows whatever a kernel throws as a
+// std::runtime_error holding a traceback, and run() restores the original type from here (a
+// runner's Timeout or PeerLost must stay one).
+thread_local TorchScriptModel* running_model = nullptr;
+thread_local std::exception_ptr unit_failure;
+
+class RunningModel {
+ public:
+  explicit RunningModel(TorchScriptModel* m) : previous_(running_model) { running_model = m; }
+  ~RunningModel() { running_model = previous_; }
+  RunningModel(const RunningModel&) = delete;
+  RunningModel& operator=(const RunningModel&) = delete;
+
+ private:
+  TorchScriptModel* previous_;
+};
+
+at::Tensor unit_call(const at::Tensor& x, int64_t unit) {
+  KRAB_CHECK(running_model != nullptr, "krab::unit_call ran outside TorchScriptModel::run");
+  try {
+    return running_model->run_script_unit(unit, x);
+  } catch (const Error&) {
+    unit_failure = std::current_exception();
+    throw;
+  }
+}
+
 }  // namespace
+
+// One operator of krab's own, which only the rewritten copies of a module's methods call
+// (models/script_units.h). A catch-all kernel: autograd records the ops the unit runs inside
+// it, so the operator needs no derivative. CONSERVATIVE: the optimiser may neither drop nor
+// merge calls of it, since each call runs a unit through the runner.
+TORCH_LIBRARY_FRAGMENT(krab, m) {
+  m.def(torch::schema("krab::unit_call(Tensor x, int unit) -> Tensor",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &unit_call);
+}
 
 bool is_known_loss(const std::string& name) {
   return name == "cross_entropy" || name == "mse" || name == "bce_with_logits" || name == "nll";
@@ -114,6 +157,45 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
                    "; krab trains float32 parameters (call .float() before saving)");
   check_modes();
   warn_unrecorded_buffers();
+  split_units();
+}
+
+// After the inspection (in load_script) and the checks: they read the user's code as loaded.
+void TorchScriptModel::split_units() {
+  ScriptUnitPlan plan = plan_script_units(module_);
+  if (plan.units.empty()) {
+    units_ = std::move(plan);
+    return;
+  }
+  try {
+    for (const std::string& path : plan.units) {
+      torch::jit::Module m = module_;
+      for (size_t at = 0, dot; at <= path.size(); at = dot + 1) {
+        dot = std::min(path.find('.', at), path.size());
+        m = m.attr(path.substr(at, dot - at)).toModule();
+      }
+      unit_modules_.push_back(m);
+    }
+    apply_script_units(module_, plan);
+    units_ = std::move(plan);
+  } catch (const std::exception& e) {
+    // A module the rewrite cannot handle still trains, whole: say why.
+    unit_modules_.clear();
+    units_ = ScriptUnitPlan{};
+    units_.gathered_whole.push_back(str_cat("nothing split: ", e.what()));
+  }
+}
+
+at::Tensor TorchScriptModel::run_script_unit(int64_t unit, const at::Tensor& x) {
+  KRAB_CHECK(unit >= 0 && unit < static_cast<int64_t>(unit_modules_.size()),
+             "krab::unit_call: no unit ", unit);
+  torch::jit::Module child = unit_modules_[unit];
+  return run_unit(static_cast<int>(unit), x, [child](const at::Tensor& h) mutable {
+    // Also here, not only in run(): a runner may call this again in backward (recompute),
+    // outside run()'s guard, and must get the same ops.
+    torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
+    return child.forward({h}).toTensor();
+  });
 }
 
 // A correctness check, not a security one: it runs with model.trust_code too.
@@ -165,14 +247,18 @@ at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> ar
   // of one threshold_backward). Unoptimised, the interpreter dispatches the same ops, with the
   // same autograd, as the Python module in eager mode and as the built-in models do.
   torch::jit::GraphOptimizerEnabledGuard eager_autograd(false);
+  RunningModel running(this);
+  unit_failure = nullptr;
   c10::IValue out;
   try {
-    out = module_.get_method(method)(std::move(args));
+    const std::string name = units_.units.empty() ? method : script_unit_method(method);
+    out = module_.get_method(name)(std::move(args));
   } catch (const Error&) {
     throw;
   } catch (const std::bad_alloc&) {
     throw;  // out of memory is not the model's mistake
   } catch (const std::exception& e) {
+    if (unit_failure) std::rethrow_exception(std::exchange(unit_failure, nullptr));
     // An op failing inside the interpreter arrives as a std::runtime_error holding two
     // tracebacks before the cause (models/forward_error.h); keep the cause, set the rest aside.
     LibraryError failure = describe_library_error(e);
@@ -253,8 +339,14 @@ void TorchScriptModel::check_fits(const at::Tensor& inputs, const at::Tensor& ta
 }
 
 void TorchScriptModel::save(const std::string& path) const {
-  // A copy, so that the mode switch does not touch the module in training.
-  torch::jit::Module copy = module_.clone();
+  // A copy, so that the mode switch does not touch the module in training; without the
+  // rewritten methods, which call an operator only krab has (Python's torch.jit.load would fail
+  // on them). The copy has a type of its own; the running module's keeps them.
+  std::unordered_set<std::string> krab_methods;
+  if (!units_.units.empty())
+    for (const char* method : {"forward", "training_loss", "predict"})
+      krab_methods.insert(script_unit_method(method));
+  torch::jit::Module copy = module_.clone(/*inplace=*/false, krab_methods, {});
   copy.eval();
   std::ostringstream out;
   copy.save(out);

@@ -35,6 +35,13 @@
 // example's gradient does not depend on the others in its batch — the condition under which the
 // determinism contract (W workers x B == 1 worker x W*B) holds for a model with BatchNorm.
 //
+// Units (models/units.h, docs/design/zero-sharding.md §3.3): after loading and inspecting the
+// file, the model plans which children can be units (models/script_units.h) and, when any can,
+// adds rewritten copies of forward, training_loss and predict (`__krab_forward`, ...) that run
+// each unit through Model::run_unit, and runs those copies from then on. Without a runner they
+// compute what the originals compute, bit for bit. unit_candidates() lists the units;
+// gathered_whole() says why each other child holding parameters is not one.
+//
 // Thread safety: as for any torch module.
 #pragma once
 
@@ -45,6 +52,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/script_units.h"
 
 namespace krab::models {
 
@@ -81,7 +89,8 @@ class TorchScriptModel : public Model {
                   const at::Tensor& all_targets);
 
   // Writes the scripted module, holding the current weights, in eval mode, to `path`
-  // atomically (torch.jit.load reads it).
+  // atomically (torch.jit.load reads it). The file holds the user's methods only: never a
+  // `__krab_` copy, nor any call of a krab operator, which Python could not load.
   void save(const std::string& path) const;
 
   // What the user should read once about this file, one line each, without a prefix (the
@@ -89,6 +98,16 @@ class TorchScriptModel : public Model {
   // own classes, which model.pt holds although any of them may be non-persistent in Python (the
   // file cannot tell); calls whose train/eval flag a trace in eval mode fixed to false.
   const std::vector<std::string>& warnings() const { return warnings_; }
+
+  // The children run through run_unit, in forward order ("layer1", "blocks.0"); empty when
+  // nothing could be split.
+  std::vector<std::string> unit_candidates() const override { return units_.units; }
+  // Why each child holding parameters is not a unit, one line each ("head: returns a tuple"),
+  // for the report; a line without a path when the rewrite itself failed.
+  const std::vector<std::string>& gathered_whole() const { return units_.gathered_whole; }
+
+  // For the krab::unit_call operator only: runs unit `unit` on x through run_unit.
+  at::Tensor run_script_unit(int64_t unit, const at::Tensor& x);
 
   const std::string& path() const { return path_; }
   bool has_training_loss() const { return has_training_loss_; }
@@ -102,12 +121,16 @@ class TorchScriptModel : public Model {
   // warns of the ones fixed to false.
   void check_modes();
   void warn_unrecorded_buffers();
+  // Plans the units and adds the rewritten methods; on any failure, no units and the reason.
+  void split_units();
 
   torch::jit::Module module_;
   std::string path_, loss_;
   bool freeze_batchnorm_ = false;
   bool has_training_loss_ = false, has_predict_ = false;
   std::vector<std::string> warnings_;
+  ScriptUnitPlan units_;
+  std::vector<torch::jit::Module> unit_modules_;  // units_.units[i]'s module
 };
 
 // The model as a TorchScriptModel, or null for a built-in model.

@@ -1,5 +1,6 @@
 // `krab train` with `model: {name: torchscript}`, run as a user would: the determinism contract
 // with BatchNorm, model.ts, and each bad input refused before training with one line.
+#include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -89,6 +90,15 @@ TEST_F(TorchScriptCli, TrainsWithBatchNormAndWritesModelTs) {
   EXPECT_FALSE(ts.is_training());
   for (const auto& p : ts.named_parameters()) EXPECT_TRUE(torch::equal(p.value, pt.at(p.name)));
   for (const auto& p : ts.named_buffers()) EXPECT_TRUE(torch::equal(p.value, pt.at(p.name)));
+  // The run split the module into units (models/script_units.h) and ran rewritten methods that
+  // call krab's own operator; model.ts, which Python loads, must hold none of that.
+  caffe2::serialize::PyTorchStreamReader zip((dir_ / "runs/job/model.ts").string());
+  for (const std::string& name : zip.getAllRecords()) {
+    const auto [data, size] = zip.getRecord(name);
+    EXPECT_EQ(std::string(static_cast<const char*>(data.get()), size).find("krab"),
+              std::string::npos)
+        << "model.ts's " << name << " mentions krab";
+  }
   const auto report = nlohmann::json::parse(core::read_file((dir_ / "report.json").string()));
   EXPECT_GT(report["test_accuracy"].get<double>(), 0.3);
 }
