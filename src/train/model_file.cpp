@@ -54,17 +54,28 @@ void int_tuple(std::string& out, at::IntArrayRef values) {
 
 const char* storage_class(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return "FloatStorage";
-    case at::kDouble: return "DoubleStorage";
-    case at::kHalf: return "HalfStorage";
-    case at::kBFloat16: return "BFloat16Storage";
-    case at::kLong: return "LongStorage";
-    case at::kInt: return "IntStorage";
-    case at::kShort: return "ShortStorage";
-    case at::kChar: return "CharStorage";
-    case at::kByte: return "ByteStorage";
-    case at::kBool: return "BoolStorage";
-    default: return nullptr;
+    case at::kFloat:
+      return "FloatStorage";
+    case at::kDouble:
+      return "DoubleStorage";
+    case at::kHalf:
+      return "HalfStorage";
+    case at::kBFloat16:
+      return "BFloat16Storage";
+    case at::kLong:
+      return "LongStorage";
+    case at::kInt:
+      return "IntStorage";
+    case at::kShort:
+      return "ShortStorage";
+    case at::kChar:
+      return "CharStorage";
+    case at::kByte:
+      return "ByteStorage";
+    case at::kBool:
+      return "BoolStorage";
+    default:
+      return nullptr;
   }
 }
 
