@@ -36,8 +36,8 @@ void shard_checkpoint(const std::string& state_krab, const std::string& run_dir,
   for (const auto& p : train::parse_param_list(meta.signature, state_krab, "signature")) {
     root.params.push_back(p);
     values.push_back(in.tensor("param." + p.name).reshape(-1));
-    momenta.push_back(in.tensor(str_cat("optimizer.state.", momenta.size(), ".momentum_buffer"))
-                          .reshape(-1));
+    momenta.push_back(
+        in.tensor(str_cat("optimizer.state.", momenta.size(), ".momentum_buffer")).reshape(-1));
   }
   const engine::ShardLayout layout = engine::plan_layout({root}, world, 4);
   const int64_t pad = layout.unit(0).padded - layout.unit(0).numel, s = layout.shard_numel(0);

@@ -447,6 +447,32 @@ TEST(ShardedCheckpoint, ExportWritesTheFullModelFromEitherFormat) {
   }
 }
 
+// A sealed run exports with its key file (the seal is checked against the run directory and the
+// signature the manifest states); without the key, or with another key, it is refused by name.
+TEST(ShardedCheckpoint, ASealedRunExportsOnlyWithItsKey) {
+  const Reference ref("sgd");
+  RunDir dir, keys("keys");
+  fs::create_directories(keys.path);
+  const std::string key(40, 'k'), key_file = (keys.path / "key").string();
+  core::write_file_atomic(key_file, key);
+  core::write_file_atomic((keys.path / "other").string(), std::string(40, 'o'));
+  write_sharded(ref, dir, 2, 5, {key, checkpoint_job(dir.str(), ref.meta(0).signature)});
+  const std::string out = export_model_pt({dir.str(), std::nullopt, "", key_file});
+  const std::string bytes = core::read_file(out);
+  const auto dict =
+      torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
+  EXPECT_TRUE(
+      torch::equal(dict.at("fc1.weight").toTensor(), ref.full.at("value").at("fc1.weight")));
+  for (const std::string& k : {std::string(), (keys.path / "other").string()}) {
+    try {
+      export_model_pt({dir.str(), std::nullopt, "", k});
+      ADD_FAILURE() << "exported with key file '" << k << "'";
+    } catch (const CorruptData& e) {
+      EXPECT_NE(std::string(e.what()).find("manifest.krab"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The fuzz target's seeds (tests/fuzz/corpus/fuzz_shard, mode byte first) are valid files, so
 // that fuzzing starts deep inside both readers.
 TEST(ShardedCheckpoint, TheFuzzSeedsAreValidShardAndManifestFiles) {
