@@ -104,7 +104,10 @@ core::Record parse_shard_bytes(std::string bytes, const std::string& source,
 core::Record read_shard_file(const std::string& path, const ShardDigest& want,
                              const std::string& seal_key, const std::string& job) {
   if (!core::path_exists(path))
-    throw CorruptData(str_cat("shard '", path, "' is missing (the manifest names it)"));
+    throw CorruptData(str_cat("shard '", path,
+                              "' is missing (the manifest names it; every rank reads the shards "
+                              "its part comes from: the run directory must be on a file system "
+                              "every rank sees)"));
   std::string bytes = core::read_file(path);
   if (bytes.size() != want.bytes)
     throw CorruptData(str_cat("shard '", path, "' is truncated or padded: ", bytes.size(),
