@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <filesystem>
-#include <set>
 #include <unordered_map>
 
 #include "core/errors.h"
