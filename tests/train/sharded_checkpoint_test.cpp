@@ -264,6 +264,20 @@ TEST(ShardedCheckpoint, ReshardsFourToTwoAndTwoToThree) {
   }
 }
 
+// At 8 ranks the root unit (24 elements, padded to 32) leaves ranks 6 and 7 only padding:
+// they get zeros and still the unit's optimizer state (Adam's step count), as the engine's
+// optimizer over an all-padding shard has after a step.
+TEST(ShardedCheckpoint, ARankWhoseShardIsAllPaddingGetsZerosAndTheUnitsState) {
+  const Reference ref("adam");
+  RunDir dir;
+  write_sharded(ref, dir, 4, 5);
+  ASSERT_EQ(engine::plan_layout(units(), 8, kAlign)
+                .pieces(0, engine::plan_layout(units(), 8, kAlign).shard(0, 7))
+                .size(),
+            0u);
+  for (const auto& e : read_sharded(ref, dir.step(5), 8)) EXPECT_EQ(e, "");
+}
+
 // A stage-0 replica reads a sharded checkpoint whole: every parameter and optimizer field of
 // the reference, from whichever shards hold its pieces.
 TEST(ShardedCheckpoint, ShardedRestoresIntoAFullReplica) {
