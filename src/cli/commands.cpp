@@ -133,6 +133,18 @@ CLI::App* add_privacy_command(CLI::App& app, EpsilonArgs& eps) {
   return epsilon;
 }
 
+// `krab export`.
+CLI::App* add_export_command(CLI::App& app, ExportArgs& e) {
+  auto* cmd = app.add_subcommand(
+      "export", "Write model.pt from a run's checkpoint (state.krab or sharded, any world size)");
+  cmd->add_option("RUN_DIR", e.run_dir, "The run directory (checkpoint.dir/NAME)")->required();
+  cmd->add_option("--step", e.step, "The checkpoint of this step (default: the latest)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--out", e.out, "Where to write model.pt (default: RUN_DIR/model.pt)");
+  cmd->add_option("--key-file", e.key_file, "The run's checkpoint.hmac_key_file, for a sealed run");
+  return cmd;
+}
+
 }  // namespace
 
 // Every command, in the order `krab --help` lists them.
@@ -142,6 +154,7 @@ void add_commands(CLI::App& app, Commands& c) {
   c.fl_sim = add_fl_sim_command(app, c.sim, c.verbose);
   c.fl_server = add_fl_server_command(app, c.server);
   c.fl_client = add_fl_client_command(app, c.client, c.client_token, c.verbose);
+  c.export_model = add_export_command(app, c.export_args);
   c.config_doc = app.add_subcommand("config-doc", "Print docs/config.md (every job key)");
   c.privacy_epsilon = add_privacy_command(app, c.epsilon);
 }

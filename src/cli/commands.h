@@ -6,6 +6,7 @@
 //   krab fl-server FED.yaml [--set key=value ...] [--report FILE] [--port-file FILE]
 //   krab fl-client --server HOST:PORT --ca CA.pem [--token-file FILE | --token T] [--data PATH]
 //                  [--model FILE] [--partition K/N] [client policy options ...]
+//   krab export RUN_DIR [--step N] [--out FILE] [--key-file FILE]
 //   krab config-doc
 //   krab privacy epsilon --noise-multiplier S --sampling-rate Q --steps T --delta D
 //                        [--conversion balle2020|mironov2017]
@@ -68,6 +69,14 @@ struct EpsilonArgs {
   std::string conversion = "balle2020";
 };
 
+// `krab export`: model.pt from a run's checkpoint (train/model_export.h).
+struct ExportArgs {
+  std::string run_dir;
+  int64_t step = -1;     // --step; -1 = the checkpoint `latest` names
+  std::string out;       // --out; "" = RUN_DIR/model.pt
+  std::string key_file;  // --key-file: the run's checkpoint.hmac_key_file
+};
+
 // What the command line holds once parsed: each command's arguments, and which command ran
 // (the CLI::App pointers, owned by the app passed to add_commands(), answer parsed()). `train`
 // has no pointer: it is the command that ran when no other did.
@@ -78,6 +87,7 @@ struct Commands {
   federated::ClientRunOptions client;    // fl-client's options, token aside
   federated::TokenSources client_token;  // --token-file and --token (the environment: main)
   EpsilonArgs epsilon;
+  ExportArgs export_args;
   // --verbose, which train, fl-sim and fl-client accept: after an error in the model's code,
   // print the library's full text too (models/forward_error.h).
   bool verbose = false;
@@ -85,6 +95,7 @@ struct Commands {
   CLI::App* fl_server = nullptr;
   CLI::App* fl_client = nullptr;
   CLI::App* config_doc = nullptr;
+  CLI::App* export_model = nullptr;
   CLI::App* privacy_epsilon = nullptr;
 };
 

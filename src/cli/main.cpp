@@ -47,6 +47,7 @@
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
 #include "train/memory_plan.h"
+#include "train/model_export.h"
 #include "train/trainer.h"
 
 namespace {
@@ -463,6 +464,14 @@ int run_fl_client_command(federated::ClientRunOptions options, federated::TokenS
   return 0;
 }
 
+// `krab export`: prints the path of the model.pt it wrote.
+int run_export(const cli::ExportArgs& a) {
+  train::ExportOptions o{a.run_dir, std::nullopt, a.out, a.key_file};
+  if (a.step >= 0) o.step = a.step;
+  std::cout << train::export_model_pt(o) << "\n";
+  return 0;
+}
+
 // Runs the command `c` holds, once parsed; `train` when no other was given.
 int run_command(const cli::Commands& c, int argc, char** argv) {
   if (c.privacy_epsilon->parsed()) return run_epsilon(c.epsilon);
@@ -475,6 +484,7 @@ int run_command(const cli::Commands& c, int argc, char** argv) {
     keep_freed_memory();
     return run_fl_sim(c.sim);
   }
+  if (c.export_model->parsed()) return run_export(c.export_args);
   if (c.config_doc->parsed()) {
     std::cout << krab::core::render_markdown();
     return 0;

@@ -66,45 +66,68 @@ int create_temporary(const std::string& path, mode_t mode, std::string& tmp) {
   throw Error(str_cat("cannot write '", tmp, "': ", std::strerror(errno)));
 }
 
-void write_all(int fd, const std::string& data, const std::string& path, const std::string& tmp) {
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path, FileAccess access) : path_(path) {
+  const fs::path target(path);
+  dir_ = target.parent_path().empty() ? "." : target.parent_path().string();
+  make_dirs(dir_);
+  fd_ = create_temporary(path, access == FileAccess::kPrivate ? 0600 : 0644, tmp_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (!committed_) abandon();
+}
+
+void AtomicFileWriter::abandon() {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+  tmp_.clear();
+}
+
+void AtomicFileWriter::write(const char* data, size_t n) {
+  KRAB_CHECK(fd_ >= 0 && !committed_, "AtomicFileWriter for '", path_, "' is closed");
   size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0) {
+  while (done < n) {
+    const ssize_t k = ::write(fd_, data + done, n - done);
+    if (k < 0) {
       if (errno == EINTR) continue;
       const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(str_cat("cannot write '", path, "': ", why));
+      abandon();
+      throw Error(str_cat("cannot write '", path_, "': ", why));
     }
-    done += static_cast<size_t>(n);
+    done += static_cast<size_t>(k);
   }
 }
 
-}  // namespace
-
-void write_file_atomic(const std::string& path, const std::string& data, FileAccess access) {
-  const fs::path target(path);
-  const std::string dir = target.parent_path().empty() ? "." : target.parent_path().string();
-  make_dirs(dir);
-  std::string tmp;
-  const int fd = create_temporary(path, access == FileAccess::kPrivate ? 0600 : 0644, tmp);
-  write_all(fd, data, path, tmp);
+void AtomicFileWriter::commit() {
+  KRAB_CHECK(fd_ >= 0 && !committed_, "AtomicFileWriter for '", path_, "' is closed");
+  const int fd = fd_;
+  fd_ = -1;
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error(str_cat("cannot flush '", path, "': ", why));
+    abandon();
+    throw Error(str_cat("cannot flush '", path_, "': ", why));
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
     const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    throw Error(str_cat("cannot rename '", tmp, "' to '", path, "': ", why));
+    const std::string tmp = tmp_;
+    abandon();
+    throw Error(str_cat("cannot rename '", tmp, "' to '", path_, "': ", why));
   }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  committed_ = true;
+  const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
+}
+
+void write_file_atomic(const std::string& path, const std::string& data, FileAccess access) {
+  AtomicFileWriter out(path, access);
+  out.write(data);
+  out.commit();
 }
 
 void check_writable_dir(const std::string& dir, const std::string& what) {

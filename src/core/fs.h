@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "core/byte_sink.h"
+
 namespace krab::core {
 
 // Who a file krab writes is for. krab asks for the mode below when it creates the file; the
@@ -22,6 +24,32 @@ enum class FileAccess {
 // krab::Error naming the path.
 void write_file_atomic(const std::string& path, const std::string& data,
                        FileAccess access = FileAccess::kPrivate);
+
+// write_file_atomic() for a file too large to hold: the bytes arrive through write() and go
+// to a temporary beside `path` (created at construction, by write_file_atomic's rules: random
+// name, O_EXCL | O_NOFOLLOW, the mode of `access`, missing directories made); commit() flushes
+// it (fsync), renames it over `path` and fsyncs the directory. Until commit() returns, `path`
+// is untouched; a writer destroyed without commit() (an exception on the way) removes its
+// temporary. Errors throw krab::Error naming `path` (and remove the temporary). One thread.
+class AtomicFileWriter : public ByteSink {
+ public:
+  explicit AtomicFileWriter(const std::string& path, FileAccess access = FileAccess::kPrivate);
+  ~AtomicFileWriter() override;
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const char* data, size_t n) override;
+  using ByteSink::write;
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  void abandon();  // closes and removes the temporary
+
+  std::string path_, dir_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
 
 // Reads a whole file. Missing or unreadable -> InvalidArgument naming the path.
 std::string read_file(const std::string& path);

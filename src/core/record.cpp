@@ -132,56 +132,127 @@ at::Tensor read_tensor(Reader& in) {
   return t;
 }
 
-}  // namespace
+// --- Entry encoding, shared by both writers --------------------------------------------------
 
-void RecordWriter::begin(const std::string& name, uint8_t kind) {
+// Checks `name` against the entries in `names` and starts its entry in `out`.
+void begin_entry(std::string& out, std::vector<std::string>& names, const std::string& name,
+                 uint8_t kind) {
   KRAB_CHECK(valid_name(name), "record entry name '", printable(name), "' is not valid");
-  KRAB_CHECK(std::find(names_.begin(), names_.end(), name) == names_.end(), "record entry '", name,
+  KRAB_CHECK(std::find(names.begin(), names.end(), name) == names.end(), "record entry '", name,
              "' written twice");
-  names_.push_back(name);
-  put<uint16_t>(body_, static_cast<uint16_t>(name.size()));
-  body_ += name;
-  put<uint8_t>(body_, kind);
+  names.push_back(name);
+  put<uint16_t>(out, static_cast<uint16_t>(name.size()));
+  out += name;
+  put<uint8_t>(out, kind);
 }
 
-void RecordWriter::add_tensor(const std::string& name, const at::Tensor& tensor) {
+// The tensor `name` as it will be written: detached, on the CPU, contiguous.
+at::Tensor storable(const std::string& name, const at::Tensor& tensor) {
   KRAB_CHECK(tensor.defined(), "record entry '", name, "': undefined tensor");
-  const Dtype* dtype = dtype_by_type(tensor.scalar_type());
-  KRAB_CHECK(dtype != nullptr && tensor.dim() <= kMaxRank, "record entry '", name,
-             "': a tensor of ", tensor.scalar_type(), " and rank ", tensor.dim(),
-             " cannot be stored");
-  begin(name, kTensor);
-  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-  put<uint8_t>(body_, dtype->code);
-  put<uint8_t>(body_, static_cast<uint8_t>(t.dim()));
-  for (const int64_t s : t.sizes()) put<int64_t>(body_, s);
+  KRAB_CHECK(dtype_by_type(tensor.scalar_type()) != nullptr && tensor.dim() <= kMaxRank,
+             "record entry '", name, "': a tensor of ", tensor.scalar_type(), " and rank ",
+             tensor.dim(), " cannot be stored");
+  return tensor.detach().to(at::kCPU);
+}
+
+// A tensor entry up to its byte count (the bytes follow); returns the byte count.
+uint64_t tensor_head(std::string& out, const at::Tensor& t) {
+  put<uint8_t>(out, dtype_by_type(t.scalar_type())->code);
+  put<uint8_t>(out, static_cast<uint8_t>(t.dim()));
+  for (const int64_t s : t.sizes()) put<int64_t>(out, s);
   const uint64_t bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-  put<uint64_t>(body_, bytes);
+  put<uint64_t>(out, bytes);
+  return bytes;
+}
+
+void string_value(std::string& out, const std::string& name, const std::string& value) {
+  KRAB_CHECK(value.size() <= kMaxStringBytes, "record entry '", name, "': string of ", value.size(),
+             " bytes");
+  put<uint64_t>(out, value.size());
+  out += value;
+}
+
+std::string record_head(uint32_t count) {
+  std::string out(kMagic, sizeof(kMagic));
+  put<uint32_t>(out, count);
+  return out;
+}
+
+}  // namespace
+
+void RecordWriter::add_tensor(const std::string& name, const at::Tensor& tensor) {
+  const at::Tensor t = storable(name, tensor).contiguous();
+  begin_entry(body_, names_, name, kTensor);
+  const uint64_t bytes = tensor_head(body_, t);
   if (bytes > 0) body_.append(static_cast<const char*>(t.data_ptr()), bytes);
 }
 
 void RecordWriter::add_int(const std::string& name, int64_t value) {
-  begin(name, kInt);
+  begin_entry(body_, names_, name, kInt);
   put<int64_t>(body_, value);
 }
 
 void RecordWriter::add_double(const std::string& name, double value) {
-  begin(name, kDouble);
+  begin_entry(body_, names_, name, kDouble);
   put<double>(body_, value);
 }
 
 void RecordWriter::add_string(const std::string& name, const std::string& value) {
-  KRAB_CHECK(value.size() <= kMaxStringBytes, "record entry '", name, "': string of ", value.size(),
-             " bytes");
-  begin(name, kString);
-  put<uint64_t>(body_, value.size());
-  body_ += value;
+  std::string head;
+  string_value(head, name, value);  // checks the length before the entry is counted
+  begin_entry(body_, names_, name, kString);
+  body_ += head;
+}
+
+void RecordStreamWriter::add_tensor(const std::string& name, const at::Tensor& tensor) {
+  Entry e;
+  e.tensor = storable(name, tensor);
+  begin_entry(e.head, names_, name, kTensor);
+  const uint64_t bytes = tensor_head(e.head, e.tensor);
+  size_ += e.head.size() + bytes;
+  entries_.push_back(std::move(e));
+}
+
+void RecordStreamWriter::add_int(const std::string& name, int64_t value) {
+  Entry e;
+  begin_entry(e.head, names_, name, kInt);
+  put<int64_t>(e.head, value);
+  size_ += e.head.size();
+  entries_.push_back(std::move(e));
+}
+
+void RecordStreamWriter::add_double(const std::string& name, double value) {
+  Entry e;
+  begin_entry(e.head, names_, name, kDouble);
+  put<double>(e.head, value);
+  size_ += e.head.size();
+  entries_.push_back(std::move(e));
+}
+
+void RecordStreamWriter::add_string(const std::string& name, const std::string& value) {
+  std::string tail;
+  string_value(tail, name, value);
+  Entry e;
+  begin_entry(e.head, names_, name, kString);
+  e.head += tail;
+  size_ += e.head.size();
+  entries_.push_back(std::move(e));
+}
+
+void RecordStreamWriter::write(ByteSink& out) const {
+  out.write(record_head(static_cast<uint32_t>(entries_.size())));
+  for (const Entry& e : entries_) {
+    out.write(e.head);
+    if (!e.tensor.defined() || e.tensor.numel() == 0) continue;
+    // One entry at a time: a view that is not contiguous is copied alone, never the record.
+    const at::Tensor t = e.tensor.contiguous();
+    out.write(static_cast<const char*>(t.data_ptr()),
+              static_cast<size_t>(t.numel()) * t.element_size());
+  }
 }
 
 std::string RecordWriter::bytes() const {
-  std::string out(kMagic, sizeof(kMagic));
-  put<uint32_t>(out, static_cast<uint32_t>(names_.size()));
-  return out + body_;
+  return record_head(static_cast<uint32_t>(names_.size())) + body_;
 }
 
 Record Record::parse(const char* data, size_t n, const std::string& source) {

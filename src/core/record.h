@@ -25,8 +25,14 @@
 // from the stated byte count; every byte inside the buffer; bool tensors hold only 0 and 1; no
 // bytes after the last entry.
 //
-// Thread safety: a RecordWriter is used by one thread at a time; a Record is immutable once
-// parsed and may be read from several threads.
+// Writers: RecordWriter builds the whole record in memory (small files: state.krab, manifests,
+// fl-state.krab); RecordStreamWriter takes its entries first and then streams the record to a
+// ByteSink without holding it (multi-GB shard files). Both produce the same bytes for the same
+// entries, and both are RecordEntries, so code that lists entries (train/optimizer_state.h)
+// writes to either.
+//
+// Thread safety: a writer is used by one thread at a time; a Record is immutable once parsed
+// and may be read from several threads.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -37,31 +43,71 @@
 #include <variant>
 #include <vector>
 
+#include "core/byte_sink.h"
+
 namespace krab::core {
 
 constexpr size_t kMaxNameBytes = 256;
 constexpr int kMaxRank = 8;
 constexpr uint64_t kMaxStringBytes = uint64_t{1} << 30;
 
-// Builds a record's bytes entry by entry. Names must be unique and valid (see above);
+// A record's entries as a writer takes them. Names must be unique and valid (see above);
 // add() of a bad name, a repeated name, or a tensor of a dtype outside the allowlist is a bug in
 // the caller and throws Error.
-class RecordWriter {
+class RecordEntries {
  public:
-  // Writes the tensor's values (detached, made contiguous, on the CPU).
-  void add_tensor(const std::string& name, const at::Tensor& tensor);
-  void add_int(const std::string& name, int64_t value);
-  void add_double(const std::string& name, double value);
-  void add_string(const std::string& name, const std::string& value);
+  virtual ~RecordEntries() = default;
+  virtual void add_tensor(const std::string& name, const at::Tensor& tensor) = 0;
+  virtual void add_int(const std::string& name, int64_t value) = 0;
+  virtual void add_double(const std::string& name, double value) = 0;
+  virtual void add_string(const std::string& name, const std::string& value) = 0;
+};
+
+// Builds a record's bytes in memory, entry by entry.
+class RecordWriter : public RecordEntries {
+ public:
+  // Copies the tensor's values (detached, made contiguous, on the CPU) now.
+  void add_tensor(const std::string& name, const at::Tensor& tensor) override;
+  void add_int(const std::string& name, int64_t value) override;
+  void add_double(const std::string& name, double value) override;
+  void add_string(const std::string& name, const std::string& value) override;
 
   // The record so far.
   std::string bytes() const;
 
  private:
-  void begin(const std::string& name, uint8_t kind);
-
   std::string body_;
   std::vector<std::string> names_;
+};
+
+// Streams a record: the entries are declared first (so that the entry count and the total
+// size are known before the first byte, as a frame with a length header needs), then write()
+// sends header and bytes of each entry straight from the tensor's memory to the sink.
+// add_tensor() keeps a handle to the tensor, not a copy: its values must not change until
+// write() returns (the caller holds the model or optimizer still meanwhile). A tensor that is
+// not contiguous is made contiguous one entry at a time during write(); memory beyond the
+// tensors themselves is the entry headers.
+class RecordStreamWriter : public RecordEntries {
+ public:
+  void add_tensor(const std::string& name, const at::Tensor& tensor) override;
+  void add_int(const std::string& name, int64_t value) override;
+  void add_double(const std::string& name, double value) override;
+  void add_string(const std::string& name, const std::string& value) override;
+
+  // The number of bytes write() sends.
+  uint64_t size() const { return size_; }
+  // Sends the record; may be called more than once (each call sends the same bytes if the
+  // tensors did not change). Throws what the sink throws.
+  void write(ByteSink& out) const;
+
+ private:
+  struct Entry {
+    std::string head;   // name, kind and the scalar value or the tensor's header
+    at::Tensor tensor;  // undefined for a scalar entry
+  };
+  std::vector<Entry> entries_;
+  std::vector<std::string> names_;
+  uint64_t size_ = 8;  // magic + entry count
 };
 
 // A parsed, fully checked record. Accessors throw CorruptData naming the source when an entry is

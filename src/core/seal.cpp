@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <filesystem>
 
@@ -41,6 +42,8 @@ bool sealed(const std::string& bytes) {
 
 }  // namespace
 
+bool is_sealed(const std::string& bytes) { return sealed(bytes); }
+
 std::string read_seal_key(const std::string& path, const std::string& run_dir) {
   if (path.empty()) return "";
   namespace fs = std::filesystem;
@@ -69,11 +72,88 @@ std::string hmac_sha256(const std::string& key, const std::string& data) {
   return mac(key, data.data(), data.size());
 }
 
+// OpenSSL 3's EVP_MAC: HMAC_CTX is deprecated there.
+struct SealStream::Mac {
+  EVP_MAC* mac = nullptr;
+  EVP_MAC_CTX* ctx = nullptr;
+  ~Mac() {
+    EVP_MAC_CTX_free(ctx);
+    EVP_MAC_free(mac);
+  }
+};
+
+SealStream::SealStream(const std::string& key, const std::string& job) {
+  if (key.empty()) return;
+  mac_ = std::make_unique<Mac>();
+  const std::string k = job_key(key, job);
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string("digest", digest, 0),
+                               OSSL_PARAM_construct_end()};
+  mac_->mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  mac_->ctx = mac_->mac ? EVP_MAC_CTX_new(mac_->mac) : nullptr;
+  KRAB_CHECK(mac_->ctx != nullptr &&
+                 EVP_MAC_init(mac_->ctx, reinterpret_cast<const unsigned char*>(k.data()), k.size(),
+                              params) == 1,
+             "HMAC-SHA256 failed to start");
+}
+
+SealStream::~SealStream() = default;
+
+void SealStream::update(const char* data, size_t n) {
+  if (!mac_) return;
+  KRAB_CHECK(EVP_MAC_update(mac_->ctx, reinterpret_cast<const unsigned char*>(data), n) == 1,
+             "HMAC-SHA256 failed");
+}
+
+std::string SealStream::finish() {
+  if (!mac_) return "";
+  unsigned char out[EVP_MAX_MD_SIZE];
+  size_t len = 0;
+  KRAB_CHECK(EVP_MAC_final(mac_->ctx, out, &len, sizeof(out)) == 1 && len == kMacBytes,
+             "HMAC-SHA256 failed");
+  mac_.reset();
+  return std::string(kTag, kTagBytes) + std::string(reinterpret_cast<const char*>(out), len);
+}
+
+struct Sha256Stream::Ctx {
+  EVP_MD_CTX* md = EVP_MD_CTX_new();
+  ~Ctx() { EVP_MD_CTX_free(md); }
+};
+
+Sha256Stream::Sha256Stream() : ctx_(std::make_unique<Ctx>()) {
+  KRAB_CHECK(ctx_->md != nullptr && EVP_DigestInit_ex(ctx_->md, EVP_sha256(), nullptr) == 1,
+             "SHA-256 failed to start");
+}
+
+Sha256Stream::~Sha256Stream() = default;
+
+void Sha256Stream::update(const char* data, size_t n) {
+  KRAB_CHECK(EVP_DigestUpdate(ctx_->md, data, n) == 1, "SHA-256 failed");
+}
+
+std::string Sha256Stream::hex() {
+  unsigned char out[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  KRAB_CHECK(EVP_DigestFinal_ex(ctx_->md, out, &len) == 1 && len == 32, "SHA-256 failed");
+  static const char* digits = "0123456789abcdef";
+  std::string hex;
+  for (unsigned int i = 0; i < len; ++i) {
+    hex += digits[out[i] >> 4];
+    hex += digits[out[i] & 15];
+  }
+  return hex;
+}
+
+std::string sha256_hex(const char* data, size_t n) {
+  Sha256Stream s;
+  s.update(data, n);
+  return s.hex();
+}
+
 std::string seal(std::string bytes, const std::string& key, const std::string& job) {
-  if (key.empty()) return bytes;
-  const std::string m = mac(job_key(key, job), bytes.data(), bytes.size());
-  bytes.append(kTag, kTagBytes);
-  bytes += m;
+  SealStream stream(key, job);
+  stream.update(bytes.data(), bytes.size());
+  bytes += stream.finish();
   return bytes;
 }
 

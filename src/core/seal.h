@@ -14,6 +14,8 @@
 // from read_seal_key's file read; thread-safe.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string>
 
 namespace krab::core {
@@ -37,6 +39,45 @@ std::string seal(std::string bytes, const std::string& key, const std::string& j
 // returned as it is.
 std::string unseal(std::string bytes, const std::string& key, const std::string& source,
                    const std::string& job = "");
+
+// Whether `bytes` end in a seal's tag (not whether the seal is valid: unseal() says that).
+bool is_sealed(const std::string& bytes);
+
+// seal() for bytes that stream past and are never held whole (a shard of a sharded
+// checkpoint): update() with every byte before the seal, in order, then finish() gives the
+// seal to append — "" when `key` is "" (sealing off). seal(b, key, job) == b +
+// (SealStream(key, job) fed b).finish(). One thread; finish() once.
+class SealStream {
+ public:
+  SealStream(const std::string& key, const std::string& job = "");
+  ~SealStream();
+  SealStream(const SealStream&) = delete;
+  SealStream& operator=(const SealStream&) = delete;
+  void update(const char* data, size_t n);
+  std::string finish();
+
+ private:
+  struct Mac;
+  std::unique_ptr<Mac> mac_;  // null when sealing is off
+};
+
+// SHA-256 of bytes that stream past; hex() (64 lowercase hex digits) once at the end.
+class Sha256Stream {
+ public:
+  Sha256Stream();
+  ~Sha256Stream();
+  Sha256Stream(const Sha256Stream&) = delete;
+  Sha256Stream& operator=(const Sha256Stream&) = delete;
+  void update(const char* data, size_t n);
+  std::string hex();
+
+ private:
+  struct Ctx;
+  std::unique_ptr<Ctx> ctx_;
+};
+
+// SHA-256 of `data`, as Sha256Stream::hex().
+std::string sha256_hex(const char* data, size_t n);
 
 // HMAC-SHA256 of `data` under `key`: 32 bytes.
 std::string hmac_sha256(const std::string& key, const std::string& data);

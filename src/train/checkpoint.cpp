@@ -14,6 +14,7 @@
 #include "core/record.h"
 #include "core/seal.h"
 #include "models/torchscript.h"
+#include "train/model_file.h"
 #include "train/optimizer_state.h"
 
 namespace krab::train {
@@ -36,23 +37,7 @@ T get(const std::string& in, size_t at) {
   return v;
 }
 
-uint32_t crc(const char* data, size_t n) {
-  uLong c = crc32(0L, Z_NULL, 0);
-  // zlib's length is uInt: feed large payloads in pieces.
-  while (n > 0) {
-    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
-    c = crc32(c, reinterpret_cast<const Bytef*>(data), chunk);
-    data += chunk;
-    n -= chunk;
-  }
-  return static_cast<uint32_t>(c);
-}
-
-std::string step_dir_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
+uint32_t crc(const char* data, size_t n) { return crc32_update(0, data, n); }
 
 // "parameter fc1.weight is [16, 32] in the checkpoint, [32, 32] in this job" for the first
 // entry where two signatures ("name:shape;...") disagree.
@@ -109,6 +94,8 @@ uint64_t check_frame(const std::string& bytes, const std::string& source) {
   return length;
 }
 
+}  // namespace
+
 CheckpointMeta read_meta(const core::Record& in) {
   CheckpointMeta meta;
   meta.step = in.integer("meta.step");
@@ -121,7 +108,29 @@ CheckpointMeta read_meta(const core::Record& in) {
   return meta;
 }
 
-// A checkpoint resumes only the job it was written for: the same model and global batch.
+void write_meta(const CheckpointMeta& meta, core::RecordEntries& out) {
+  out.add_int("meta.step", meta.step);
+  out.add_string("meta.model_name", meta.model_name);
+  out.add_string("meta.signature", meta.signature);
+  out.add_int("meta.global_batch", meta.global_batch);
+  out.add_int("meta.seed", meta.seed);
+}
+
+void check_generator_state(const at::Tensor& rng, const std::string& source) {
+  // The generator's state is checked on a fresh generator: set_state() refuses a state of the
+  // wrong size or kind only when it is called, and by then nothing may have changed yet.
+  const at::Generator gen = at::detail::getDefaultCPUGenerator();
+  if (rng.scalar_type() != at::kByte || rng.dim() != 1 || rng.numel() != gen.get_state().numel())
+    throw CorruptData(str_cat("checkpoint '", source, "': 'rng' is not a CPU generator state"));
+  try {
+    // A fresh generator, not gen.clone(): LibTorch 1.13's CPU clone leaks its copy.
+    at::make_generator<at::CPUGeneratorImpl>().set_state(rng);
+  } catch (const c10::Error& e) {
+    throw CorruptData(str_cat("checkpoint '", source, "': 'rng' is not a CPU generator state: ",
+                              core::printable(e.what_without_backtrace())));
+  }
+}
+
 void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
                      const std::string& source) {
   if (meta.model_name != expect.model_name || meta.signature != expect.signature)
@@ -140,6 +149,8 @@ void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
                                   " (workers x data.batch_size x "
                                   "train.grad_accum must match to resume)"));
 }
+
+namespace {
 
 // Restores parameters, buffers, optimizer state and the CPU generator from `in`.
 void restore_state(const core::Record& in, torch::nn::Module& module,
@@ -160,21 +171,9 @@ void restore_state(const core::Record& in, torch::nn::Module& module,
   for (auto& item : module.named_parameters()) take("param." + item.key(), item.value());
   for (auto& item : module.named_buffers()) take("buffer." + item.key(), item.value());
   const auto install_optimizer = read_optimizer_state(in, optimizer);
-  // The generator's state is checked on a copy first: set_state() refuses a state of the wrong
-  // size or kind only when it is called, and by then nothing may have changed yet.
-  at::Generator gen = at::detail::getDefaultCPUGenerator();
   const at::Tensor& rng = in.tensor("rng");
-  if (rng.scalar_type() != at::kByte || rng.dim() != 1 || rng.numel() != gen.get_state().numel())
-    throw CorruptData(
-        str_cat("checkpoint '", in.source(), "': 'rng' is not a CPU generator state"));
-  try {
-    // A fresh generator, not gen.clone(): LibTorch 1.13's CPU clone leaks its copy.
-    at::make_generator<at::CPUGeneratorImpl>().set_state(rng);
-  } catch (const c10::Error& e) {
-    throw CorruptData(str_cat(
-        "checkpoint '", in.source(),
-        "': 'rng' is not a CPU generator state: ", core::printable(e.what_without_backtrace())));
-  }
+  check_generator_state(rng, in.source());
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
   {
     torch::NoGradGuard no_grad;
     for (auto& [dest, saved] : copies) dest.copy_(saved);
@@ -184,6 +183,24 @@ void restore_state(const core::Record& in, torch::nn::Module& module,
 }
 
 }  // namespace
+
+uint32_t crc32_update(uint32_t crc, const char* data, size_t n) {
+  uLong c = crc;
+  // zlib's length is uInt: feed large payloads in pieces.
+  while (n > 0) {
+    const uInt chunk = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    c = crc32(c, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    n -= chunk;
+  }
+  return static_cast<uint32_t>(c);
+}
+
+std::string step_dir_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
+}
 
 std::string model_signature(const torch::nn::Module& module) {
   std::ostringstream os;
@@ -195,19 +212,17 @@ std::string model_signature(const torch::nn::Module& module) {
 std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer) {
   core::RecordWriter record;
-  record.add_int("meta.step", meta.step);
-  record.add_string("meta.model_name", meta.model_name);
-  record.add_string("meta.signature", meta.signature);
-  record.add_int("meta.global_batch", meta.global_batch);
-  record.add_int("meta.seed", meta.seed);
+  write_meta(meta, record);
   for (const auto& item : module.named_parameters())
     record.add_tensor("param." + item.key(), item.value());
   for (const auto& item : module.named_buffers())
     record.add_tensor("buffer." + item.key(), item.value());
   write_optimizer_state(optimizer, record);
   record.add_tensor("rng", at::detail::getDefaultCPUGenerator().get_state());
+  return frame_checkpoint(record.bytes());
+}
 
-  const std::string payload = record.bytes();
+std::string frame_checkpoint(const std::string& payload) {
   std::string out;
   out.reserve(kHeaderBytes + payload.size());
   out.append(kMagic, sizeof(kMagic));
@@ -218,13 +233,17 @@ std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& mod
   return out;
 }
 
+core::Record parse_checkpoint(const std::string& bytes, const std::string& source) {
+  const uint64_t length = check_frame(bytes, source);
+  // The payload passed its CRC, so some writer wrote it, but not necessarily krab: the record
+  // reader checks every entry, and the accessors refuse a missing or mistyped one.
+  return core::Record::parse(bytes.data() + kHeaderBytes, length, source);
+}
+
 CheckpointMeta decode_checkpoint(const std::string& bytes, const std::string& source,
                                  const CheckpointMeta& expect, torch::nn::Module& module,
                                  torch::optim::Optimizer& optimizer) {
-  const uint64_t length = check_frame(bytes, source);
-  // The payload passed its CRC, so some writer wrote it, but not necessarily krab: the record
-  // reader checks every entry, and the accessors below refuse a missing or mistyped one.
-  const core::Record record = core::Record::parse(bytes.data() + kHeaderBytes, length, source);
+  const core::Record record = parse_checkpoint(bytes, source);
   const CheckpointMeta meta = read_meta(record);
   check_resumable(meta, expect, source);
   restore_state(record, module, optimizer);
@@ -249,6 +268,12 @@ std::string save_checkpoint(const std::string& run_dir, const std::string& bytes
   const std::string name = step_dir_name(step);
   const std::string state = (fs::path(run_dir) / name / "state.krab").string();
   core::write_file_atomic(state, bytes);
+  publish_step(run_dir, step, keep);
+  return state;
+}
+
+void publish_step(const std::string& run_dir, int64_t step, int keep) {
+  const std::string name = step_dir_name(step);
   core::write_file_atomic((fs::path(run_dir) / "latest").string(), name + "\n");
   // Prune old step directories, newest `keep` stay (names sort by step).
   std::vector<std::string> steps;
@@ -259,10 +284,9 @@ std::string save_checkpoint(const std::string& run_dir, const std::string& bytes
   std::sort(steps.begin(), steps.end());
   for (size_t i = 0; i + keep < steps.size(); ++i)
     if (steps[i] != name) fs::remove_all(fs::path(run_dir) / steps[i], ec);
-  return state;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+std::optional<std::string> latest_step_dir(const std::string& run_dir) {
   const std::string pointer = (fs::path(run_dir) / "latest").string();
   if (!core::path_exists(pointer)) return std::nullopt;
   std::string name = core::read_file(pointer);
@@ -274,18 +298,31 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   if (name.rfind("step-", 0) != 0 || !digits)
     throw CorruptData(str_cat("'", pointer, "' does not name a step directory (it holds '",
                               core::printable(name), "')"));
-  const std::string state = (fs::path(run_dir) / name / "state.krab").string();
-  if (!core::path_exists(state))
+  const std::string dir = (fs::path(run_dir) / name).string();
+  const std::string state = (fs::path(dir) / "state.krab").string();
+  if (!core::path_exists(state) && !core::path_exists((fs::path(dir) / "manifest.krab").string()))
     throw CorruptData(str_cat("'", pointer, "' points to '", state, "', which is missing"));
+  return dir;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const auto dir = latest_step_dir(run_dir);
+  if (!dir) return std::nullopt;
+  const std::string state = (fs::path(*dir) / "state.krab").string();
+  if (!core::path_exists(state))
+    throw CorruptData(str_cat("'", (fs::path(run_dir) / "latest").string(), "' points to '", state,
+                              "', which is missing (a sharded checkpoint: manifest.krab)"));
   return state;
 }
 
 void save_model_pt(const std::string& path, const torch::nn::Module& module) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& item : module.named_parameters()) dict.insert(item.key(), item.value().detach());
-  for (const auto& item : module.named_buffers()) dict.insert(item.key(), item.value().detach());
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  core::write_file_atomic(path, std::string(bytes.begin(), bytes.end()), core::FileAccess::kShared);
+  // Streamed tensor by tensor (train/model_file.h): never a second copy of the model.
+  core::AtomicFileWriter file(path, core::FileAccess::kShared);
+  TorchSaveWriter out(file);
+  for (const auto& item : module.named_parameters()) out.add(item.key(), item.value());
+  for (const auto& item : module.named_buffers()) out.add(item.key(), item.value());
+  out.finish();
+  file.commit();
   // Every mode's final model goes through here, so every mode hands a user's module back.
   if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&module))
     ts->save((std::filesystem::path(path).parent_path() / "model.ts").string());

@@ -30,6 +30,8 @@
 #include <optional>
 #include <string>
 
+#include "core/record.h"
+
 namespace krab::train {
 
 struct CheckpointMeta {
@@ -67,13 +69,43 @@ std::string checkpoint_job(const std::string& run_dir, const std::string& signat
 std::string read_checkpoint_file(const std::string& path, const std::string& seal_key,
                                  const std::string& job);
 
+// --- Pieces the sharded checkpoints (train/sharded_checkpoint.h) and the reader of both
+// formats (train/checkpoint_reader.h) share with state.krab ---------------------------------
+
+// "step-00000100".
+std::string step_dir_name(int64_t step);
+// The meta.* entries of CheckpointMeta; read_meta() checks meta.step >= 0 (CorruptData).
+void write_meta(const CheckpointMeta& meta, core::RecordEntries& out);
+CheckpointMeta read_meta(const core::Record& in);
+// InvalidArgument naming `source` unless `meta` is for `expect`'s model (name and signature)
+// and global batch.
+void check_resumable(const CheckpointMeta& meta, const CheckpointMeta& expect,
+                     const std::string& source);
+// CorruptData naming `source` unless `rng` is a state the CPU generator accepts; changes nothing.
+void check_generator_state(const at::Tensor& rng, const std::string& source);
+// The version 2 frame (magic, version, length, CRC-32) around a record's bytes, and the checked
+// record back out of it (CorruptData naming `source`): state.krab and a sharded manifest.
+std::string frame_checkpoint(const std::string& payload);
+core::Record parse_checkpoint(const std::string& bytes, const std::string& source);
+// zlib's CRC-32 continued over `n` more bytes (start with 0).
+uint32_t crc32_update(uint32_t crc, const char* data, size_t n);
+
 // Writes step directory + moves `latest`; prunes all but the newest `keep` step directories.
 // Returns the state file's path.
 std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,
                             int keep);
 
+// Moves `latest` to step directory `step` (complete by now) and prunes all but the newest
+// `keep` step directories.
+void publish_step(const std::string& run_dir, int64_t step, int keep);
+
 // Path of the state file `latest` points to, or nullopt if the run has no checkpoint.
+// CorruptData when `latest` is not a step name or its directory holds no state.krab (a sharded
+// checkpoint's directory holds manifest.krab: latest_step_dir()).
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+// The step directory `latest` points to, of either format (state.krab or manifest.krab), or
+// nullopt if the run has no checkpoint; CorruptData as latest_checkpoint().
+std::optional<std::string> latest_step_dir(const std::string& run_dir);
 
 // Writes the parameters and buffers as a name -> tensor dict readable by Python's torch.load.
 // For a TorchScript model (models/torchscript.h) it also writes `model.ts` in the same

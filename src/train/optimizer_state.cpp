@@ -35,11 +35,11 @@ Type type_of(const Optimizer& o) {
                              c10::demangle(typeid(o).name()), " cannot be saved or restored"));
 }
 
-std::string group_key(size_t g, const char* field) {
-  return str_cat("optimizer.group.", g, ".", field);
+std::string group_key(const std::string& prefix, size_t g, const char* field) {
+  return str_cat(prefix, ".group.", g, ".", field);
 }
-std::string state_key(size_t k, const char* field) {
-  return str_cat("optimizer.state.", k, ".", field);
+std::string state_key(const std::string& prefix, size_t k, const char* field) {
+  return str_cat(prefix, ".state.", k, ".", field);
 }
 
 // How LibTorch keys Optimizer::state(): the parameter's TensorImpl address as text.
@@ -94,20 +94,20 @@ const std::vector<Field<O>>& adam_fields() {
 
 template <typename O>
 void write_options(const std::vector<Field<O>>& fields, const OptimizerOptions& options, size_t g,
-                   core::RecordWriter& out) {
+                   core::RecordEntries& out, const std::string& prefix) {
   for (const auto& f : fields)
-    out.add_double(group_key(g, f.name), f.get(static_cast<const O&>(options)));
+    out.add_double(group_key(prefix, g, f.name), f.get(static_cast<const O&>(options)));
 }
 
 template <typename O>
 std::unique_ptr<OptimizerOptions> read_options(const std::vector<Field<O>>& fields,
                                                const OptimizerOptions& current, size_t g,
-                                               const core::Record& in) {
+                                               const core::Record& in, const std::string& prefix) {
   auto options = current.clone();
   for (const auto& f : fields) {
-    const double v = in.real(group_key(g, f.name));
+    const double v = in.real(group_key(prefix, g, f.name));
     if (!std::isfinite(v))
-      throw CorruptData(str_cat(in.source(), ": ", group_key(g, f.name), " is ", v));
+      throw CorruptData(str_cat(in.source(), ": ", group_key(prefix, g, f.name), " is ", v));
     f.set(static_cast<O&>(*options), v);
   }
   return options;
@@ -123,84 +123,99 @@ const at::Tensor& like(const core::Record& in, const std::string& key, const at:
   return t;
 }
 
-void write_sgd_state(const OptimizerParamState& s, size_t k, core::RecordWriter& out) {
+void write_sgd_state(const OptimizerParamState& s, size_t k, core::RecordEntries& out,
+                     const std::string& prefix) {
   const auto& st = static_cast<const torch::optim::SGDParamState&>(s);
   if (st.momentum_buffer().defined())
-    out.add_tensor(state_key(k, "momentum_buffer"), st.momentum_buffer());
+    out.add_tensor(state_key(prefix, k, "momentum_buffer"), st.momentum_buffer());
 }
 
 std::unique_ptr<OptimizerParamState> read_sgd_state(const core::Record& in, size_t k,
-                                                    const at::Tensor& param) {
-  if (!in.has(state_key(k, "momentum_buffer"))) return nullptr;
+                                                    const at::Tensor& param,
+                                                    const std::string& prefix) {
+  if (!in.has(state_key(prefix, k, "momentum_buffer"))) return nullptr;
   auto st = std::make_unique<torch::optim::SGDParamState>();
-  st->momentum_buffer(like(in, state_key(k, "momentum_buffer"), param));
+  st->momentum_buffer(like(in, state_key(prefix, k, "momentum_buffer"), param));
   return st;
 }
 
 template <typename S>
-void write_adam_state(const OptimizerParamState& s, size_t k, core::RecordWriter& out) {
+void write_adam_state(const OptimizerParamState& s, size_t k, core::RecordEntries& out,
+                      const std::string& prefix) {
   const auto& st = static_cast<const S&>(s);
-  out.add_int(state_key(k, "step"), st.step());
-  out.add_tensor(state_key(k, "exp_avg"), st.exp_avg());
-  out.add_tensor(state_key(k, "exp_avg_sq"), st.exp_avg_sq());
+  out.add_int(state_key(prefix, k, "step"), st.step());
+  out.add_tensor(state_key(prefix, k, "exp_avg"), st.exp_avg());
+  out.add_tensor(state_key(prefix, k, "exp_avg_sq"), st.exp_avg_sq());
   if (st.max_exp_avg_sq().defined())
-    out.add_tensor(state_key(k, "max_exp_avg_sq"), st.max_exp_avg_sq());
+    out.add_tensor(state_key(prefix, k, "max_exp_avg_sq"), st.max_exp_avg_sq());
 }
 
 template <typename S>
 std::unique_ptr<OptimizerParamState> read_adam_state(const core::Record& in, size_t k,
-                                                     const at::Tensor& param) {
-  if (!in.has(state_key(k, "step"))) return nullptr;
+                                                     const at::Tensor& param,
+                                                     const std::string& prefix) {
+  if (!in.has(state_key(prefix, k, "step"))) return nullptr;
   auto st = std::make_unique<S>();
-  const int64_t step = in.integer(state_key(k, "step"));
-  if (step < 0) throw CorruptData(str_cat(in.source(), ": ", state_key(k, "step"), " is ", step));
+  const int64_t step = in.integer(state_key(prefix, k, "step"));
+  if (step < 0)
+    throw CorruptData(str_cat(in.source(), ": ", state_key(prefix, k, "step"), " is ", step));
   st->step(step);
-  st->exp_avg(like(in, state_key(k, "exp_avg"), param));
-  st->exp_avg_sq(like(in, state_key(k, "exp_avg_sq"), param));
-  if (in.has(state_key(k, "max_exp_avg_sq")))
-    st->max_exp_avg_sq(like(in, state_key(k, "max_exp_avg_sq"), param));
+  st->exp_avg(like(in, state_key(prefix, k, "exp_avg"), param));
+  st->exp_avg_sq(like(in, state_key(prefix, k, "exp_avg_sq"), param));
+  if (in.has(state_key(prefix, k, "max_exp_avg_sq")))
+    st->max_exp_avg_sq(like(in, state_key(prefix, k, "max_exp_avg_sq"), param));
   return st;
 }
 
 }  // namespace
 
-void write_optimizer_state(const Optimizer& optimizer, core::RecordWriter& out) {
+void write_optimizer_options(const Optimizer& optimizer, core::RecordEntries& out,
+                             const std::string& prefix) {
   const Type type = type_of(optimizer);
-  out.add_string("optimizer.type", type_name(type));
+  out.add_string(prefix + ".type", type_name(type));
   const auto& groups = optimizer.param_groups();
-  out.add_int("optimizer.groups", static_cast<int64_t>(groups.size()));
-  size_t k = 0;
+  out.add_int(prefix + ".groups", static_cast<int64_t>(groups.size()));
   for (size_t g = 0; g < groups.size(); ++g) {
-    out.add_int(group_key(g, "params"), static_cast<int64_t>(groups[g].params().size()));
-    if (type == Type::kSgd) write_options(sgd_fields(), groups[g].options(), g, out);
+    out.add_int(group_key(prefix, g, "params"), static_cast<int64_t>(groups[g].params().size()));
+    if (type == Type::kSgd) write_options(sgd_fields(), groups[g].options(), g, out, prefix);
     if (type == Type::kAdam)
-      write_options(adam_fields<torch::optim::AdamOptions>(), groups[g].options(), g, out);
+      write_options(adam_fields<torch::optim::AdamOptions>(), groups[g].options(), g, out, prefix);
     if (type == Type::kAdamW)
-      write_options(adam_fields<torch::optim::AdamWOptions>(), groups[g].options(), g, out);
-    for (const auto& p : groups[g].params()) {
-      const auto it = optimizer.state().find(state_id(p));
-      if (it != optimizer.state().end()) {
-        if (type == Type::kSgd) write_sgd_state(*it->second, k, out);
-        if (type == Type::kAdam)
-          write_adam_state<torch::optim::AdamParamState>(*it->second, k, out);
-        if (type == Type::kAdamW)
-          write_adam_state<torch::optim::AdamWParamState>(*it->second, k, out);
-      }
-      ++k;
-    }
+      write_options(adam_fields<torch::optim::AdamWOptions>(), groups[g].options(), g, out, prefix);
   }
 }
 
-std::function<void()> read_optimizer_state(const core::Record& in, Optimizer& optimizer) {
+void write_optimizer_state(const Optimizer& optimizer, core::RecordEntries& out,
+                           const std::string& prefix) {
+  write_optimizer_options(optimizer, out, prefix);
   const Type type = type_of(optimizer);
-  if (in.text("optimizer.type") != type_name(type))
+  size_t k = 0;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      const auto it = optimizer.state().find(state_id(p));
+      if (it != optimizer.state().end()) {
+        if (type == Type::kSgd) write_sgd_state(*it->second, k, out, prefix);
+        if (type == Type::kAdam)
+          write_adam_state<torch::optim::AdamParamState>(*it->second, k, out, prefix);
+        if (type == Type::kAdamW)
+          write_adam_state<torch::optim::AdamWParamState>(*it->second, k, out, prefix);
+      }
+      ++k;
+    }
+}
+
+std::function<void()> read_optimizer_state(const core::Record& in, Optimizer& optimizer,
+                                           const std::string& prefix) {
+  const Type type = type_of(optimizer);
+  if (in.text(prefix + ".type") != type_name(type))
     throw InvalidArgument(str_cat(in.source(), " holds the state of optimizer '",
-                                  core::printable(in.text("optimizer.type")),
+                                  core::printable(in.text(prefix + ".type")),
                                   "'; this job's train.optimizer.name is '", type_name(type), "'"));
   auto& groups = optimizer.param_groups();
-  if (in.integer("optimizer.groups") != static_cast<int64_t>(groups.size()))
-    throw CorruptData(str_cat(in.source(), ": optimizer.groups is ", in.integer("optimizer.groups"),
-                              ", the optimizer has ", groups.size()));
+  if (in.integer(prefix + ".groups") != static_cast<int64_t>(groups.size()))
+    throw CorruptData(str_cat(in.source(), ": ", prefix, ".groups is ",
+                              in.integer(prefix + ".groups"), ", the optimizer has ",
+                              groups.size()));
   // Everything is read into these first; the returned action only moves it in.
   auto options = std::make_shared<std::vector<std::unique_ptr<OptimizerOptions>>>();
   auto states =
@@ -208,19 +223,21 @@ std::function<void()> read_optimizer_state(const core::Record& in, Optimizer& op
   size_t k = 0;
   for (size_t g = 0; g < groups.size(); ++g) {
     const auto& params = groups[g].params();
-    if (in.integer(group_key(g, "params")) != static_cast<int64_t>(params.size()))
-      throw CorruptData(str_cat(in.source(), ": ", group_key(g, "params"), " is ",
-                                in.integer(group_key(g, "params")), ", the group has ",
+    if (in.integer(group_key(prefix, g, "params")) != static_cast<int64_t>(params.size()))
+      throw CorruptData(str_cat(in.source(), ": ", group_key(prefix, g, "params"), " is ",
+                                in.integer(group_key(prefix, g, "params")), ", the group has ",
                                 params.size()));
     const OptimizerOptions& now = groups[g].options();
-    options->push_back(type == Type::kSgd ? read_options(sgd_fields(), now, g, in)
-                       : type == Type::kAdam
-                           ? read_options(adam_fields<torch::optim::AdamOptions>(), now, g, in)
-                           : read_options(adam_fields<torch::optim::AdamWOptions>(), now, g, in));
+    options->push_back(
+        type == Type::kSgd ? read_options(sgd_fields(), now, g, in, prefix)
+        : type == Type::kAdam
+            ? read_options(adam_fields<torch::optim::AdamOptions>(), now, g, in, prefix)
+            : read_options(adam_fields<torch::optim::AdamWOptions>(), now, g, in, prefix));
     for (const auto& p : params) {
-      auto st = type == Type::kSgd    ? read_sgd_state(in, k, p)
-                : type == Type::kAdam ? read_adam_state<torch::optim::AdamParamState>(in, k, p)
-                                      : read_adam_state<torch::optim::AdamWParamState>(in, k, p);
+      auto st = type == Type::kSgd ? read_sgd_state(in, k, p, prefix)
+                : type == Type::kAdam
+                    ? read_adam_state<torch::optim::AdamParamState>(in, k, p, prefix)
+                    : read_adam_state<torch::optim::AdamWParamState>(in, k, p, prefix);
       if (st) states->emplace_back(state_id(p), std::move(st));
       ++k;
     }
@@ -231,6 +248,129 @@ std::function<void()> read_optimizer_state(const core::Record& in, Optimizer& op
     optimizer.state().clear();
     for (auto& [id, st] : *states) optimizer.state()[id] = std::move(st);
   };
+}
+
+// --- Field by field ----------------------------------------------------------------------------
+
+std::string optimizer_type(const Optimizer& optimizer) { return type_name(type_of(optimizer)); }
+
+const std::vector<std::string>& state_fields(const std::string& type) {
+  static const std::vector<std::string> sgd = {"momentum_buffer"};
+  static const std::vector<std::string> adam = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return type == "sgd" ? sgd : adam;
+}
+
+namespace {
+
+template <typename O>
+std::map<std::string, double> read_named(const std::vector<Field<O>>& fields,
+                                         const core::Record& in, size_t g,
+                                         const std::string& prefix) {
+  std::map<std::string, double> out;
+  for (const auto& f : fields) {
+    const double v = in.real(group_key(prefix, g, f.name));
+    if (!std::isfinite(v))
+      throw CorruptData(str_cat(in.source(), ": ", group_key(prefix, g, f.name), " is ", v));
+    out[f.name] = v;
+  }
+  return out;
+}
+
+template <typename O>
+void set_named(const std::vector<Field<O>>& fields, Optimizer& optimizer,
+               const std::map<std::string, double>& values) {
+  for (auto& group : optimizer.param_groups()) {
+    auto options = group.options().clone();
+    for (const auto& f : fields) {
+      const auto it = values.find(f.name);
+      KRAB_CHECK(it != values.end(), "optimizer option '", f.name, "' not given");
+      f.set(static_cast<O&>(*options), it->second);
+    }
+    group.set_options(std::move(options));
+  }
+}
+
+template <typename O>
+std::map<std::string, double> get_named(const std::vector<Field<O>>& fields,
+                                        const OptimizerOptions& options) {
+  std::map<std::string, double> out;
+  for (const auto& f : fields) out[f.name] = f.get(static_cast<const O&>(options));
+  return out;
+}
+
+template <typename S>
+void install_adam(Optimizer& optimizer, const std::string& id, const ParamStateValues& v) {
+  auto st = std::make_unique<S>();
+  st->step(*v.step);
+  const auto field = [&](const char* name) {
+    const auto it = v.fields.find(name);
+    return it == v.fields.end() ? at::Tensor() : it->second;
+  };
+  KRAB_CHECK(field("exp_avg").defined() && field("exp_avg_sq").defined(),
+             "an Adam state needs exp_avg and exp_avg_sq");
+  st->exp_avg(field("exp_avg"));
+  st->exp_avg_sq(field("exp_avg_sq"));
+  if (field("max_exp_avg_sq").defined()) st->max_exp_avg_sq(field("max_exp_avg_sq"));
+  optimizer.state()[id] = std::move(st);
+}
+
+}  // namespace
+
+std::map<std::string, double> read_group_options(const core::Record& in, const std::string& type,
+                                                 size_t group, const std::string& prefix) {
+  if (type == "sgd") return read_named(sgd_fields(), in, group, prefix);
+  if (type == "adam")
+    return read_named(adam_fields<torch::optim::AdamOptions>(), in, group, prefix);
+  if (type == "adamw")
+    return read_named(adam_fields<torch::optim::AdamWOptions>(), in, group, prefix);
+  throw CorruptData(str_cat(in.source(), ": ", prefix, ".type '", core::printable(type),
+                            "' is not sgd, adam or adamw"));
+}
+
+std::map<std::string, double> group_options(const Optimizer& optimizer, size_t group) {
+  const OptimizerOptions& o = optimizer.param_groups().at(group).options();
+  switch (type_of(optimizer)) {
+    case Type::kSgd:
+      return get_named(sgd_fields(), o);
+    case Type::kAdam:
+      return get_named(adam_fields<torch::optim::AdamOptions>(), o);
+    case Type::kAdamW:
+      return get_named(adam_fields<torch::optim::AdamWOptions>(), o);
+  }
+  return {};
+}
+
+void set_group_options(Optimizer& optimizer, const std::map<std::string, double>& options) {
+  switch (type_of(optimizer)) {
+    case Type::kSgd:
+      return set_named(sgd_fields(), optimizer, options);
+    case Type::kAdam:
+      return set_named(adam_fields<torch::optim::AdamOptions>(), optimizer, options);
+    case Type::kAdamW:
+      return set_named(adam_fields<torch::optim::AdamWOptions>(), optimizer, options);
+  }
+}
+
+void install_param_state(Optimizer& optimizer, const at::Tensor& param,
+                         const ParamStateValues& values) {
+  const std::string id = state_id(param);
+  optimizer.state().erase(id);
+  switch (type_of(optimizer)) {
+    case Type::kSgd: {
+      const auto it = values.fields.find("momentum_buffer");
+      if (it == values.fields.end() || !it->second.defined()) return;
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(it->second);
+      optimizer.state()[id] = std::move(st);
+      return;
+    }
+    case Type::kAdam:
+      if (values.step) install_adam<torch::optim::AdamParamState>(optimizer, id, values);
+      return;
+    case Type::kAdamW:
+      if (values.step) install_adam<torch::optim::AdamWParamState>(optimizer, id, values);
+      return;
+  }
 }
 
 }  // namespace krab::train

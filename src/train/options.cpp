@@ -61,11 +61,6 @@ void check_zero_options(const core::Config& c) {
                  mode == "async" ? " (the parameter servers hold the optimizer state)"
                                  : " (a worker holding 1/N of the optimizer state cannot take "
                                    "local steps on the whole model)");
-  // Temporary, until sharded checkpoints land (the trainer cannot write or read them yet).
-  KRAB_CHECK_ARG(c.get_int("checkpoint.every_steps") == 0 && !c.get_bool("checkpoint.resume"),
-                 "parallel.zero_stage ", stage,
-                 " cannot write or resume checkpoints yet: set checkpoint.every_steps: 0 and "
-                 "checkpoint.resume: false (or parallel.zero_stage: 0)");
   // fp16 and bf16 go through the reduce-scatter (parallel/zero/sharded_compression.h); the
   // others cannot split their payload by rank (topk, randomk, powersgd) or are not aligned to
   // their chunks yet (int8, onebit).

@@ -24,8 +24,10 @@
 #include "train/engines.h"
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
+#include "train/manifest.h"
 #include "train/options.h"
 #include "train/schedule.h"
+#include "train/sharded_checkpoint.h"
 
 namespace krab::train {
 namespace {
@@ -92,6 +94,7 @@ struct Trainer::Loop {
   nlohmann::json finish_group();
   nlohmann::json finish_alone();
   nlohmann::json write_final_state(RunOutcome& outcome);
+  std::string write_final_shards();
   CheckpointMeta meta(int64_t step) const;
   bool rank0() const { return world.rank == 0; }
 
@@ -167,18 +170,32 @@ CheckpointMeta Trainer::Loop::meta(int64_t step) const {
 }
 
 void Trainer::Loop::resume() {
-  std::string path, bytes;
+  // Rank 0 picks the checkpoint: "" for none, else 'S' (a manifest: sharded) or 'F'
+  // (state.krab) and its step directory, so that every rank takes the same path.
+  std::string pick;
   if (rank0())
-    if (auto p = latest_checkpoint(run_dir)) {
-      path = *p;
-      bytes = read_checkpoint_file(path, seal_key, seal_job);
-    }
-  bytes = broadcast_bytes(*group, bytes);
-  if (bytes.empty()) return;
+    if (auto dir = latest_step_dir(run_dir))
+      pick = (core::path_exists(manifest_path(*dir)) ? "S" : "F") + *dir;
+  pick = broadcast_bytes(*group, pick);
+  if (pick.empty()) return;
   const engine::TrainState state = engine->state();
-  start_step = decode_checkpoint(bytes, path.empty() ? "rank 0's checkpoint" : path, meta(0),
-                                 *state.model, *state.optimizer)
-                   .step;
+  const std::string dir = pick.substr(1);
+  std::string path = (fs::path(dir) / "state.krab").string();
+  if (state.sharded == nullptr && pick[0] == 'F') {
+    // A full replica from state.krab: rank 0 reads, the bytes reach the others (no shared file
+    // system needed).
+    std::string bytes;
+    if (rank0()) bytes = read_checkpoint_file(path, seal_key, seal_job);
+    bytes = broadcast_bytes(*group, bytes);
+    start_step = decode_checkpoint(bytes, rank0() ? path : "rank 0's checkpoint", meta(0),
+                                   *state.model, *state.optimizer)
+                     .step;
+  } else {
+    // Every other pairing reads per parameter name (train/checkpoint_reader.h); every rank
+    // needs the files its ranges touch.
+    if (pick[0] == 'S') path = manifest_path(dir);
+    start_step = restore_checkpoint(group, dir, {seal_key, seal_job}, meta(0), state).step;
+  }
   engine->after_restore();
   events.note(str_cat("resumed from ", path, " at step ", start_step));
 }
@@ -289,8 +306,13 @@ double Trainer::Loop::share_loss(double loss, int64_t examples) {
 void Trainer::Loop::maybe_checkpoint(int64_t done) {
   if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps) return;
   engine->settle();  // collective: every rank, before rank 0 reads the parameters
-  if (!rank0()) return;
   const engine::TrainState state = engine->state();
+  if (state.sharded != nullptr) {  // every rank writes its shard
+    last_checkpoint = save_sharded_checkpoint(*group, run_dir, meta(done), state,
+                                              {seal_key, seal_job}, o.checkpoint_keep);
+    return;
+  }
+  if (!rank0()) return;
   last_checkpoint = save_checkpoint(
       run_dir,
       core::seal(encode_checkpoint(meta(done), *state.model, *state.optimizer), seal_key, seal_job),
@@ -382,6 +404,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   for (int k = 0; k < kOps; ++k)
     events.counter(str_cat("bytes_sent.", comm::op_name(static_cast<comm::OpKind>(k))),
                    totals[3 + k].item<double>());
+  const std::string final_state = write_final_shards();
   if (!rank0()) return nlohmann::json();
   // The last step's shared loss; the mean of the ranks' last losses when this run computed no
   // step (resumed at its end).
@@ -394,18 +417,28 @@ nlohmann::json Trainer::Loop::finish_group() {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
     progress->finish();
   }
+  out.state = final_state;
   return write_final_state(out);
 }
 
-// Rank 0 of a group: model.pt, the final checkpoint, the report.
+// A sharded engine's final checkpoint, on every rank (collective); its manifest's path on rank
+// 0, "" elsewhere and for a full replica (write_final_state writes state.krab then).
+std::string Trainer::Loop::write_final_shards() {
+  const engine::TrainState state = engine->state();
+  if (state.sharded == nullptr) return "";
+  return save_sharded_checkpoint(*group, run_dir, meta(steps), state, {seal_key, seal_job},
+                                 o.checkpoint_keep);
+}
+
+// Rank 0 of a group: model.pt, the final checkpoint (unless write_final_shards() wrote it),
+// the report.
 nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   const engine::TrainState state = engine->state();
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();
+  // Stages 1-2 keep every parameter whole between steps (settled), so model.pt reads the model
+  // as stage 0 does. (Stage 3 needs the engine to gather each unit for it: not built yet.)
   save_model_pt(out.checkpoint, *state.model);
-  // TEMPORARY (issue 26) until sharded checkpoints land: a sharded engine (parallel.zero_stage
-  // > 0) has no whole optimizer to encode, so its run ends with model.pt and the report but no
-  // final state.krab (options.cpp refuses checkpoint.every_steps and checkpoint.resume with it).
-  if (state.optimizer != nullptr)
+  if (state.sharded == nullptr)
     out.state =
         save_checkpoint(run_dir,
                         core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer),
@@ -515,13 +548,18 @@ PreflightInfo preflight(const core::Config& job, int workers,
       core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_directory(c));
   if (c.get_bool("checkpoint.resume")) {
     const std::string dir = run_directory(c);
-    if (auto path = latest_checkpoint(dir)) {
+    if (auto step_dir = latest_step_dir(dir)) {
       auto opt = make_optimizer(c, model->parameters());
       CheckpointMeta expect{0, c.get_string("model.name"), model_signature(*model),
                             global * c.get_int("train.grad_accum"), c.get_int("train.seed")};
-      decode_checkpoint(
-          read_checkpoint_file(*path, seal_key, checkpoint_job(dir, expect.signature)), *path,
-          expect, *model, *opt);
+      const std::string job_id = checkpoint_job(dir, expect.signature);
+      const std::string path = (fs::path(*step_dir) / "state.krab").string();
+      // A sharded checkpoint is read as a stage-0 resume reads it: every shard, verified.
+      if (core::path_exists(manifest_path(*step_dir)))
+        restore_checkpoint(nullptr, *step_dir, {seal_key, job_id}, expect,
+                           {model.get(), opt.get()});
+      else
+        decode_checkpoint(read_checkpoint_file(path, seal_key, job_id), path, expect, *model, *opt);
     }
   }
   PreflightInfo info;

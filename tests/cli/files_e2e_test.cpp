@@ -73,5 +73,26 @@ TEST_F(Cli, ASymlinkFarmDoesNotRedirectTheReportAndTheRunIsPrivate) {
   EXPECT_EQ(mode_of(shared / "report.json"), "0644");
 }
 
+// `krab export RUN_DIR` writes the model.pt the run wrote, from its final state.krab; a
+// corrupt checkpoint or a missing --step is refused with exit 2 naming the file or flag.
+TEST_F(Cli, ExportWritesTheRunsModelAndRefusesACorruptCheckpoint) {
+  write("job.yaml", kSmallJob);
+  auto r = run(krab("train job.yaml --set checkpoint.dir=run --set train.steps=4"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto e = run(krab("export run --out exported.pt"));
+  ASSERT_EQ(e.code, 0) << e.output;
+  EXPECT_EQ(max_rel_diff(load_model_pt((dir_ / "exported.pt").string()),
+                         load_model_pt((dir_ / "run/model.pt").string())),
+            0.0);
+  expect_refused(run(krab("export run --step 3")), 2, "--step 3");
+  const fs::path state = dir_ / "run/step-00000004/state.krab";
+  {
+    std::fstream f(state, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(200);
+    f.put('\x5a');
+  }
+  expect_refused(run(krab("export run")), 2, "state.krab");
+}
+
 }  // namespace
 }  // namespace krab::cli_test

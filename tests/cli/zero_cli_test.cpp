@@ -63,8 +63,6 @@ TEST_F(Cli, ZeroKeysAreRefusedByName) {
                  2, "parallel.zero_stage 2 cannot be combined with comm.clip_norm");
   expect_refused(train("--set parallel.zero_stage=1 --set comm.compression=topk"), 2,
                  "parallel.zero_stage 1 cannot be combined with comm.compression: topk");
-  expect_refused(train("--set parallel.zero_stage=1 --set checkpoint.every_steps=5"), 2,
-                 "checkpoint.every_steps");
   expect_refused(train("--set parallel.zero_stage=2 --set parallel.wrap=[fc*,nothing]"), 2,
                  "parallel.wrap: 'nothing' matches no module");
 }

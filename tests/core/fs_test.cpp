@@ -137,5 +137,46 @@ TEST_F(AtomicWriter, AFileWhereADirectoryShouldBeIsNamedAsAFile) {
   EXPECT_NE(missing_msg.find("does not exist"), std::string::npos) << missing_msg;
 }
 
+// The streaming writer: nothing at the target until commit(); a writer dropped without commit()
+// (an exception while streaming) leaves the old file and no temporary behind.
+TEST_F(AtomicWriter, AStreamedFileAppearsOnlyAtCommitAndAnAbandonedOneLeavesNothing) {
+  const fs::path target = dir_ / "shard.krab";
+  write_file_atomic(target.string(), "old");
+  {
+    AtomicFileWriter out(target.string());
+    out.write("new ");
+    out.write("bytes");
+    EXPECT_EQ(read_file(target.string()), "old");
+  }
+  EXPECT_EQ(read_file(target.string()), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  {
+    AtomicFileWriter out(target.string());
+    out.write("new ");
+    out.write("bytes");
+    out.commit();
+    EXPECT_THROW(out.write("x"), Error);
+  }
+  EXPECT_EQ(read_file(target.string()), "new bytes");
+  EXPECT_EQ(mode_of(target), "0600");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
+// A rename that fails (a directory where the file goes) throws naming the target and removes
+// the temporary.
+TEST_F(AtomicWriter, AFailedCommitNamesTheFileAndRemovesTheTemporary) {
+  const fs::path target = dir_ / "shard.krab";
+  fs::create_directories(target / "inside");
+  AtomicFileWriter out(target.string());
+  out.write("bytes");
+  try {
+    out.commit();
+    ADD_FAILURE() << "the commit over a directory succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard.krab"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+}
+
 }  // namespace
 }  // namespace krab::core

@@ -136,5 +136,32 @@ TEST(Record, CountsNamesAndKindsAreChecked) {
   for (size_t n = 0; n < all.size(); ++n) EXPECT_NE(refusal(all.substr(0, n)), "") << n;
 }
 
+// The streaming writer sends exactly the bytes the in-memory writer builds for the same
+// entries (so Record::parse reads a streamed shard as it reads state.krab), declares its size
+// before writing, and takes a view that is not contiguous as its values.
+TEST(RecordStream, StreamsTheBytesRecordWriterBuildsAndDeclaresTheirSize) {
+  const at::Tensor grid = torch::arange(12, torch::kFloat32).view({3, 4});
+  const at::Tensor column = grid.select(1, 2);  // not contiguous: 2, 6, 10
+  RecordWriter whole;
+  RecordStreamWriter stream;
+  for (RecordEntries* w :
+       {static_cast<RecordEntries*>(&whole), static_cast<RecordEntries*>(&stream)}) {
+    w->add_int("meta.step", 7);
+    w->add_tensor("grid", grid);
+    w->add_tensor("column", column);
+    w->add_tensor("empty", torch::zeros({0, 5}, torch::kInt64));
+    w->add_double("lr", 0.25);
+    w->add_string("name", "cnn");
+  }
+  std::string out;
+  StringSink sink(out);
+  stream.write(sink);
+  EXPECT_EQ(out, whole.bytes());
+  EXPECT_EQ(stream.size(), out.size());
+  const Record r = Record::parse(out.data(), out.size(), "stream");
+  EXPECT_TRUE(torch::equal(r.tensor("column"), torch::tensor({2.f, 6.f, 10.f})));
+  EXPECT_THROW(stream.add_int("grid", 1), Error);  // a repeated name is the caller's bug
+}
+
 }  // namespace
 }  // namespace krab::core

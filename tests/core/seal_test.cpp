@@ -121,5 +121,24 @@ TEST(ReleaseCounter, GrowsOnlyIsPerJobAndCannotBeForgedOrMoved) {
   fs::remove_all(dir);
 }
 
+// The streamed seal is the seal of the same bytes fed in pieces; off without a key. SHA-256 of
+// "abc" is FIPS 180-2's example digest.
+TEST(Seal, AStreamedSealEqualsTheSealOfTheWholeBytes) {
+  const std::string key(32, 'k'), body = "a checkpoint shard's bytes";
+  SealStream s(key, "job-a");
+  s.update(body.data(), 5);
+  s.update(body.data() + 5, body.size() - 5);
+  EXPECT_EQ(body + s.finish(), seal(body, key, "job-a"));
+  SealStream off("", "job-a");
+  off.update(body.data(), body.size());
+  EXPECT_EQ(off.finish(), "");
+  EXPECT_EQ(sha256_hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  Sha256Stream h;
+  h.update("a", 1);
+  h.update("bc", 2);
+  EXPECT_EQ(h.hex(), sha256_hex("abc", 3));
+}
+
 }  // namespace
 }  // namespace krab::core
