@@ -103,8 +103,17 @@ class Gpt : public Model {
     const at::Tensor positions =
         torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
     at::Tensor x = tok_emb_->forward(tokens) + pos_emb_->forward(positions);
-    for (const auto& block : block_ptrs_) x = block->forward(x);
+    for (size_t i = 0; i < block_ptrs_.size(); ++i)
+      x = run_unit(static_cast<int>(i), x,
+                   [block = block_ptrs_[i]](const at::Tensor& h) { return block->forward(h); });
     return head_->forward(ln_f_->forward(x));
+  }
+
+  // Each block is a unit; the embeddings, ln_f and head run outside units (the root).
+  std::vector<std::string> unit_candidates() const override {
+    std::vector<std::string> paths;
+    for (size_t i = 0; i < block_ptrs_.size(); ++i) paths.push_back("blocks." + std::to_string(i));
+    return paths;
   }
 
  private:

@@ -46,6 +46,8 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
   o.log_every = c.get_int("train.log_every");
   o.local_sgd_period = c.get_int("sync.period");
   o.local_sgd_warmup = c.get_int("sync.warmup_steps");
+  o.precision = parse_precision(c.get_string("train.precision"));
+  o.activation_checkpointing = c.get_bool("model.activation_checkpointing");
   return o;
 }
 
