@@ -35,10 +35,30 @@ at::Tensor Model::run_unit(int candidate, const at::Tensor& x, const UnitForward
   return runner_->run(unit_of_candidate_[candidate], x, forward);
 }
 
-std::shared_ptr<Model> make_model(const ModelSpec& spec) {
+namespace detail {
+
+void announce_units(Model& model, BuildObserver* observer) {
+  if (observer == nullptr) return;
+  const auto modules = model.named_modules();
+  for (const std::string& path : model.unit_candidates()) {
+    const auto* found = modules.find(path);
+    KRAB_CHECK(found != nullptr, "unit candidate '", path, "' is not a submodule");
+    observer->on_unit_built(path, **found);
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+std::shared_ptr<Model> build(const ModelSpec& spec, BuildObserver* observer) {
   // A user's module decides for itself what inputs and how many outputs it takes; check_fits
   // (torchscript.h) tries it on the data instead.
-  if (spec.name == "torchscript") return detail::make_torchscript(spec);
+  if (spec.name == "torchscript") {
+    std::shared_ptr<Model> model = detail::make_torchscript(spec);
+    detail::announce_units(*model, observer);  // loaded whole; no units yet
+    return model;
+  }
   KRAB_CHECK_ARG(spec.loss == "cross_entropy", "train.loss '", spec.loss,
                  "' is for model.name torchscript; the built-in models train with cross_entropy");
   KRAB_CHECK_ARG(!spec.input_shape.empty(), "model '", spec.name,
@@ -47,11 +67,23 @@ std::shared_ptr<Model> make_model(const ModelSpec& spec) {
     KRAB_CHECK_ARG(d >= 1, "model '", spec.name, "': input shape has a dimension of ", d);
   }
   KRAB_CHECK_ARG(spec.num_classes >= 2, "model.num_classes must be >= 2, got ", spec.num_classes);
-  if (spec.name == "mlp") return detail::make_mlp(spec);
-  if (spec.name == "cnn") return detail::make_cnn(spec);
-  if (spec.name == "gpt") return detail::make_gpt(spec);
-  throw InvalidArgument(
-      str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+  std::shared_ptr<Model> model;
+  if (spec.name == "mlp") model = detail::make_mlp(spec);
+  if (spec.name == "cnn") model = detail::make_cnn(spec);
+  if (spec.name == "gpt") return detail::make_gpt(spec, observer);  // announces as it builds
+  if (model == nullptr)
+    throw InvalidArgument(
+        str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+  detail::announce_units(*model, observer);
+  return model;
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_model(const ModelSpec& spec, BuildObserver* observer) {
+  std::shared_ptr<Model> model = build(spec, observer);
+  if (observer != nullptr) observer->on_unit_built("", *model);
+  return model;
 }
 
 int64_t parameter_count(const torch::nn::Module& module) {

@@ -158,8 +158,8 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
   seal_job = checkpoint_job(run_dir, signature);
   attach_sinks();
-  // model.activation_checkpointing, unless the engine already runs the units itself (a sharded
-  // engine recomputes inside its own runner).
+  // model.activation_checkpointing. A model has one runner: an engine that installed its own
+  // (ZeRO's) must recompute inside it (models::run_recomputed) when this key is set.
   models::Model& net = engine->model();
   if (o.activation_checkpointing && net.unit_runner() == nullptr) {
     if (!net.unit_candidates().empty()) {
