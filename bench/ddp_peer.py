@@ -58,8 +58,8 @@ With --model gpt (src/models/gpt.cpp, src/data/text.cpp; --layers 2 --width 128 
     Linear(w, 4w) -> exact gelu -> proj Linear(4w, w) -> residual); ln_f LayerNorm; head
     Linear(w, 256) without bias. Same parameter names and order; GPT-2 initialisation
     (normal 0.02, the attn/mlp proj weights 0.02 / sqrt(2 layers), biases 0, LayerNorm 1/0)
-    after torch.manual_seed(seed), with the modules constructed in krab's order, so that the
-    initial parameters come out as krab's (checked: identical, see docs/benchmarks.md);
+    after torch.manual_seed(seed), each module constructed and initialised in krab's order, so
+    that the initial parameters come out as krab's (checked: identical, see docs/benchmarks.md);
   - data: --data's bytes in windows of context + 1 (the tail dropped), the last
     round(windows x --test-fraction) windows held out, inputs = a window's first context
     bytes, targets = the same shifted by one; krab's sampler over the training windows;
@@ -273,33 +273,37 @@ class Block(nn.Module):
 
 class Gpt(nn.Module):
     """krab's gpt: same modules, names, parameter order and initialisation. The modules are
-    also constructed in krab's order (tok_emb, pos_emb, the empty block list, ln_f, head, then
-    the blocks) so that the default initialisers draw from torch's generator as LibTorch's do
-    before the GPT-2 initialisation overwrites them."""
+    also built in krab's order: each module constructed (its default initialiser drawing from
+    torch's generator as LibTorch's does) and then given its GPT-2 initialisation before the
+    next one is constructed: tok_emb, pos_emb, each block, ln_f, head."""
 
     def __init__(self, layers, width, heads, context, vocab=VOCAB):
         super().__init__()
         if width % heads:
             raise ValueError(f"--heads {heads} must divide --width {width}")
         self.context = context
-        self.tok_emb = nn.Embedding(vocab, width)
-        self.pos_emb = nn.Embedding(context, width)
+        self.residual_std = 0.02 / math.sqrt(2.0 * layers)
+        self.tok_emb = self._init("tok_emb", nn.Embedding(vocab, width))
+        self.pos_emb = self._init("pos_emb", nn.Embedding(context, width))
         self.blocks = nn.ModuleList()
+        for i in range(layers):
+            self.blocks.append(self._init(f"blocks.{i}", Block(width, heads)))
         self.ln_f = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        for _ in range(layers):
-            self.blocks.append(Block(width, heads))
-        residual_std = 0.02 / math.sqrt(2.0 * layers)
+        self.head = self._init("head", nn.Linear(width, vocab, bias=False))
+
+    def _init(self, path, module):
         with torch.no_grad():
-            for name, p in self.named_parameters():
+            for key, p in module.named_parameters():
+                name = f"{path}.{key}"
                 if name.startswith("ln") or ".ln" in name:
                     continue  # LayerNorm keeps weight 1, bias 0
                 if name.endswith(".bias"):
                     p.zero_()
                 elif "attn.proj.weight" in name or "mlp.proj.weight" in name:
-                    p.normal_(0.0, residual_std)
+                    p.normal_(0.0, self.residual_std)
                 else:
                     p.normal_(0.0, 0.02)
+        return module
 
     def forward(self, tokens):
         t = tokens.size(1)

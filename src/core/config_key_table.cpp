@@ -89,6 +89,12 @@ std::vector<KeySpec> model_keys() {
               "is built).",
               1),
       int_key("model.context", "64", "Context length of the `gpt`, in tokens.", 2),
+      bool_key("model.activation_checkpointing", "false",
+               "Keep only each unit's input during the forward and run the unit again in "
+               "backward (units: each `gpt` block; `cnn` conv1, conv2, fc1, fc2; `mlp` fc1, "
+               "fc2, fc3; docs/models.md). Less activation memory for about one more forward "
+               "per step; the gradients are bit-identical. A `torchscript` model has no units "
+               "yet: a warning says nothing is recomputed. Federated clients do not apply it."),
   };
 }
 
@@ -232,6 +238,14 @@ std::vector<KeySpec> train_keys() {
               0),
       int_key("train.eval_every", "0",
               "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
+      string_key("train.precision", "fp32",
+                 "Arithmetic of the training forward: `fp32`, or `bf16` (LibTorch's CPU "
+                 "autocast: matrix products and convolutions in bfloat16, losses in fp32; "
+                 "parameters, gradients and optimizer state stay fp32; evaluation runs in "
+                 "fp32). A model whose forward LibTorch 1.13 cannot autocast (a layer_norm "
+                 "directly on a linear's output) fails its first step with an error naming this "
+                 "key. Federated clients train in fp32.",
+                 {"fp32", "bf16"}),
       int_key("train.grad_accum", "1",
               "Batches whose gradients are accumulated before each optimizer step.", 1),
       int_key("train.threads_per_worker", "1",

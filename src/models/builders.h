@@ -11,7 +11,11 @@ namespace krab::models::detail {
 
 std::shared_ptr<Model> make_mlp(const ModelSpec& spec);
 std::shared_ptr<Model> make_cnn(const ModelSpec& spec);
-std::shared_ptr<Model> make_gpt(const ModelSpec& spec);
+std::shared_ptr<Model> make_gpt(const ModelSpec& spec, BuildObserver* observer);  // its blocks
+
+// Announces each of model's unit candidates to `observer` (if any), in order: for models built
+// whole before they are announced (units.h: BuildObserver).
+void announce_units(Model& model, BuildObserver* observer);
 std::shared_ptr<Model> make_torchscript(const ModelSpec& spec);  // torchscript.cpp
 
 // The checks make_model and describe_parameters share (models/describe.h): the spec fields

@@ -18,10 +18,13 @@ class Mlp : public Model {
 
   at::Tensor forward(const at::Tensor& inputs) override {
     at::Tensor x = inputs.flatten(1);
-    x = torch::relu(fc1_->forward(x));
-    x = torch::relu(fc2_->forward(x));
-    return fc3_->forward(x);
+    x = run_unit(0, x, [this](const at::Tensor& h) { return torch::relu(fc1_->forward(h)); });
+    x = run_unit(1, x, [this](const at::Tensor& h) { return torch::relu(fc2_->forward(h)); });
+    return run_unit(2, x, [this](const at::Tensor& h) { return fc3_->forward(h); });
   }
+
+  // Each layer with its activation is a unit (a unit owns the ReLU after its Linear).
+  std::vector<std::string> unit_candidates() const override { return {"fc1", "fc2", "fc3"}; }
 
  private:
   torch::nn::Linear fc1_, fc2_, fc3_;
@@ -39,10 +42,20 @@ class Cnn : public Model {
         fc2_(register_module("fc2", torch::nn::Linear(128, classes))) {}
 
   at::Tensor forward(const at::Tensor& inputs) override {
-    at::Tensor x = F::max_pool2d(torch::relu(conv1_->forward(inputs)), F::MaxPool2dFuncOptions(2));
-    x = F::max_pool2d(torch::relu(conv2_->forward(x)), F::MaxPool2dFuncOptions(2));
-    x = torch::relu(fc1_->forward(x.flatten(1)));
-    return fc2_->forward(x);
+    // A unit owns what follows its layer up to the next one: ReLU and pooling.
+    at::Tensor x = run_unit(0, inputs, [this](const at::Tensor& h) {
+      return F::max_pool2d(torch::relu(conv1_->forward(h)), F::MaxPool2dFuncOptions(2));
+    });
+    x = run_unit(1, x, [this](const at::Tensor& h) {
+      return F::max_pool2d(torch::relu(conv2_->forward(h)), F::MaxPool2dFuncOptions(2));
+    });
+    x = run_unit(2, x.flatten(1),
+                 [this](const at::Tensor& h) { return torch::relu(fc1_->forward(h)); });
+    return run_unit(3, x, [this](const at::Tensor& h) { return fc2_->forward(h); });
+  }
+
+  std::vector<std::string> unit_candidates() const override {
+    return {"conv1", "conv2", "fc1", "fc2"};
   }
 
  private:

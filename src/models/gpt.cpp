@@ -77,21 +77,28 @@ class Block : public torch::nn::Module {
 
 class Gpt : public Model {
  public:
-  explicit Gpt(const ModelSpec& spec)
-      : context_(spec.context),
-        tok_emb_(register_module("tok_emb", torch::nn::Embedding(spec.num_classes, spec.width))),
-        pos_emb_(register_module("pos_emb", torch::nn::Embedding(spec.context, spec.width))),
-        blocks_(register_module("blocks", torch::nn::ModuleList())),
-        ln_f_(register_module("ln_f",
-                              torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.width})))),
-        head_(register_module(
-            "head", torch::nn::Linear(
-                        torch::nn::LinearOptions(spec.width, spec.num_classes).bias(false)))) {
+  // Module by module, in registration order: construct, initialise, and (blocks) announce to
+  // `observer`, so each block's weights are final before the next block exists (units.h).
+  Gpt(const ModelSpec& spec, BuildObserver* observer)
+      : context_(spec.context), residual_std_(0.02 / std::sqrt(2.0 * double(spec.layers))) {
+    tok_emb_ = register_module("tok_emb", torch::nn::Embedding(spec.num_classes, spec.width));
+    init("tok_emb", *tok_emb_);
+    pos_emb_ = register_module("pos_emb", torch::nn::Embedding(spec.context, spec.width));
+    init("pos_emb", *pos_emb_);
+    blocks_ = register_module("blocks", torch::nn::ModuleList());
     for (int64_t i = 0; i < spec.layers; ++i) {
+      const std::string path = "blocks." + std::to_string(i);
       block_ptrs_.push_back(std::make_shared<Block>(spec.width, spec.heads));
       blocks_->push_back(block_ptrs_.back());
+      init(path, *block_ptrs_.back());
+      if (observer != nullptr) observer->on_unit_built(path, *block_ptrs_.back());
     }
-    init_weights(spec.layers);
+    ln_f_ =
+        register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({spec.width})));
+    head_ = register_module(
+        "head",
+        torch::nn::Linear(torch::nn::LinearOptions(spec.width, spec.num_classes).bias(false)));
+    init("head", *head_);
   }
 
   at::Tensor forward(const at::Tensor& tokens) override {
@@ -103,18 +110,27 @@ class Gpt : public Model {
     const at::Tensor positions =
         torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(tokens.device()));
     at::Tensor x = tok_emb_->forward(tokens) + pos_emb_->forward(positions);
-    for (const auto& block : block_ptrs_) x = block->forward(x);
+    for (size_t i = 0; i < block_ptrs_.size(); ++i)
+      x = run_unit(static_cast<int>(i), x,
+                   [block = block_ptrs_[i]](const at::Tensor& h) { return block->forward(h); });
     return head_->forward(ln_f_->forward(x));
   }
 
+  // Each block is a unit; the embeddings, ln_f and head run outside units (the root).
+  std::vector<std::string> unit_candidates() const override {
+    std::vector<std::string> paths;
+    for (size_t i = 0; i < block_ptrs_.size(); ++i) paths.push_back("blocks." + std::to_string(i));
+    return paths;
+  }
+
  private:
-  // GPT-2's initialisation. The residual projections get a smaller std because `layers` of them
-  // add into the same stream; without it the residual variance grows with depth.
-  void init_weights(int64_t layers) {
+  // GPT-2's initialisation of the module at `path`. The residual projections get a smaller std
+  // because `layers` of them add into the same stream; without it the residual variance grows
+  // with depth.
+  void init(const std::string& path, torch::nn::Module& module) {
     torch::NoGradGuard no_grad;
-    const double residual_std = 0.02 / std::sqrt(2.0 * double(layers));
-    for (auto& item : named_parameters()) {
-      const std::string& name = item.key();
+    for (auto& item : module.named_parameters()) {
+      const std::string name = path + "." + item.key();
       at::Tensor& p = item.value();
       const bool is_norm = name.rfind("ln", 0) == 0 || name.find(".ln") != std::string::npos;
       if (is_norm) continue;  // LayerNorm keeps weight 1, bias 0
@@ -122,7 +138,7 @@ class Gpt : public Model {
         p.zero_();
       } else if (name.find("attn.proj.weight") != std::string::npos ||
                  name.find("mlp.proj.weight") != std::string::npos) {
-        p.normal_(0.0, residual_std);
+        p.normal_(0.0, residual_std_);
       } else {
         p.normal_(0.0, 0.02);
       }
@@ -130,11 +146,12 @@ class Gpt : public Model {
   }
 
   int64_t context_;
-  torch::nn::Embedding tok_emb_, pos_emb_;
-  torch::nn::ModuleList blocks_;
+  double residual_std_;
+  torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
+  torch::nn::ModuleList blocks_{nullptr};
   std::vector<std::shared_ptr<Block>> block_ptrs_;  // typed views of blocks_' entries
-  torch::nn::LayerNorm ln_f_;
-  torch::nn::Linear head_;
+  torch::nn::LayerNorm ln_f_{nullptr};
+  torch::nn::Linear head_{nullptr};
 };
 
 }  // namespace
@@ -153,9 +170,9 @@ void check_gpt_spec(const ModelSpec& spec) {
                  spec.input_shape[0], " tokens, more than model.context ", spec.context);
 }
 
-std::shared_ptr<Model> make_gpt(const ModelSpec& spec) {
+std::shared_ptr<Model> make_gpt(const ModelSpec& spec, BuildObserver* observer) {
   check_gpt_spec(spec);
-  return std::make_shared<Gpt>(spec);
+  return std::make_shared<Gpt>(spec, observer);
 }
 
 }  // namespace krab::models::detail

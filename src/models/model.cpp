@@ -35,16 +35,48 @@ at::Tensor Model::run_unit(int candidate, const at::Tensor& x, const UnitForward
   return runner_->run(unit_of_candidate_[candidate], x, forward);
 }
 
-std::shared_ptr<Model> make_model(const ModelSpec& spec) {
+namespace detail {
+
+void announce_units(Model& model, BuildObserver* observer) {
+  if (observer == nullptr) return;
+  const auto modules = model.named_modules();
+  for (const std::string& path : model.unit_candidates()) {
+    const auto* found = modules.find(path);
+    KRAB_CHECK(found != nullptr, "unit candidate '", path, "' is not a submodule");
+    observer->on_unit_built(path, **found);
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+std::shared_ptr<Model> build(const ModelSpec& spec, BuildObserver* observer) {
   // A user's module decides for itself what inputs and how many outputs it takes; check_fits
   // (torchscript.h) tries it on the data instead.
-  if (spec.name == "torchscript") return detail::make_torchscript(spec);
+  if (spec.name == "torchscript") {
+    std::shared_ptr<Model> model = detail::make_torchscript(spec);
+    detail::announce_units(*model, observer);  // loaded whole, then announced
+    return model;
+  }
   detail::check_builtin_spec(spec);
-  if (spec.name == "mlp") return detail::make_mlp(spec);
-  if (spec.name == "cnn") return detail::make_cnn(spec);
-  if (spec.name == "gpt") return detail::make_gpt(spec);
-  throw InvalidArgument(
-      str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+  std::shared_ptr<Model> model;
+  if (spec.name == "mlp") model = detail::make_mlp(spec);
+  if (spec.name == "cnn") model = detail::make_cnn(spec);
+  if (spec.name == "gpt") return detail::make_gpt(spec, observer);  // announces as it builds
+  if (model == nullptr)
+    throw InvalidArgument(
+        str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
+  detail::announce_units(*model, observer);
+  return model;
+}
+
+}  // namespace
+
+std::shared_ptr<Model> make_model(const ModelSpec& spec, BuildObserver* observer) {
+  std::shared_ptr<Model> model = build(spec, observer);
+  if (observer != nullptr) observer->on_unit_built("", *model);
+  return model;
 }
 
 namespace detail {

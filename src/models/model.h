@@ -7,7 +7,9 @@
 // on extra random state, breaking the determinism contract (ARCHITECTURE.md).
 //
 // Initial weights come from torch's global generator (LibTorch's module defaults, and for gpt
-// normal(0, 0.02)); call torch::manual_seed(seed) before make_model for reproducible weights.
+// normal(0, 0.02), drawn module by module: each module's construction then its initialisation,
+// so gpt's embeddings and first blocks are the same whatever `layers` is); call
+// torch::manual_seed(seed) before make_model for reproducible weights.
 // The data-parallel engine broadcasts rank 0's weights anyway.
 //
 // Models:
@@ -32,6 +34,11 @@
 //        parameters and buffers keep their Python names. It may contain dropout and batch
 //        norm: train() / eval() reach it, and spec.freeze_batchnorm keeps batch norm in eval
 //        mode for the determinism contract.
+//
+// Units (models/units.h; what parallel.wrap's `auto` and activation checkpointing act on), in
+// forward order: gpt `blocks.0` .. `blocks.{layers-1}` (embeddings, ln_f and head run outside
+// units); cnn `conv1` and `conv2` (each with its ReLU and pool), `fc1` (with its ReLU), `fc2`;
+// mlp `fc1`, `fc2` (each with its ReLU), `fc3`. A torchscript model has none yet.
 //
 // Thread safety: as for any torch module — concurrent forwards on one model are fine, training
 // one model from several threads is not.
@@ -108,12 +115,13 @@ class Model : public torch::nn::Module {
   std::vector<int> unit_of_candidate_;
 };
 
-// Builds the model `spec.name` names. InvalidArgument, naming the config key, for: an unknown
+// Builds the model `spec.name` names; `observer`, when given, is told of each unit as it is
+// built (units.h: BuildObserver). InvalidArgument, naming the config key, for: an unknown
 // name (the message lists "mlp, cnn, gpt, torchscript"); a torchscript file it cannot use
 // (models/torchscript.h); an input_shape the model cannot take (cnn needs
 // {C, H, W} with H, W >= 4; gpt needs {T}); a non-positive size; heads not dividing width
 // (names model.heads and model.width); a gpt input length above spec.context.
-std::shared_ptr<Model> make_model(const ModelSpec& spec);
+std::shared_ptr<Model> make_model(const ModelSpec& spec, BuildObserver* observer = nullptr);
 
 // Total number of elements over module.parameters() (trainable and frozen).
 int64_t parameter_count(const torch::nn::Module& module);

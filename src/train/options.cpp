@@ -48,6 +48,8 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
   o.local_sgd_warmup = c.get_int("sync.warmup_steps");
   check_zero_options(c);
   o.zero_stage = static_cast<int>(c.get_int("parallel.zero_stage"));
+  o.precision = parse_precision(c.get_string("train.precision"));
+  o.activation_checkpointing = c.get_bool("model.activation_checkpointing");
   return o;
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/config.h"
+#include "train/precision.h"
 #include "train/schedule.h"
 
 namespace krab::train {
@@ -27,9 +28,11 @@ struct TrainOptions {
   bool resume = false;
   int64_t eval_every = 0;
   int64_t log_every = 0;
-  int64_t local_sgd_period = 1;  // sync.period
-  int64_t local_sgd_warmup = 0;  // sync.warmup_steps
-  int zero_stage = 0;            // parallel.zero_stage: 0 = full replicas, 1-2 = ZeRO
+  int64_t local_sgd_period = 1;            // sync.period
+  int64_t local_sgd_warmup = 0;            // sync.warmup_steps
+  int zero_stage = 0;                      // parallel.zero_stage: 0 = full replicas, 1-2 = ZeRO
+  Precision precision = Precision::kFp32;  // train.precision
+  bool activation_checkpointing = false;   // model.activation_checkpointing
 
   static TrainOptions from_config(const core::Config& c);
 };

@@ -19,13 +19,15 @@
 #include "engine/engine.h"
 #include "models/describe.h"
 #include "models/model.h"
+#include "models/recompute.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
+#include "train/manifest.h"
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
-#include "train/manifest.h"
 #include "train/options.h"
+#include "train/precision.h"
 #include "train/schedule.h"
 #include "train/sharded_checkpoint.h"
 
@@ -108,7 +110,8 @@ struct Trainer::Loop {
   data::DataSplits d;
   std::unique_ptr<data::GlobalBatchSampler> sampler;
   int64_t steps = 0;
-  std::unique_ptr<data::BatchPrefetcher> batches;  // data.name images: made ahead; else null
+  std::unique_ptr<data::BatchPrefetcher> batches;      // data.name images: made ahead; else null
+  std::unique_ptr<models::RecomputeRunner> recompute;  // model.activation_checkpointing
   std::unique_ptr<engine::Engine> engine;
   comm::Communicator* group = nullptr;  // null for engines without one
 
@@ -161,6 +164,20 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
   seal_job = checkpoint_job(run_dir, signature);
   attach_sinks();
+  // model.activation_checkpointing. A model has one runner: an engine that installed its own
+  // (ZeRO's) must recompute inside it (models::run_recomputed) when this key is set.
+  models::Model& net = engine->model();
+  if (o.activation_checkpointing && net.unit_runner() == nullptr) {
+    if (!net.unit_candidates().empty()) {
+      recompute = std::make_unique<models::RecomputeRunner>(net);
+      recompute->install(net);
+    } else if (rank0()) {
+      std::fprintf(stderr,
+                   "krab: warning: model.activation_checkpointing: model '%s' has no units to "
+                   "recompute; it trains with all its activations kept\n",
+                   model_name.c_str());
+    }
+  }
   if (o.resume && group != nullptr) resume();
   engine->start_at(start_step);
 }
@@ -241,18 +258,26 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
   for (int64_t m = 0; m < accum; ++m) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
-    auto [x, y] = batch(plan.step * accum + m, plan.slice);
-    auto loss = model.training_loss(x, y);
-    const double value = loss.item<double>();
-    // A NaN or an infinity would reach every replica through the all-reduce and leave a model
-    // of NaNs: stop here, where the step and the rank are known.
-    if (!std::isfinite(value))
-      throw Error(str_cat("rank ", world.rank, ": the loss is ", value, " at step ", plan.step + 1,
-                          " (micro-batch ", m,
-                          "); training diverged or the "
-                          "data holds a NaN (try a smaller train.optimizer.lr)"));
-    (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
-    step_loss += value / accum;
+    const auto xy = batch(plan.step * accum + m, plan.slice);
+    // A run's first step turns LibTorch's error into one naming train.precision when bf16
+    // autocast cannot run this model (precision.h). Only the forward and the loss are autocast.
+    explain_precision_failure(computed == 0 ? o.precision : Precision::kFp32, [&] {
+      at::Tensor loss;
+      {
+        AutocastGuard autocast(o.precision);
+        loss = model.training_loss(xy.first, xy.second);
+      }
+      const double value = loss.item<double>();
+      // A NaN or an infinity would reach every replica through the all-reduce and leave a
+      // model of NaNs: stop here, where the step and the rank are known.
+      if (!std::isfinite(value))
+        throw Error(str_cat("rank ", world.rank, ": the loss is ", value, " at step ",
+                            plan.step + 1, " (micro-batch ", m,
+                            "); training diverged or the "
+                            "data holds a NaN (try a smaller train.optimizer.lr)"));
+      (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
+      step_loss += value / accum;
+    });
     straggler->after_compute(Clock::now() - t_compute);
   }
   return step_loss;

@@ -179,6 +179,48 @@ def training_loss(self, x, y):
   EXPECT_FALSE(fs::exists(dir_ / "runs/job/model.pt"));
 }
 
+// A TorchScript model has no units yet (models/model.h): activation checkpointing says once
+// that nothing is recomputed and trains as without it, bit for bit.
+TEST_F(TorchScriptCli, CheckpointingWithoutUnitsWarnsOnceAndTrainsAsWithout) {
+  job(b_.net(32, 16, 4));
+  auto plain = run(krab("train job.yaml --set checkpoint.dir=plain"));
+  ASSERT_EQ(plain.code, 0) << plain.output;
+  auto r =
+      run(krab("train job.yaml --set checkpoint.dir=ckpt --set "
+               "model.activation_checkpointing=true"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string warning = "model.activation_checkpointing: model 'torchscript' has no units";
+  size_t n = 0;
+  for (size_t at = r.output.find(warning); at != std::string::npos;
+       at = r.output.find(warning, at + 1))
+    ++n;
+  EXPECT_EQ(n, 1u) << r.output;
+  auto a = load_model_pt((dir_ / "plain/model.pt").string());
+  auto b = load_model_pt((dir_ / "ckpt/model.pt").string());
+  for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
+}
+
+// LibTorch 1.13 cannot autocast layer_norm of a bf16 activation with fp32 weights (design
+// §12, check 6): a post-LN module fails its first bf16 step with one line naming the key, exit
+// 2 (the job asks what the model cannot do), and leaves no model behind; in fp32 it trains.
+TEST_F(TorchScriptCli, Bf16StopsAPostLayerNormModelNamingTrainPrecision) {
+  torch::jit::Module m = b_.module("PostLn");
+  m.register_module("fc", b_.linear(32, 4));
+  m.register_parameter("ln_weight", torch::ones({4}).requires_grad_(true), false);
+  m.register_parameter("ln_bias", torch::zeros({4}).requires_grad_(true), false);
+  m.define(R"(
+def forward(self, x):
+    return torch.layer_norm(self.fc.forward(x), [4], self.ln_weight, self.ln_bias)
+)");
+  job(m);
+  auto r = run(krab("train job.yaml --set train.precision=bf16"));
+  expect_refused(r, 2, "train.precision: bf16: this model's forward fails under LibTorch's bf16");
+  EXPECT_NE(r.output.find("expected scalar type BFloat16"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs/job/model.pt"));
+  auto fp32 = run(krab("train job.yaml"));
+  EXPECT_EQ(fp32.code, 0) << fp32.output;
+}
+
 // Python's own modules (write_mode_modules.py) through `krab train`.
 class TorchScriptCliFromPython : public TorchScriptCli {
  protected:
