@@ -81,16 +81,47 @@ void set_generator_state(const at::Tensor& state) {
   gen.set_state(state);
 }
 
+// A unit's buffers as they were before its first run. A forward may update buffers (batch
+// norm's running statistics in training mode): the recompute must start from the same values
+// and must not apply the update a second time, so it runs on the values from before the first
+// run and then puts back what the first run left.
+class BufferSnapshot {
+ public:
+  BufferSnapshot() = default;
+  explicit BufferSnapshot(const std::vector<at::Tensor>& buffers) : live_(buffers) {
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& b : buffers) before_.push_back(b.clone());
+  }
+  // Copies the before-values into the live buffers; returns the values they held.
+  std::vector<at::Tensor> swap_in_before() {
+    torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> held;
+    for (size_t i = 0; i < live_.size(); ++i) {
+      held.push_back(live_[i].clone());
+      live_[i].copy_(before_[i]);
+    }
+    return held;
+  }
+  void put_back(const std::vector<at::Tensor>& held) {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < held.size(); ++i) live_[i].copy_(held[i]);
+  }
+
+ private:
+  std::vector<at::Tensor> live_, before_;
+};
+
 // The backward of run_recomputed. Its next edges are x's and each parameter's (in that order),
 // so the gradients it returns reach x's producer and the parameters' AccumulateGrad nodes
 // exactly as the plain graph's would: gradient hooks on the parameters fire once, as usual.
 class RecomputeNode : public torch::autograd::Node {
  public:
   RecomputeNode(const at::Tensor& x, std::vector<at::Tensor> params, UnitForward forward,
-                AutocastState autocast, std::optional<at::Tensor> rng)
+                AutocastState autocast, std::optional<at::Tensor> rng, BufferSnapshot buffers)
       : x_(x, /*is_output=*/false),
         x_requires_grad_(x.requires_grad()),
         params_(std::move(params)),
+        buffers_(std::move(buffers)),
         forward_(std::move(forward)),
         autocast_(autocast),
         rng_(std::move(rng)) {}
@@ -129,6 +160,7 @@ class RecomputeNode : public torch::autograd::Node {
   void release_variables() override {
     x_.reset_data();
     params_.clear();
+    buffers_ = {};
     forward_ = nullptr;
   }
 
@@ -141,6 +173,8 @@ class RecomputeNode : public torch::autograd::Node {
       now = generator_state();
       set_generator_state(*rng_);
     }
+    // The buffers as the first run found them; what that run left in them is put back after.
+    const std::vector<at::Tensor> after = buffers_.swap_in_before();
     at::Tensor y;
     try {
       torch::AutoGradMode grad_on(true);
@@ -148,15 +182,18 @@ class RecomputeNode : public torch::autograd::Node {
       y = forward_(x);
     } catch (...) {
       if (now) set_generator_state(*now);
+      buffers_.put_back(after);
       throw;
     }
     if (now) set_generator_state(*now);
+    buffers_.put_back(after);
     return y;
   }
 
   torch::autograd::SavedVariable x_;
   bool x_requires_grad_;
   std::vector<at::Tensor> params_;
+  BufferSnapshot buffers_;
   UnitForward forward_;
   AutocastState autocast_;
   std::optional<at::Tensor> rng_;  // the generator before the first run, if that run drew
@@ -165,11 +202,12 @@ class RecomputeNode : public torch::autograd::Node {
 }  // namespace
 
 at::Tensor run_recomputed(const at::Tensor& x, const std::vector<at::Tensor>& params,
-                          const UnitForward& forward) {
+                          const UnitForward& forward, const std::vector<at::Tensor>& buffers) {
   bool needs_grad = x.requires_grad();
   for (const at::Tensor& p : params) needs_grad = needs_grad || p.requires_grad();
   if (!torch::GradMode::is_enabled() || !needs_grad) return forward(x);
 
+  BufferSnapshot snapshot(buffers);
   const at::Tensor rng_before = generator_state();
   at::Tensor y;
   {
@@ -184,8 +222,8 @@ at::Tensor run_recomputed(const at::Tensor& x, const std::vector<at::Tensor>& pa
   std::optional<at::Tensor> rng;
   if (!torch::equal(rng_before, generator_state())) rng = rng_before;
 
-  auto node =
-      std::make_shared<RecomputeNode>(x, params, forward, AutocastState::current(), std::move(rng));
+  auto node = std::make_shared<RecomputeNode>(x, params, forward, AutocastState::current(),
+                                              std::move(rng), std::move(snapshot));
   node->set_next_edges(torch::autograd::collect_next_edges(x, params));
   torch::autograd::set_history(y, node);
   return y;
@@ -198,6 +236,7 @@ RecomputeRunner::RecomputeRunner(const Model& model) {
     KRAB_CHECK_ARG(found != nullptr, "activation checkpointing: unit '", path,
                    "' is not a submodule of the model");
     params_.push_back((*found)->parameters());
+    buffers_.push_back((*found)->buffers());
   }
 }
 
@@ -210,7 +249,7 @@ void RecomputeRunner::install(Model& model) {
 at::Tensor RecomputeRunner::run(int unit, const at::Tensor& x, const UnitForward& forward) {
   KRAB_CHECK(unit >= 0 && unit < static_cast<int>(params_.size()), "RecomputeRunner: unit ", unit,
              " of ", params_.size());
-  return run_recomputed(x, params_[unit], forward);
+  return run_recomputed(x, params_[unit], forward, buffers_[unit]);
 }
 
 }  // namespace krab::models

@@ -24,6 +24,11 @@
 // the unit again or the graph is freed: captures must outlive the graph, as a model's modules
 // do.
 //
+// Buffers: a unit's forward may update its buffers (batch norm's running statistics in
+// training mode). Pass them as `buffers`: the recompute then starts from the values the first
+// run found and leaves the values the first run left, so the update is applied once and the
+// recomputed activations equal the first run's. (Costs one copy of the buffers per unit call.)
+//
 // When gradients are off (GradMode disabled, e.g. evaluation) or nothing in x and params
 // requires grad, run_recomputed is just forward(x).
 //
@@ -47,16 +52,16 @@ namespace krab::models {
 // one autograd node whose next edges are x's and the parameters'. Identical values and, after
 // backward, identical gradients (x and params) to forward(x) itself.
 at::Tensor run_recomputed(const at::Tensor& x, const std::vector<at::Tensor>& params,
-                          const UnitForward& forward);
+                          const UnitForward& forward, const std::vector<at::Tensor>& buffers = {});
 
 // The UnitRunner of model.activation_checkpointing without sharding: every unit it runs goes
-// through run_recomputed with that unit's parameters. Built over a model's unit candidates;
-// install it with install() (unit i = candidate i). The runner must outlive its installation;
-// its destructor does not uninstall it.
+// through run_recomputed with that unit's parameters and buffers. Built over a model's unit
+// candidates; install it with install() (unit i = candidate i). The runner must outlive its
+// installation; its destructor does not uninstall it.
 class RecomputeRunner : public UnitRunner {
  public:
-  // Collects the parameters (trainable and frozen) of each of model.unit_candidates(), by
-  // module path. Throws InvalidArgument if a candidate names no submodule.
+  // Collects the parameters (trainable and frozen) and buffers of each of model.unit_candidates(),
+  // by module path. Throws InvalidArgument if a candidate names no submodule.
   explicit RecomputeRunner(const Model& model);
 
   // Installs this runner on `model` (the one it was built over) for every candidate.
@@ -68,7 +73,8 @@ class RecomputeRunner : public UnitRunner {
   at::Tensor run(int unit, const at::Tensor& x, const UnitForward& forward) override;
 
  private:
-  std::vector<std::vector<at::Tensor>> params_;  // by unit = candidate index
+  std::vector<std::vector<at::Tensor>> params_;   // by unit = candidate index
+  std::vector<std::vector<at::Tensor>> buffers_;  // likewise
 };
 
 }  // namespace krab::models
