@@ -81,6 +81,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
     zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
     zo.data_parallel = dpo;
     zo.compression = compress::CompressionOptions::from_config(c);
+    if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
     return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
                                                         optimizer);
   }

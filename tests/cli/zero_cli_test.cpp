@@ -50,6 +50,29 @@ parallel: {workers: 4, bucket_mb: 0.5}
   }
 }
 
+// Disk offload changes where the optimizer state lives, not what it computes: bit-equal
+// model.pt, and the offload files are gone once the run ends.
+TEST_F(Cli, ZeroOffloadToDiskEndsWhereStageTwoEnds) {
+  write("job.yaml", R"(
+model: {name: cnn}
+data: {name: fashion-mnist, batch_size: 16}
+train: {steps: 4, optimizer: {name: adam, lr: 0.002}}
+parallel: {workers: 2, zero_stage: 2}
+)");
+  auto base = run(krab("train job.yaml --set checkpoint.dir=s0"));
+  ASSERT_EQ(base.code, 0) << base.output;
+  auto off =
+      run(krab("train job.yaml --report r.json --set checkpoint.dir=s1 "
+               "--set parallel.offload=disk"));
+  ASSERT_EQ(off.code, 0) << off.output;
+  const auto want = load_model_pt((dir_ / "s0/model.pt").string());
+  const auto got = load_model_pt((dir_ / "s1/model.pt").string());
+  ASSERT_TRUE(got.count("conv1.weight"));
+  EXPECT_EQ(max_rel_diff(got, want), 0);
+  EXPECT_EQ(read_json(dir_ / "r.json")["zero"]["offload"], "disk");
+  EXPECT_FALSE(fs::exists(dir_ / "s1/offload"));
+}
+
 TEST_F(Cli, ZeroKeysAreRefusedByName) {
   write("job.yaml", kSmallJob);
   const auto train = [&](const std::string& sets) { return run(krab("train job.yaml " + sets)); };
@@ -67,6 +90,8 @@ TEST_F(Cli, ZeroKeysAreRefusedByName) {
                  "checkpoint.every_steps");
   expect_refused(train("--set parallel.zero_stage=2 --set parallel.wrap=[fc*,nothing]"), 2,
                  "parallel.wrap: 'nothing' matches no module");
+  expect_refused(train("--set parallel.offload=disk"), 2,
+                 "parallel.offload: disk needs parallel.zero_stage 1 or 2");
 }
 
 }  // namespace
