@@ -2,6 +2,7 @@
 // against stage 0 on the same job — the determinism contract across stages — and the
 // refusals of the zero keys, each naming its keys.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -71,6 +72,27 @@ parallel: {workers: 2, zero_stage: 2}
   EXPECT_EQ(max_rel_diff(got, want), 0);
   EXPECT_EQ(read_json(dir_ / "r.json")["zero"]["offload"], "disk");
   EXPECT_FALSE(fs::exists(dir_ / "s1/offload"));
+}
+
+// A file system without room for the offload files (a tmpfs of 8 KiB; mounting needs root):
+// the launcher refuses before spawning a worker, naming the key and the directory.
+TEST_F(Cli, ZeroOffloadWithoutRoomIsRefusedBeforeTraining) {
+  write("job.yaml", kSmallJob);
+  const fs::path full = dir_ / "full";
+  fs::create_directories(full);
+  if (::mount("tmpfs", full.c_str(), "tmpfs", 0, "size=8k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount(path.c_str()); }
+  } unmount{full.string()};
+  auto r =
+      run(krab("train job.yaml --set checkpoint.dir=full --set parallel.zero_stage=1 "
+               "--set parallel.offload=disk"));
+  expect_refused(r, 2, "parallel.offload: disk needs");
+  EXPECT_NE(r.output.find("full/offload"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bytes free"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(full));
 }
 
 TEST_F(Cli, ZeroKeysAreRefusedByName) {

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -115,6 +116,24 @@ std::vector<const void*> state_pointers(torch::optim::Optimizer& o) {
   return out;
 }
 
+// Kilobytes of the mapping that starts at `begin` resident in this process (/proc/self/smaps's
+// Rss); -1 when no mapping starts there.
+int64_t resident_kb(const void* begin) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    if (line.find('-') != std::string::npos && std::isxdigit(static_cast<unsigned char>(line[0])) &&
+        line.find(':') > line.find(' ')) {
+      inside = std::stoull(line.substr(0, line.find('-')), nullptr, 16) ==
+               reinterpret_cast<uintptr_t>(begin);
+    } else if (inside && line.rfind("Rss:", 0) == 0) {
+      return std::stoll(line.substr(4));
+    }
+  }
+  return -1;
+}
+
 TEST(ZeroOffload, EqualsStateInRamBitForBitAndLivesInTheMapping) {
   TempDir tmp;
   const std::string dir = (tmp.path / "offload").string();
@@ -150,6 +169,8 @@ TEST(ZeroOffload, EqualsStateInRamBitForBitAndLivesInTheMapping) {
         EXPECT_EQ(m.offloaded, closed_form);
         EXPECT_EQ(m.optimizer, 0);
         EXPECT_EQ(e.describe()["zero"]["offload"], "disk");
+        // The window released every unit it stepped: none of the state is in this process.
+        EXPECT_EQ(resident_kb(off->data()), 0);
       });
       for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(got[r], want[r])) << "rank " << r;
       // Each rank removed its file, and the last one the directory.

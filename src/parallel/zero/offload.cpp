@@ -4,8 +4,8 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
-#include <unistd.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
@@ -20,16 +20,14 @@ namespace krab::parallel::zero {
 
 namespace {
 
-std::string state_key(const at::Tensor& t) {
-  return c10::guts::to_string(t.unsafeGetTensorImpl());
-}
+std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
 // The unit's fields as tensors over the mapping.
 std::vector<at::Tensor> field_views(char* base, const OffloadRegions& r, int u) {
   std::vector<at::Tensor> out;
   for (int f = 0; f < r.fields[u]; ++f)
-    out.push_back(torch::from_blob(base + r.offset[u] + f * r.numel[u] * 4, {r.numel[u]},
-                                   torch::kFloat32));
+    out.push_back(
+        torch::from_blob(base + r.offset[u] + f * r.numel[u] * 4, {r.numel[u]}, torch::kFloat32));
   return out;
 }
 
@@ -112,10 +110,10 @@ void check_offload_room(const std::string& dir, int ranks, int64_t bytes_per_ran
                         int64_t available) {
   const auto need =
       static_cast<int64_t>(std::ceil(static_cast<double>(ranks) * bytes_per_rank * 1.05));
-  KRAB_CHECK_ARG(available >= need, "parallel.offload: disk needs ", need, " bytes in '", dir,
-                 "' (", ranks, " ranks x ", bytes_per_rank, " bytes, + 5%) but its file system has ",
-                 available < 0 ? std::string("no readable free space")
-                               : str_cat(available, " bytes free"));
+  KRAB_CHECK_ARG(
+      available >= need, "parallel.offload: disk needs ", need, " bytes in '", dir, "' (", ranks,
+      " ranks x ", bytes_per_rank, " bytes, + 5%) but its file system has ",
+      available < 0 ? std::string("no readable free space") : str_cat(available, " bytes free"));
 }
 
 DiskOffload::DiskOffload(const std::string& dir, int rank, const OffloadRegions& regions,
@@ -182,6 +180,10 @@ void DiskOffload::step(ShardOptimizers& optimizers, double lr) {
     optimizers.step_unit(u, lr);
     release(u);
   }
+  // A read fault on a file mapping also maps the neighbouring pages already in the page cache
+  // ("fault-around", up to 64 KiB), which can bring back units released before; one pass over
+  // the whole mapping leaves none of it in this process between steps.
+  if (regions_.file_bytes > 0) ::madvise(base_, regions_.file_bytes, MADV_DONTNEED);
 }
 
 }  // namespace krab::parallel::zero

@@ -19,8 +19,10 @@
 // step() walks the units with a window of two: it asks the kernel to read unit u+1 ahead
 // (madvise WILLNEED), steps unit u, then starts its write-back (msync MS_ASYNC) and drops its
 // pages from this process and the page cache (madvise and posix_fadvise DONTNEED), so the
-// resident optimizer state stays about two units. Dirty pages of a shared file mapping are
-// handed to the page cache, not lost, when the process drops them.
+// resident optimizer state stays about two units (plus the kernel's fault-around of at most
+// 64 KiB); after the last unit the whole mapping is dropped, so none of it stays in the process
+// between steps. Dirty pages of a shared file mapping are handed to the page cache, not lost,
+// when the process drops them.
 //
 // Files: the directory is created 0700 when missing and must not be a symlink; the file is
 // created with O_EXCL|O_NOFOLLOW|O_CLOEXEC, mode 0600. A file left by a killed run at the same
