@@ -150,6 +150,7 @@ TEST(ZeroOffload, EqualsStateInRamBitForBitAndLivesInTheMapping) {
         EXPECT_TRUE(fs::exists(off->path()));
         EXPECT_EQ(fs::status(off->path()).permissions() & fs::perms::all,
                   fs::perms::owner_read | fs::perms::owner_write);
+        EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all);
         const char* begin = off->data();
         const char* end = begin + off->regions().file_bytes;
         int64_t closed_form = 0;
