@@ -205,6 +205,10 @@ TEST(ZeroOffload, AFullFileSystemIsRefusedBeforeAnyFileIsMade) {
   TempDir tmp;
   if (::mount("tmpfs", tmp.path.c_str(), "tmpfs", 0, "size=8k") != 0)
     GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount(path.c_str()); }
+  } unmount{tmp.path.string()};
   const std::string dir = (tmp.path / "offload").string();
   testing::run_gloo_ranks_owned(2, [&](int, std::unique_ptr<comm::Communicator> g) {
     try {
@@ -216,7 +220,6 @@ TEST(ZeroOffload, AFullFileSystemIsRefusedBeforeAnyFileIsMade) {
     }
   });
   EXPECT_FALSE(fs::exists(dir));
-  ::umount(tmp.path.c_str());
 }
 
 // posix_fallocate failing (here under a file-size limit, EFBIG) is an error naming the file,
