@@ -300,6 +300,13 @@ std::vector<KeySpec> parallel_keys() {
               "additions; `comm.compression` fp16 and bf16 compose (through the reduce-scatter). 3 "
               "(parameters sharded too) is not built yet.",
               0, 3),
+      string_key("parallel.offload", "none",
+                 "`parallel.zero_stage` 1 or 2: `disk` keeps each worker's optimizer state in "
+                 "a file, `RUN_DIR/offload/rank-R.bin` (allocated in full at the start, removed "
+                 "at the end), stepped unit by unit so that about two units' state is in RAM; "
+                 "the run is refused before training unless the file system has room for every "
+                 "worker's file + 5%. Same parameters as without. `none`: in RAM.",
+                 {"none", "disk"}),
       list_key("parallel.wrap", "auto",
                "`parallel.zero_stage` > 0: the units parameters are sharded by, as module-path "
                "globs (`*` matches within one path component), e.g. `[blocks.*]` or "

@@ -1,12 +1,16 @@
 #include "train/engines.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include "comm/store.h"
 #include "compress/options.h"
 #include "core/errors.h"
+#include "core/fs.h"
 #include "parallel/compression_hook.h"
 #include "parallel/dp_engine.h"
+#include "parallel/zero/offload.h"
+#include "parallel/zero/plan.h"
 #include "parallel/zero/zero_engine.h"
 #include "sync/local_sgd.h"
 #include "sync/ps_worker.h"
@@ -81,6 +85,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
     zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
     zo.data_parallel = dpo;
     zo.compression = compress::CompressionOptions::from_config(c);
+    if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
     return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
                                                         optimizer);
   }
@@ -90,6 +95,32 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
         sync::LocalSgdOptions{o.local_sgd_period, o.local_sgd_warmup});
   return std::make_unique<parallel::DataParallelEngine>(std::move(model), std::move(group), dpo,
                                                         std::move(hook), optimizer);
+}
+
+// The engine checks again when it starts (parallel/zero/zero_engine.h), with the layout it
+// built; here the same layout is planned from the model's shapes so that nothing is spawned.
+void check_offload_room(const core::Config& job, models::Model& model, int workers) {
+  if (job.get_string("parallel.offload") != "disk") return;
+  namespace zero = parallel::zero;
+  std::vector<engine::ParamShape> shapes;
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad()) shapes.push_back({item.key(), item.value().sizes().vec()});
+  if (shapes.empty()) return;  // the engine refuses such a model by name
+  const auto layout = engine::plan_layout(
+      zero::plan_units(
+          shapes, zero::module_paths(shapes),
+          zero::wrap_globs(job.get_string("parallel.wrap"), job.get_string("model.name"))),
+      workers, zero::ZeroEngineOptions{}.alignment);
+  // The job's own optimizer over a stand-in tensor says how many fields each shard's state has.
+  const auto probe = make_optimizer(job, {torch::zeros({1}).requires_grad_()});
+  const int fields = zero::optimizer_fields(*probe);
+  std::vector<int64_t> numel;
+  for (int u = 0; u < layout.num_units(); ++u) numel.push_back(layout.shard_numel(u));
+  const auto regions =
+      zero::plan_offload(numel, std::vector<int>(numel.size(), fields), ::sysconf(_SC_PAGESIZE));
+  const std::string dir = run_directory(job) + "/offload";
+  core::check_writable_dir(dir, "parallel.offload");
+  zero::check_offload_room(dir, workers, regions.file_bytes, zero::available_bytes(dir));
 }
 
 }  // namespace krab::train

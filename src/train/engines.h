@@ -21,6 +21,13 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
                                             std::shared_ptr<models::Model> model,
                                             int64_t total_steps);
 
+// parallel.offload: disk, before any worker is spawned: the offload directory
+// (RUN_DIR/offload) must be writable and its file system must have room for every rank's file
+// (the same layout and optimizer fields the ZeRO engine will use, `model`'s trainable
+// parameters over `workers` ranks) + 5%. InvalidArgument naming parallel.offload, the
+// directory and both numbers (parallel/zero/offload.h's check_offload_room). No-op otherwise.
+void check_offload_room(const core::Config& job, models::Model& model, int workers);
+
 // Refuses bad comm.* compression keys and combinations, naming the keys of `job` (the job as
 // written, before momentum is folded).
 void check_compression_options(const core::Config& job);

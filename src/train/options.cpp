@@ -56,6 +56,9 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
 void check_zero_options(const core::Config& c) {
   const int64_t stage = c.get_int("parallel.zero_stage");
   KRAB_CHECK_ARG(stage != 3, "parallel.zero_stage: 3: stage 3 is not built yet (use 0, 1 or 2)");
+  KRAB_CHECK_ARG(stage > 0 || c.get_string("parallel.offload") == "none",
+                 "parallel.offload: ", c.get_string("parallel.offload"),
+                 " needs parallel.zero_stage 1 or 2 (stage 0 has no shards to offload)");
   if (stage == 0) return;
   const std::string& mode = c.get_string("sync.mode");
   KRAB_CHECK_ARG(mode == "sync", "parallel.zero_stage ", stage, " needs sync.mode: sync, got ",

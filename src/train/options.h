@@ -44,6 +44,7 @@ struct TrainOptions {
 // comm.momentum_correction or comm.clip_norm (they keep a full-size velocity or norm per
 // bucket, which stage 2 drops and the sharded reduce-scatter does not apply); and, until
 // sharded checkpoints land, with checkpoint.every_steps > 0 or checkpoint.resume (temporary).
+// parallel.offload: disk needs a stage of 1 or 2.
 // from_config() runs it; so does the launcher's preflight, before any worker starts.
 void check_zero_options(const core::Config& c);
 

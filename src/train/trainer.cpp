@@ -565,6 +565,7 @@ PreflightInfo preflight(const core::Config& job, int workers,
   auto model = models::make_model(model_spec(c, d));
   print_model_warnings(*model);  // here, once: the workers make the model again
   resolve_metric(c, *model, d);  // refuses train.metric accuracy where there are no classes
+  check_offload_room(c, *model, workers);  // the job as the workers run it
   // After the label checks (their messages say more than LibTorch's loss would): one forward
   // and backward on the first examples (train/dry_run.h).
   dry_run(*model, d, c);

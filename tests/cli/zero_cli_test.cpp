@@ -2,6 +2,7 @@
 // against stage 0 on the same job — the determinism contract across stages — and the
 // refusals of the zero keys, each naming its keys.
 #include <gtest/gtest.h>
+#include <sys/mount.h>
 #include <torch/torch.h>
 
 #include <fstream>
@@ -50,6 +51,50 @@ parallel: {workers: 4, bucket_mb: 0.5}
   }
 }
 
+// Disk offload changes where the optimizer state lives, not what it computes: bit-equal
+// model.pt, and the offload files are gone once the run ends.
+TEST_F(Cli, ZeroOffloadToDiskEndsWhereStageTwoEnds) {
+  write("job.yaml", R"(
+model: {name: cnn}
+data: {name: fashion-mnist, batch_size: 16}
+train: {steps: 4, optimizer: {name: adam, lr: 0.002}}
+parallel: {workers: 2, zero_stage: 2}
+)");
+  auto base = run(krab("train job.yaml --set checkpoint.dir=s0"));
+  ASSERT_EQ(base.code, 0) << base.output;
+  auto off =
+      run(krab("train job.yaml --report r.json --set checkpoint.dir=s1 "
+               "--set parallel.offload=disk"));
+  ASSERT_EQ(off.code, 0) << off.output;
+  const auto want = load_model_pt((dir_ / "s0/model.pt").string());
+  const auto got = load_model_pt((dir_ / "s1/model.pt").string());
+  ASSERT_TRUE(got.count("conv1.weight"));
+  EXPECT_EQ(max_rel_diff(got, want), 0);
+  EXPECT_EQ(read_json(dir_ / "r.json")["zero"]["offload"], "disk");
+  EXPECT_FALSE(fs::exists(dir_ / "s1/offload"));
+}
+
+// A file system without room for the offload files (a tmpfs of 8 KiB; mounting needs root):
+// the launcher refuses before spawning a worker, naming the key and the directory.
+TEST_F(Cli, ZeroOffloadWithoutRoomIsRefusedBeforeTraining) {
+  write("job.yaml", kSmallJob);
+  const fs::path full = dir_ / "full";
+  fs::create_directories(full);
+  if (::mount("tmpfs", full.c_str(), "tmpfs", 0, "size=8k") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (needs root)";
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount(path.c_str()); }
+  } unmount{full.string()};
+  auto r =
+      run(krab("train job.yaml --set checkpoint.dir=full --set parallel.zero_stage=1 "
+               "--set parallel.offload=disk"));
+  expect_refused(r, 2, "parallel.offload: disk needs");
+  EXPECT_NE(r.output.find("full/offload"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bytes free"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_empty(full));
+}
+
 TEST_F(Cli, ZeroKeysAreRefusedByName) {
   write("job.yaml", kSmallJob);
   const auto train = [&](const std::string& sets) { return run(krab("train job.yaml " + sets)); };
@@ -65,6 +110,8 @@ TEST_F(Cli, ZeroKeysAreRefusedByName) {
                  "parallel.zero_stage 1 cannot be combined with comm.compression: topk");
   expect_refused(train("--set parallel.zero_stage=2 --set parallel.wrap=[fc*,nothing]"), 2,
                  "parallel.wrap: 'nothing' matches no module");
+  expect_refused(train("--set parallel.offload=disk"), 2,
+                 "parallel.offload: disk needs parallel.zero_stage 1 or 2");
 }
 
 }  // namespace

@@ -38,10 +38,13 @@ std::vector<torch::optim::Optimizer*> ShardOptimizers::pointers() const {
 }
 
 void ShardOptimizers::step(double lr) {
-  for (auto& o : optimizers_) {
-    for (auto& group : o->param_groups()) group.options().set_lr(lr);
-    o->step();
-  }
+  for (int u = 0; u < size(); ++u) step_unit(u, lr);
+}
+
+void ShardOptimizers::step_unit(int unit, double lr) {
+  auto& o = *optimizers_.at(unit);
+  for (auto& group : o.param_groups()) group.options().set_lr(lr);
+  o.step();
 }
 
 int64_t ShardOptimizers::state_bytes() const {

@@ -38,7 +38,10 @@ class ShardOptimizers {
   // Sets every group's learning rate to `lr`, then steps every unit whose shard has a gradient
   // (a unit of 0 elements has none).
   void step(double lr);
-  // Bytes of the optimizers' state tensors (momentum, Adam's moments).
+  // The same for unit `unit` alone (DiskOffload steps the units through its window).
+  void step_unit(int unit, double lr);
+  // Bytes of the optimizers' state tensors (momentum, Adam's moments), those over an offload
+  // file included.
   int64_t state_bytes() const;
 
  private:

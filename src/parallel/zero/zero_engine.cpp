@@ -1,6 +1,7 @@
 #include "parallel/zero/zero_engine.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include "core/errors.h"
 #include "parallel/data_parallel.h"
@@ -79,6 +80,7 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
   std::vector<at::Tensor> shards;
   for (int u = 0; u < layout_.num_units(); ++u) shards.push_back(storage_->shard(u));
   optimizers_ = std::make_unique<ShardOptimizers>(shards, make_optimizer);
+  if (!options_.offload_dir.empty()) start_offload(shards);
   sharded_.layout = &layout_;
   sharded_.stage = options_.stage;
   sharded_.values = shards;
@@ -86,6 +88,36 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
 }
 
 ZeroEngine::~ZeroEngine() = default;
+
+// Every rank's file has the same size (the shards are equal), so each rank can check the room
+// for all of them. The checks are agreed on before any file is allocated: a rank that allocated
+// first would shrink what the others see, and a rank refusing alone would leave the others
+// waiting in the next collective.
+void ZeroEngine::start_offload(const std::vector<at::Tensor>& shards) {
+  std::vector<int64_t> numel;
+  std::vector<int> fields;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    numel.push_back(layout_.shard_numel(u));
+    fields.push_back(optimizer_fields(optimizers_->at(u)));
+  }
+  const auto regions = plan_offload(numel, fields, ::sysconf(_SC_PAGESIZE));
+  std::string refusal;
+  try {
+    check_offload_room(options_.offload_dir, comm_->size(), regions.file_bytes,
+                       available_bytes(options_.offload_dir));
+  } catch (const InvalidArgument& e) {
+    refusal = e.what();
+  }
+  at::Tensor refused = torch::tensor({refusal.empty() ? 0.0f : 1.0f});
+  comm_->allreduce(refused, comm::ReduceOp::kMax)->wait();
+  if (!refusal.empty()) throw InvalidArgument(refusal);
+  KRAB_CHECK_ARG(refused.item<float>() == 0,
+                 "parallel.offload: disk: another rank found no room "
+                 "for the offload files in '",
+                 options_.offload_dir, "'");
+  offload_ = std::make_unique<DiskOffload>(options_.offload_dir, comm_->rank(), regions, shards,
+                                           *optimizers_);
+}
 
 void ZeroEngine::before_backward(int64_t micro, bool last) {
   // The parameters are read from here on: the previous step's gathers must have landed.
@@ -101,7 +133,10 @@ void ZeroEngine::reduce_gradients() { reducer_->finish(); }
 void ZeroEngine::apply(double lr) {
   for (int u = 0; u < layout_.num_units(); ++u)
     storage_->shard(u).mutable_grad() = reducer_->grad_shard(u);
-  optimizers_->step(lr);
+  if (offload_)
+    offload_->step(*optimizers_, lr);
+  else
+    optimizers_->step(lr);
   for (int u = 0; u < layout_.num_units(); ++u) storage_->shard(u).mutable_grad() = at::Tensor();
   reducer_->release_shards();
   // Undefined rather than zero: the next backward's accumulation starts from nothing either
@@ -135,7 +170,9 @@ engine::MemoryStats ZeroEngine::memory() const {
   // Stage 1 holds every .grad through the backward and the grad shards until the step (working
   // set, as memory_model.h counts them); stage 2 holds the shards.
   m.grads = options_.stage == 1 ? full_grads : shard_bytes;
-  m.optimizer = optimizers_->state_bytes();
+  const int64_t offloaded = offload_ ? offload_->regions().state_bytes() : 0;
+  m.optimizer = optimizers_->state_bytes() - offloaded;
+  m.offloaded = offloaded;
   m.working_set_peak = reducer_->peak_bucket_bytes() + (options_.stage == 1 ? shard_bytes : 0);
   return m;
 }
@@ -150,6 +187,7 @@ nlohmann::json ZeroEngine::describe() const {
            {{"stage", options_.stage},
             {"units", units},
             {"alignment", layout_.alignment()},
+            {"offload", offload_ ? "disk" : "none"},
             {"gathered_whole", nlohmann::json::array()}}}};
 }
 

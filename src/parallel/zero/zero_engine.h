@@ -35,6 +35,11 @@
 // Compression: comm.compression fp16 or bf16 runs through the reduce-scatter
 // (sharded_compression.h) and equals stage 0 with the same codec.
 //
+// Offload: with options.offload_dir the optimizer state lives in a mapped file (offload.h) and
+// apply() steps it unit by unit through a two-unit window; memory() counts it as offloaded.
+// Before any rank creates its file, every rank checks that its file system has room for all
+// ranks' files (+5%) and all refuse together (InvalidArgument naming parallel.offload).
+//
 // Checkpoints: state() hands out this rank's shard of every unit and its optimizer
 // (engine::ShardedState); after_restore() gathers restored shards into the parameters.
 //
@@ -54,6 +59,7 @@
 #include "models/model.h"
 #include "parallel/dp_engine.h"
 #include "parallel/zero/grad_reducer.h"
+#include "parallel/zero/offload.h"
 #include "parallel/zero/shard_optimizer.h"
 #include "parallel/zero/unit_storage.h"
 
@@ -66,6 +72,9 @@ struct ZeroEngineOptions {
   int64_t alignment = 16;  // shard alignment in elements (plan.h's shard_alignment)
   // comm.compression: none, fp16 or bf16 (sharded_compression.h).
   compress::CompressionOptions compression;
+  // parallel.offload: disk puts this rank's optimizer state in OFFLOAD_DIR/rank-R.bin
+  // (offload.h; the trainer passes RUN_DIR/offload); empty keeps it in RAM.
+  std::string offload_dir;
   // total_steps, global_micro_batch, bucket cap (data_parallel.bucket_mb), broadcast_buffers;
   // as for the data-parallel engine (data_parallel.broadcast_initial_state is always on).
   DataParallelEngineOptions data_parallel;
@@ -82,7 +91,8 @@ class ZeroEngine : public engine::Engine {
   // Broadcasts rank 0's parameters and buffers (every replica starts equal), plans the units
   // and their layout, moves the parameters into the unit flats, registers the gradient hooks
   // and builds one optimizer per unit shard. InvalidArgument for a stage other than 1 or 2,
-  // a wrap plan_units refuses, or an optimizer ShardOptimizers refuses.
+  // a wrap plan_units refuses, an optimizer ShardOptimizers refuses, or offload files that do
+  // not fit (check_offload_room); krab::Error naming the file when it cannot be allocated.
   ZeroEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
              ZeroEngineOptions options, const OptimizerFactory& make_optimizer);
   ~ZeroEngine() override;
@@ -105,8 +115,11 @@ class ZeroEngine : public engine::Engine {
   const engine::ShardLayout& layout() const { return layout_; }
   const UnitStorage& storage() const { return *storage_; }
   const GradReducer& reducer() const { return *reducer_; }
+  const DiskOffload* offload() const { return offload_.get(); }
 
  private:
+  void start_offload(const std::vector<at::Tensor>& shards);
+
   std::shared_ptr<models::Model> model_;
   std::unique_ptr<comm::Communicator> comm_;
   ZeroEngineOptions options_;
@@ -118,6 +131,7 @@ class ZeroEngine : public engine::Engine {
   std::unique_ptr<UnitStorage> storage_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizers> optimizers_;
+  std::unique_ptr<DiskOffload> offload_;  // after the optimizers: its state is theirs
   engine::ShardedState sharded_;
 };
 
