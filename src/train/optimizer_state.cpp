@@ -1,5 +1,6 @@
 #include "train/optimizer_state.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Type.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -351,9 +352,56 @@ void set_group_options(Optimizer& optimizer, const std::map<std::string, double>
   }
 }
 
+namespace {
+
+// Copies `v` into the tensors of a state the parameter already has (one made before training:
+// parallel.offload's state lives in a memory-mapped file and must stay there); a field `v`
+// lacks is zeroed, a missing step count is 0 (Adam then takes its first step exactly as from
+// no state: design §12, check 9). False when there is no such state or a field's size differs.
+bool copy_into_existing(Optimizer& optimizer, const std::string& id, Type type,
+                        const ParamStateValues& v) {
+  const auto it = optimizer.state().find(id);
+  if (it == optimizer.state().end()) return false;
+  std::vector<std::pair<at::Tensor, const char*>> dst;
+  if (type == Type::kSgd) {
+    dst.emplace_back(static_cast<torch::optim::SGDParamState&>(*it->second).momentum_buffer(),
+                     "momentum_buffer");
+  } else {
+    auto& st = *it->second;
+    const bool w = type == Type::kAdamW;
+    auto* a = w ? nullptr : static_cast<torch::optim::AdamParamState*>(&st);
+    auto* aw = w ? static_cast<torch::optim::AdamWParamState*>(&st) : nullptr;
+    dst.emplace_back(w ? aw->exp_avg() : a->exp_avg(), "exp_avg");
+    dst.emplace_back(w ? aw->exp_avg_sq() : a->exp_avg_sq(), "exp_avg_sq");
+    dst.emplace_back(w ? aw->max_exp_avg_sq() : a->max_exp_avg_sq(), "max_exp_avg_sq");
+  }
+  for (const auto& [t, name] : dst) {
+    const auto f = v.fields.find(name);
+    if (t.defined() && f != v.fields.end() && f->second.defined() && f->second.numel() != t.numel())
+      return false;
+  }
+  at::NoGradGuard no_grad;
+  for (const auto& [t, name] : dst) {
+    if (!t.defined()) continue;
+    const auto f = v.fields.find(name);
+    if (f == v.fields.end() || !f->second.defined())
+      t.zero_();
+    else
+      t.copy_(f->second.reshape(t.sizes()));
+  }
+  if (type == Type::kAdam)
+    static_cast<torch::optim::AdamParamState&>(*it->second).step(v.step.value_or(0));
+  if (type == Type::kAdamW)
+    static_cast<torch::optim::AdamWParamState&>(*it->second).step(v.step.value_or(0));
+  return true;
+}
+
+}  // namespace
+
 void install_param_state(Optimizer& optimizer, const at::Tensor& param,
                          const ParamStateValues& values) {
   const std::string id = state_id(param);
+  if (copy_into_existing(optimizer, id, type_of(optimizer), values)) return;
   optimizer.state().erase(id);
   switch (type_of(optimizer)) {
     case Type::kSgd: {

@@ -81,7 +81,10 @@ struct ParamStateValues {
 // Replaces `param`'s state in `optimizer` (a parameter of it) with `values`: SGD gets a
 // momentum buffer when fields has one, Adam/AdamW a state when step is set (exp_avg and
 // exp_avg_sq then required, max_exp_avg_sq optional); otherwise the parameter's state is
-// removed. The tensors are installed, not copied.
+// removed. The tensors are installed, not copied — except when the parameter already has a
+// state with tensors of the same sizes (made before training: parallel.offload keeps it in a
+// memory-mapped file): then `values` are copied into those tensors, an absent field zeroes
+// its tensor and an absent step count is 0, so the state stays where it lives.
 void install_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                          const ParamStateValues& values);
 

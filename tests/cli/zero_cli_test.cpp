@@ -114,4 +114,55 @@ TEST_F(Cli, ZeroKeysAreRefusedByName) {
                  "parallel.offload: disk needs parallel.zero_stage 1 or 2");
 }
 
+// A sharded checkpoint resumes at another world size and another stage (issue 26,
+// "Checkpoints"): 10 steps at stage 2 on 4 workers, then the other 10 at 2 workers (stage 1),
+// at 1 worker (stage 0: one process reads every shard) and at 2 workers with the optimizer
+// state offloaded to disk — each with the same global batch — end within 1e-5 of the
+// uninterrupted 20-step stage-2 run on 4 workers. A damaged shard is refused naming it.
+TEST_F(Cli, ZeroResumesAtAnotherWorldSizeAndStageWhereTheUninterruptedRunEnds) {
+  write("job.yaml", R"(
+model: {name: mlp, hidden: 32}
+data: {name: synthetic, synthetic_samples: 2048, batch_size: 8}
+train: {steps: 20, optimizer: {name: adam, lr: 0.01}}
+parallel: {workers: 4, zero_stage: 2, bucket_mb: 0.01}
+comm: {timeout_s: 30}
+)");
+  auto full = run(krab("train job.yaml --set checkpoint.dir=full"));
+  ASSERT_EQ(full.code, 0) << full.output;
+  const auto want = load_model_pt((dir_ / "full/model.pt").string());
+  auto part = run(krab("train job.yaml --set checkpoint.dir=part --set train.steps=10"));
+  ASSERT_EQ(part.code, 0) << part.output;
+  ASSERT_TRUE(fs::exists(dir_ / "part/step-00000010/manifest.krab"));
+  ASSERT_TRUE(fs::exists(dir_ / "part/step-00000010/shard-00003-of-00004.krab"));
+  struct Case {
+    std::string name, sets;
+  };
+  const std::vector<Case> cases = {
+      {"w2s1", "--set parallel.workers=2 --set data.batch_size=16 --set parallel.zero_stage=1"},
+      {"w1s0", "--set parallel.workers=1 --set data.batch_size=32 --set parallel.zero_stage=0"},
+      {"w2off", "--set parallel.workers=2 --set data.batch_size=16 --set parallel.offload=disk"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    fs::copy(dir_ / "part", dir_ / c.name, fs::copy_options::recursive);
+    auto r = run(krab("train job.yaml --set checkpoint.resume=true --set checkpoint.dir=" + c.name +
+                      " " + c.sets));
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("manifest.krab at step 10"), std::string::npos) << r.output;
+    EXPECT_LE(max_rel_diff(load_model_pt((dir_ / c.name / "model.pt").string()), want), 1e-5);
+  }
+  fs::copy(dir_ / "part", dir_ / "bad", fs::copy_options::recursive);
+  fs::remove(dir_ / "bad/model.pt");  // the 10-step run's; a refused resume must write none
+  {
+    std::fstream f(dir_ / "bad/step-00000010/shard-00002-of-00004.krab",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x5a');
+  }
+  expect_refused(run(krab("train job.yaml --set checkpoint.resume=true --set checkpoint.dir=bad "
+                          "--set parallel.workers=2 --set data.batch_size=16")),
+                 2, "shard-00002-of-00004.krab");
+  EXPECT_FALSE(fs::exists(dir_ / "bad/model.pt"));
+}
+
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "core/errors.h"
 #include "core/record.h"
+#include "train/optimizer_state.h"
 
 namespace krab::train {
 namespace {
@@ -245,6 +246,41 @@ TEST(Checkpoint, ABadOptimizerEntryLeavesEverythingAsItWas) {
   EXPECT_TRUE(torch::equal(job.model->weight, weight));
   EXPECT_EQ(job.optimizer.param_groups()[0].options().get_lr(), 0.1);
   EXPECT_TRUE(torch::equal(at::detail::getDefaultCPUGenerator().get_state(), rng));
+}
+
+// A state made before training and living elsewhere (parallel.offload: a memory-mapped file;
+// here a buffer of the test's) stays where it lives when a checkpoint is installed: the values
+// are copied into its tensors, an absent field zeroes them and an absent step count is 0. With
+// install_param_state's plain path the restored state would leave the file unnoticed: the
+// numbers would be right and the memory not offloaded.
+TEST(OptimizerStateInstall, CopiesIntoAStateThatLivesElsewhere) {
+  std::vector<float> pinned(3 * 4, -1.0f);
+  at::Tensor p = torch::zeros({4});
+  torch::optim::Adam opt({p}, torch::optim::AdamOptions(0.1).amsgrad(true));
+  auto st = std::make_unique<torch::optim::AdamParamState>();
+  st->step(5);
+  st->exp_avg(torch::from_blob(pinned.data(), {4}));
+  st->exp_avg_sq(torch::from_blob(pinned.data() + 4, {4}));
+  st->max_exp_avg_sq(torch::from_blob(pinned.data() + 8, {4}));
+  const std::string id = c10::guts::to_string(p.unsafeGetTensorImpl());
+  opt.state()[id] = std::move(st);
+
+  ParamStateValues v;
+  v.step = 7;
+  v.fields["exp_avg"] = torch::arange(4, torch::kFloat);
+  v.fields["exp_avg_sq"] = torch::arange(4, torch::kFloat) * 2;
+  install_param_state(opt, p, v);
+  auto& got = static_cast<torch::optim::AdamParamState&>(*opt.state().at(id));
+  EXPECT_EQ(got.step(), 7);
+  EXPECT_EQ(got.exp_avg().data_ptr(), static_cast<void*>(pinned.data()));
+  EXPECT_EQ(got.exp_avg_sq().data_ptr(), static_cast<void*>(pinned.data() + 4));
+  EXPECT_EQ(got.max_exp_avg_sq().data_ptr(), static_cast<void*>(pinned.data() + 8));
+  EXPECT_EQ(std::vector<float>(pinned.begin(), pinned.end()),
+            (std::vector<float>{0, 1, 2, 3, 0, 2, 4, 6, 0, 0, 0, 0}));
+
+  install_param_state(opt, p, ParamStateValues{});  // a checkpoint without state: fresh
+  EXPECT_EQ(static_cast<torch::optim::AdamParamState&>(*opt.state().at(id)).step(), 0);
+  EXPECT_EQ(std::vector<float>(pinned.begin(), pinned.end()), std::vector<float>(12, 0.0f));
 }
 
 }  // namespace
