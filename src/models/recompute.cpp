@@ -111,6 +111,21 @@ class BufferSnapshot {
   std::vector<at::Tensor> live_, before_;
 };
 
+// Puts a snapshot's before-values into the buffers for its lifetime; what they held comes back
+// when it ends (also when the rerun throws).
+class BufferSwap {
+ public:
+  explicit BufferSwap(BufferSnapshot& snapshot)
+      : snapshot_(snapshot), held_(snapshot.swap_in_before()) {}
+  ~BufferSwap() { snapshot_.put_back(held_); }
+  BufferSwap(const BufferSwap&) = delete;
+  BufferSwap& operator=(const BufferSwap&) = delete;
+
+ private:
+  BufferSnapshot& snapshot_;
+  std::vector<at::Tensor> held_;
+};
+
 // The backward of run_recomputed. Its next edges are x's and each parameter's (in that order),
 // so the gradients it returns reach x's producer and the parameters' AccumulateGrad nodes
 // exactly as the plain graph's would: gradient hooks on the parameters fire once, as usual.
@@ -135,6 +150,11 @@ class RecomputeNode : public torch::autograd::Node {
     // here, as it would be for any saved tensor.
     at::Tensor x = x_.unpack().detach();
     if (x_requires_grad_) x.requires_grad_(true);
+    // The buffers as the first run found them for the rerun; what that run left in them comes
+    // back once the rerun's graph is differentiated (its nodes may have saved the buffers:
+    // batch norm saves its running statistics, and a copy before the grad would trip their
+    // version check).
+    BufferSwap swap(buffers_);
     at::Tensor y = rerun(x);
 
     variable_list inputs;
@@ -173,8 +193,6 @@ class RecomputeNode : public torch::autograd::Node {
       now = generator_state();
       set_generator_state(*rng_);
     }
-    // The buffers as the first run found them; what that run left in them is put back after.
-    const std::vector<at::Tensor> after = buffers_.swap_in_before();
     at::Tensor y;
     try {
       torch::AutoGradMode grad_on(true);
@@ -182,11 +200,9 @@ class RecomputeNode : public torch::autograd::Node {
       y = forward_(x);
     } catch (...) {
       if (now) set_generator_state(*now);
-      buffers_.put_back(after);
       throw;
     }
     if (now) set_generator_state(*now);
-    buffers_.put_back(after);
     return y;
   }
 
