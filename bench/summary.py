@@ -39,7 +39,7 @@ import sys
 
 from summary_records import (BENCHES, REPO, accuracy, compression, federated, images, num,
                              own_model_speed, read_paths, real_networks, slow_network, stragglers,
-                             throughput, traffic)
+                             throughput, traffic, zero_memory, zero_speed)
 
 # Reading the result files, and what each benchmark measured: summary_records.py. This file
 # chooses the measures that make the table and shows them.
@@ -124,6 +124,13 @@ def cells_fl(kind, v):
         return (f"{v['sd']:.2f} MB down, {v['su']:.2f} MB up",
                 f"plain {v['pd']:.2f} / {v['pu']:.2f} MB",
                 f"{v['dr'] or v['sd'] / v['pd']:.4f} / {v['ur'] or v['su'] / v['pu']:.4f}")
+    if kind == "zero-mem":
+        return (f"{v['krab']:.3f} (peak RSS {v['rss']:.2f})", f"formula {v['model']:.3f}",
+                f"{v['krab'] / v['model']:.3f}")
+    if kind == "zero-speed":
+        return (f"{v['krab']:,.0f} samples/s, {v['bytes']:,.0f} B/step",
+                f"stage 0 {v['base']:,.0f}, {v['bbase']:,.0f} B/step",
+                f"{v['krab'] / v['base']:.2f}× speed, {v['bytes'] / v['bbase']:.3f}× bytes")
     if kind == "images":
         return (f"{v['krab']:,.0f} samples/s, data wait {v['wait']:.2f}%",
                 f"fashion-mnist {v['peer']:,.0f}; wait goal < 5%", f"{v['krab'] / v['peer']:.2f}×")
@@ -194,6 +201,8 @@ def items_of(rec):
         out += items_stragglers(rec)
     elif b == "federated":
         out += items_federated(rec)
+    elif b in ("zero_memory", "zero_speed"):
+        out += items_zero(rec)
     elif b == "images":
         got = images(rec)
         base = got.get("fashion-mnist", (None, None))[0]
@@ -203,6 +212,32 @@ def items_of(rec):
                      "built-in Fashion-MNIST: {keys}", split=True, pos=i)
                 for i, (k, (sps, wait)) in enumerate(got.items())
                 if k != "fashion-mnist" and base and sps is not None and wait is not None]
+    return out
+
+
+def items_zero(rec):
+    """ZeRO: the widest GPT's model state per rank against the formula, stages 0-2(3); and
+    samples/s and bytes per step of each stage against stage 0, per model and worker count."""
+    if rec.bench == "zero_memory":
+        got = zero_memory(rec)
+        if not got:
+            return []
+        width = max(w for w, *_ in got)
+        return [item("zero-mem", "zero-mem", st, str(st), rec,
+                     {"krab": m, "model": p, "rss": rss},
+                     f"ZeRO model state per rank (GiB), GPT width {width}, 4 layers, 4 workers, "
+                     "Adam, stage {keys}: measured vs the ZeRO formula; peak RSS per rank")
+                for w, st, m, p, rss in got if w == width]
+    out = []
+    for (model, w), stages in zero_speed(rec).items():
+        base = stages.get(0)
+        for st, (rate, per_step) in sorted(stages.items()):
+            if st == 0 or base is None:
+                continue
+            out.append(item("zero-speed", f"zero-speed-{model}-{w}", st, str(st), rec,
+                            {"krab": rate, "base": base[0], "bytes": per_step, "bbase": base[1]},
+                            f"ZeRO {JOBS.get(model, model)}, {w} workers, samples/s after "
+                            "warm-up and bytes per step, stage {keys} vs stage 0"))
     return out
 
 

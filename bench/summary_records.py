@@ -19,7 +19,7 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = ("throughput", "own_model_speed", "real_networks", "accuracy", "traffic", "compression",
-           "slow_network", "stragglers", "federated", "images")
+           "slow_network", "stragglers", "federated", "images", "zero_memory", "zero_speed")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -263,6 +263,25 @@ def images(rec):
                     else 100 * r["data_wait_fraction"]) for k, r in rec.data["runs"].items()}
     return {r["data"]: (num(col(r, "samples/s")), num(col(r, "data wait")))
             for _, head, rows in tables(rec.lines) if head[0] == "data" for r in rows}
+
+
+def zero_memory(rec):
+    """[(width, stage, model-state GiB per rank, predicted GiB, peak RSS GiB per rank)]."""
+    return [(int(num(r["width"])), int(num(r["stage"])), num(col(r, "model state")),
+             num(col(r, "predicted")), num(col(r, "peak rss")))
+            for _, head, rows in tables(rec.lines) if head[0] == "width" for r in rows]
+
+
+def zero_speed(rec):
+    """{(model, workers): {stage: (samples/s, bytes per step)}}."""
+    out = {}
+    for _, head, rows in tables(rec.lines):
+        if head[:2] != ["model", "workers"]:
+            continue
+        for r in rows:
+            out.setdefault((r["model"], int(num(r["workers"]))), {})[int(num(r["stage"]))] = (
+                num(col(r, "samples/s")), num(col(r, "bytes/step")))
+    return out
 
 
 def rate_label(rate):

@@ -93,8 +93,9 @@ std::vector<KeySpec> model_keys() {
                "Keep only each unit's input during the forward and run the unit again in "
                "backward (units: each `gpt` block; `cnn` conv1, conv2, fc1, fc2; `mlp` fc1, "
                "fc2, fc3; docs/models.md). Less activation memory for about one more forward "
-               "per step; the gradients are bit-identical. A `torchscript` model has no units "
-               "yet: a warning says nothing is recomputed. Federated clients do not apply it."),
+               "per step; the gradients are bit-identical. A `torchscript` model's units are "
+               "the children krab could split (docs/models.md); with none, a warning says "
+               "nothing is recomputed. Federated clients do not apply it."),
   };
 }
 
