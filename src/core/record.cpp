@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/errors.h"
+#include "core/le_bytes.h"
 #include "core/printable.h"
 
 namespace krab::core {
@@ -52,10 +53,7 @@ bool valid_name(const std::string& name) {
 
 template <typename T>
 void put(std::string& out, T v) {
-  unsigned char b[sizeof(T)];
-  std::memcpy(b, &v, sizeof(T));
-  // krab only builds for little-endian hosts; the layout is little-endian by definition.
-  out.append(reinterpret_cast<const char*>(b), sizeof(T));
+  put_le(out, v);  // krab only builds for little-endian hosts (core/le_bytes.h)
 }
 
 // The walk over untrusted bytes: every read is checked against what remains, and every

@@ -10,6 +10,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/le_bytes.h"
 #include "core/printable.h"
 #include "core/record.h"
 #include "core/seal.h"
@@ -28,13 +29,11 @@ constexpr size_t kHeaderBytes = 8 + 4 + 8 + 4;
 
 template <typename T>
 void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  core::put_le(out, v);
 }
 template <typename T>
 T get(const std::string& in, size_t at) {
-  T v;
-  std::memcpy(&v, in.data() + at, sizeof(v));
-  return v;
+  return core::get_le<T>(in, at);
 }
 
 uint32_t crc(const char* data, size_t n) { return crc32_update(0, data, n); }

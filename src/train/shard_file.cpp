@@ -4,6 +4,7 @@
 
 #include "core/errors.h"
 #include "core/fs.h"
+#include "core/le_bytes.h"
 #include "core/seal.h"
 #include "train/checkpoint.h"
 
@@ -16,13 +17,11 @@ constexpr size_t kHeaderBytes = 8 + 4 + 8, kTrailerBytes = 4;
 
 template <typename T>
 void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  core::put_le(out, v);
 }
 template <typename T>
 T get(const std::string& in, size_t at) {
-  T v;
-  std::memcpy(&v, in.data() + at, sizeof(v));
-  return v;
+  return core::get_le<T>(in, at);
 }
 
 // Forwards to the file while the digests see every byte: the SHA-256 all of them, the seal
