@@ -18,11 +18,12 @@
 #include "parallel/zero/memory_model.h"
 #include "parallel/zero/plan.h"
 #include "support/gloo_ranks.h"
+#include "zero_test_support.h"
 
 namespace krab::parallel::zero {
 namespace {
 
-std::mutex g_init_mu;  // ranks are threads sharing torch's one global generator
+using zero_test::optimizer_of;
 
 struct Case {
   std::string model = "mlp";  // mlp | gpt
@@ -44,36 +45,7 @@ compress::CompressionOptions compression_of(const Case& c) {
   return o;
 }
 
-std::shared_ptr<models::Model> make(const Case& c) {
-  std::lock_guard<std::mutex> lock(g_init_mu);
-  torch::manual_seed(11);
-  models::ModelSpec s;
-  s.name = c.model;
-  if (c.model == "gpt") {
-    s.input_shape = {8};
-    s.num_classes = 29;
-    s.layers = 2;
-    s.width = 24;
-    s.heads = 2;
-    s.context = 8;
-  } else {
-    s.input_shape = {13};  // odd sizes: every unit is padded
-    s.hidden = 19;
-    s.num_classes = 5;
-  }
-  return models::make_model(s);
-}
-
-OptimizerFactory optimizer_of(const std::string& name) {
-  return [name](std::vector<at::Tensor> ps) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (name == "sgd")
-      return std::make_unique<torch::optim::SGD>(
-          ps, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-    if (name == "rmsprop")
-      return std::make_unique<torch::optim::RMSprop>(ps, torch::optim::RMSpropOptions(0.01));
-    return std::make_unique<torch::optim::Adam>(ps, torch::optim::AdamOptions(0.01));
-  };
-}
+std::shared_ptr<models::Model> make(const Case& c) { return zero_test::small_model(c.model, 11); }
 
 // Rank `rank`'s slice of micro-batch `m` of step `step`: deterministic in all three.
 std::pair<at::Tensor, at::Tensor> batch(const Case& c, int64_t step, int64_t m, int rank) {

@@ -19,34 +19,16 @@
 #include "parallel/zero/offload.h"
 #include "parallel/zero/zero_engine.h"
 #include "support/gloo_ranks.h"
+#include "zero_test_support.h"
 
 namespace krab::parallel::zero {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::mutex g_init_mu;  // ranks are threads sharing torch's one global generator
+using zero_test::optimizer_of;
 
-std::shared_ptr<models::Model> make_mlp() {
-  std::lock_guard<std::mutex> lock(g_init_mu);
-  torch::manual_seed(5);
-  models::ModelSpec s;
-  s.name = "mlp";
-  s.input_shape = {13};  // odd sizes: every unit is padded
-  s.hidden = 19;
-  s.num_classes = 5;
-  return models::make_model(s);
-}
-
-OptimizerFactory optimizer_of(const std::string& name) {
-  return [name](std::vector<at::Tensor> ps) -> std::unique_ptr<torch::optim::Optimizer> {
-    if (name == "sgd")
-      return std::make_unique<torch::optim::SGD>(
-          ps, torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-    return std::make_unique<torch::optim::Adam>(
-        ps, torch::optim::AdamOptions(0.01).amsgrad(name == "amsgrad"));
-  };
-}
+std::shared_ptr<models::Model> make_mlp() { return zero_test::small_model("mlp", 5); }
 
 // A fresh directory for one test, removed afterwards.
 struct TempDir {
