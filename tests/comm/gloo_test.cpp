@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "comm/factory.h"
+#include "comm/store.h"
 #include "core/errors.h"
 #ifdef KRAB_HAVE_SUITE
 #include "collective_suite.h"
@@ -197,18 +198,28 @@ int child_deadpeer(int rank, int size, int port) {
   auto t = torch::ones({1024});
   comm->allreduce(t)->wait();
   if (rank == 2) ::_exit(9);
+  std::string message;
   try {
     for (int i = 0; i < 100; ++i) comm->allreduce(t)->wait();
+    return 5;
   } catch (const PeerLost& e) {
-    const std::string m = e.what();
-    if (m.find("rank 2") != std::string::npos) return 0;
-    std::fprintf(stderr, "rank %d: PeerLost without the rank: %s\n", rank, m.c_str());
-    return 3;
+    message = e.what();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: wrong error: %s\n", rank, e.what());
     return 4;
   }
-  return 5;
+  // A survivor that exits at once stops its own heartbeat, and the other survivor, still
+  // diagnosing, would rightly call it gone too. Both wait here until both have diagnosed, so
+  // the only rank that really stopped is rank 2.
+  Endpoint at;
+  at.host = "127.0.0.1";
+  at.port = port;
+  auto store = connect_store(at, 20s);
+  store->set("deadpeer/diagnosed/" + std::to_string(rank), std::vector<uint8_t>{1});
+  store->wait({"deadpeer/diagnosed/0", "deadpeer/diagnosed/1"});
+  if (message.find(" failed: rank 2 stopped responding") != std::string::npos) return 0;
+  std::fprintf(stderr, "rank %d: PeerLost must name rank 2 alone: %s\n", rank, message.c_str());
+  return 3;
 }
 
 }  // namespace
