@@ -136,12 +136,19 @@ CLI::App* add_privacy_command(CLI::App& app, EpsilonArgs& eps) {
 // `krab export`.
 CLI::App* add_export_command(CLI::App& app, ExportArgs& e) {
   auto* cmd = app.add_subcommand(
-      "export", "Write model.pt from a run's checkpoint (state.krab or sharded, any world size)");
+      "export",
+      "Write model.pt (and model.ts for a TorchScript run) from a run's checkpoint (state.krab "
+      "or sharded, any world size)");
   cmd->add_option("RUN_DIR", e.run_dir, "The run directory (checkpoint.dir/NAME)")->required();
   cmd->add_option("--step", e.step, "The checkpoint of this step (default: the latest)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--out", e.out, "Where to write model.pt (default: RUN_DIR/model.pt)");
+  cmd->add_option("--out", e.out,
+                  "Where to write model.pt (default: RUN_DIR/model.pt); model.ts goes beside it "
+                  "with the extension .ts");
   cmd->add_option("--key-file", e.key_file, "The run's checkpoint.hmac_key_file, for a sealed run");
+  cmd->add_flag("--trust-code", e.trust_code,
+                "Load the run's TorchScript file without inspecting its code (as "
+                "model.trust_code)");
   return cmd;
 }
 

@@ -72,9 +72,10 @@ struct EpsilonArgs {
 // `krab export`: model.pt from a run's checkpoint (train/model_export.h).
 struct ExportArgs {
   std::string run_dir;
-  int64_t step = -1;     // --step; -1 = the checkpoint `latest` names
-  std::string out;       // --out; "" = RUN_DIR/model.pt
-  std::string key_file;  // --key-file: the run's checkpoint.hmac_key_file
+  int64_t step = -1;        // --step; -1 = the checkpoint `latest` names
+  std::string out;          // --out; "" = RUN_DIR/model.pt
+  std::string key_file;     // --key-file: the run's checkpoint.hmac_key_file
+  bool trust_code = false;  // --trust-code: the model file is loaded without inspection
 };
 
 // What the command line holds once parsed: each command's arguments, and which command ran

@@ -464,11 +464,14 @@ int run_fl_client_command(federated::ClientRunOptions options, federated::TokenS
   return 0;
 }
 
-// `krab export`: prints the path of the model.pt it wrote.
+// `krab export`: prints the paths of the files it wrote, one a line.
 int run_export(const cli::ExportArgs& a) {
-  train::ExportOptions o{a.run_dir, std::nullopt, a.out, a.key_file};
+  train::ExportOptions o{a.run_dir, std::nullopt, a.out, a.key_file, a.trust_code};
   if (a.step >= 0) o.step = a.step;
-  std::cout << train::export_model_pt(o) << "\n";
+  const train::ExportResult r = train::export_model(o);
+  for (const std::string& w : r.warnings) std::cerr << "krab: warning: " << w << "\n";
+  std::cout << r.model_pt << "\n";
+  if (!r.model_ts.empty()) std::cout << r.model_ts << "\n";
   return 0;
 }
 

@@ -56,80 +56,6 @@ void put(std::string& out, T v) {
   put_le(out, v);  // krab only builds for little-endian hosts (core/le_bytes.h)
 }
 
-// The walk over untrusted bytes: every read is checked against what remains, and every
-// failure names the source and the entry being read.
-class Reader {
- public:
-  Reader(const char* p, size_t n, const std::string& source) : p_(p), n_(n), source_(source) {}
-
-  [[noreturn]] void fail(const std::string& why) const {
-    throw CorruptData(str_cat(source_, ": not a valid krab record: ",
-                              entry_.empty() ? "" : str_cat("entry '", entry_, "': "), why));
-  }
-  void need(uint64_t bytes, const char* what) const {
-    if (bytes > n_ - at_)
-      fail(str_cat(what, " needs ", bytes, " bytes at offset ", at_, ", only ", n_ - at_,
-                   " remain"));
-  }
-  template <typename T>
-  T get(const char* what) {
-    need(sizeof(T), what);
-    T v;
-    std::memcpy(&v, p_ + at_, sizeof(T));
-    at_ += sizeof(T);
-    return v;
-  }
-  const char* take(uint64_t bytes, const char* what) {
-    need(bytes, what);
-    const char* at = p_ + at_;
-    at_ += bytes;
-    return at;
-  }
-  bool done() const { return at_ == n_; }
-  void set_entry(std::string name) { entry_ = std::move(name); }
-
- private:
-  const char* p_;
-  size_t n_, at_ = 0;
-  const std::string& source_;
-  std::string entry_;
-};
-
-at::Tensor read_tensor(Reader& in) {
-  const Dtype* dtype = dtype_by_code(in.get<uint8_t>("dtype"));
-  if (dtype == nullptr) in.fail("unknown dtype code");
-  const uint8_t rank = in.get<uint8_t>("rank");
-  if (rank > kMaxRank) in.fail(str_cat("rank ", int{rank}, " is above ", kMaxRank));
-  std::vector<int64_t> sizes(rank);
-  for (auto& s : sizes) {
-    s = in.get<int64_t>("size");
-    if (s < 0 || s > kMaxDim) in.fail(str_cat("size ", s, " is out of range"));
-  }
-  // The byte count the sizes imply, refused where it would overflow. A zero size makes the
-  // tensor empty, but the other sizes must still multiply without overflow: at::empty multiplies
-  // every size on its way and throws its own error where that overflows ([2^48, 2^48, 0]).
-  const uint64_t elem = at::elementSize(dtype->type);
-  const uint64_t limit = std::numeric_limits<uint64_t>::max() / elem;
-  uint64_t span = 1;
-  for (const int64_t s : sizes) {
-    if (s == 0) continue;
-    if (span > limit / static_cast<uint64_t>(s)) in.fail("its sizes overflow a byte count");
-    span *= static_cast<uint64_t>(s);
-  }
-  const bool empty = std::find(sizes.begin(), sizes.end(), 0) != sizes.end();
-  const uint64_t numel = empty ? 0 : span;
-  const uint64_t bytes = in.get<uint64_t>("byte count");
-  if (bytes != numel * elem)
-    in.fail(str_cat("states ", bytes, " bytes for ", numel, " ", dtype->name, " elements"));
-  const char* data = in.take(bytes, "tensor data");
-  if (dtype->type == at::kBool &&
-      std::any_of(data, data + bytes, [](char c) { return c != 0 && c != 1; }))
-    in.fail("a bool tensor holds a byte other than 0 and 1");
-  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype->type));
-  if (bytes > 0) std::memcpy(t.data_ptr(), data, bytes);
-  return t;
-}
-
 // --- Entry encoding, shared by both writers --------------------------------------------------
 
 // Checks `name` against the entries in `names` and starts its entry in `out`.
@@ -253,49 +179,6 @@ std::string RecordWriter::bytes() const {
   return record_head(static_cast<uint32_t>(names_.size())) + body_;
 }
 
-Record Record::parse(const char* data, size_t n, const std::string& source) {
-  Record r;
-  r.source_ = source;
-  Reader in(data, n, source);
-  if (std::memcmp(in.take(sizeof(kMagic), "the magic"), kMagic, sizeof(kMagic)) != 0)
-    in.fail("bad magic");
-  const uint32_t count = in.get<uint32_t>("the entry count");
-  for (uint32_t i = 0; i < count; ++i) {
-    in.set_entry("");
-    const uint16_t len = in.get<uint16_t>("a name length");
-    std::string name(in.take(len, "a name"), len);
-    if (!valid_name(name))
-      in.fail(str_cat("entry #", i, " has a bad name '", printable(name), "'"));
-    if (r.entries_.count(name) != 0) in.fail(str_cat("entry '", name, "' appears twice"));
-    in.set_entry(name);
-    Value v;
-    switch (in.get<uint8_t>("the kind")) {
-      case kTensor:
-        v = read_tensor(in);
-        break;
-      case kInt:
-        v = in.get<int64_t>("the integer");
-        break;
-      case kDouble:
-        v = in.get<double>("the double");
-        break;
-      case kString: {
-        const uint64_t bytes = in.get<uint64_t>("the string length");
-        if (bytes > kMaxStringBytes) in.fail(str_cat("a string of ", bytes, " bytes"));
-        v = std::string(in.take(bytes, "the string"), bytes);
-        break;
-      }
-      default:
-        in.fail("unknown kind");
-    }
-    r.order_.push_back(name);
-    r.entries_.emplace(std::move(name), std::move(v));
-  }
-  in.set_entry("");
-  if (!in.done()) in.fail("bytes after the last entry");
-  return r;
-}
-
 bool Record::has(const std::string& name) const { return entries_.count(name) != 0; }
 
 const Record::Value& Record::find(const std::string& name, size_t kind, const char* what) const {
@@ -318,6 +201,257 @@ double Record::real(const std::string& name) const {
 }
 const std::string& Record::text(const std::string& name) const {
   return std::get<std::string>(find(name, 3, "a string"));
+}
+
+// --- Reading: one walk for Record::parse and RecordIndex ----------------------------------------
+
+namespace {
+
+[[noreturn]] void fail_entry(const std::string& source, const std::string& entry,
+                             const std::string& why) {
+  throw CorruptData(str_cat(source, ": not a valid krab record: ",
+                            entry.empty() ? "" : str_cat("entry '", entry, "': "), why));
+}
+
+void check_bools(const char* data, uint64_t n, const std::string& source,
+                 const std::string& entry) {
+  if (std::any_of(data, data + n, [](char c) { return c != 0 && c != 1; }))
+    fail_entry(source, entry, "a bool tensor holds a byte other than 0 and 1");
+}
+
+constexpr uint64_t kWindowBytes = 64 << 10;
+
+}  // namespace
+
+// The walk over untrusted bytes: every read is checked against what remains, and every
+// failure names the source and the entry being read. Headers come through a window, so a
+// record in a file costs a few reads of 64 KiB however large its tensors are; values and
+// strings are skipped, their place kept.
+class RecordWalk {
+ public:
+  RecordWalk(const ByteSource& src, uint64_t base, uint64_t n, const std::string& source)
+      : src_(src), base_(base), n_(n), source_(source) {}
+
+  void run(RecordIndex& index) {
+    if (std::memcmp(take(sizeof(kMagic), "the magic").data(), kMagic, sizeof(kMagic)) != 0)
+      fail("bad magic");
+    const uint32_t count = get<uint32_t>("the entry count");
+    for (uint32_t i = 0; i < count; ++i) {
+      entry_.clear();
+      const uint16_t len = get<uint16_t>("a name length");
+      std::string name = take(len, "a name");
+      if (!valid_name(name)) fail(str_cat("entry #", i, " has a bad name '", printable(name), "'"));
+      if (index.entries_.count(name) != 0) fail(str_cat("entry '", name, "' appears twice"));
+      entry_ = name;
+      index.order_.push_back(name);
+      index.entries_.emplace(std::move(name), read_entry());
+    }
+    entry_.clear();
+    if (at_ != n_) fail("bytes after the last entry");
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) const { fail_entry(source_, entry_, why); }
+  void need(uint64_t bytes, const char* what) const {
+    if (bytes > n_ - at_)
+      fail(str_cat(what, " needs ", bytes, " bytes at offset ", at_, ", only ", n_ - at_,
+                   " remain"));
+  }
+  // Copies `n` bytes at the cursor out of the window, refilling it as needed.
+  void fetch(char* dst, uint64_t n) {
+    while (n > 0) {
+      if (at_ < window_at_ || at_ >= window_at_ + window_.size()) {
+        window_at_ = at_;
+        window_.resize(std::min<uint64_t>(kWindowBytes, n_ - at_));
+        src_.read(base_ + at_, window_.data(), window_.size());
+      }
+      const uint64_t off = at_ - window_at_, k = std::min<uint64_t>(n, window_.size() - off);
+      std::memcpy(dst, window_.data() + off, k);
+      dst += k;
+      at_ += k;
+      n -= k;
+    }
+  }
+  template <typename T>
+  T get(const char* what) {
+    need(sizeof(T), what);
+    T v;
+    fetch(reinterpret_cast<char*>(&v), sizeof(T));
+    return v;
+  }
+  std::string take(uint64_t bytes, const char* what) {
+    need(bytes, what);
+    std::string out(bytes, '\0');
+    fetch(out.data(), bytes);
+    return out;
+  }
+  // Skips `bytes` (checked to be there); returns where they start in the source.
+  uint64_t skip(uint64_t bytes, const char* what) {
+    need(bytes, what);
+    const uint64_t at = base_ + at_;
+    at_ += bytes;
+    return at;
+  }
+
+  RecordIndex::Entry read_entry() {
+    RecordIndex::Entry e;
+    e.kind = static_cast<RecordIndex::Kind>(get<uint8_t>("the kind"));
+    switch (e.kind) {
+      case RecordIndex::Kind::kTensor:
+        read_tensor_head(e);
+        e.offset = skip(e.bytes, "tensor data");
+        break;
+      case RecordIndex::Kind::kInt:
+        e.integer = get<int64_t>("the integer");
+        break;
+      case RecordIndex::Kind::kDouble:
+        e.real = get<double>("the double");
+        break;
+      case RecordIndex::Kind::kString:
+        e.bytes = get<uint64_t>("the string length");
+        if (e.bytes > kMaxStringBytes) fail(str_cat("a string of ", e.bytes, " bytes"));
+        e.offset = skip(e.bytes, "the string");
+        break;
+      default:
+        fail("unknown kind");
+    }
+    return e;
+  }
+
+  void read_tensor_head(RecordIndex::Entry& e) {
+    const Dtype* dtype = dtype_by_code(get<uint8_t>("dtype"));
+    if (dtype == nullptr) fail("unknown dtype code");
+    e.dtype = dtype->type;
+    const uint8_t rank = get<uint8_t>("rank");
+    if (rank > kMaxRank) fail(str_cat("rank ", int{rank}, " is above ", kMaxRank));
+    e.sizes.resize(rank);
+    for (auto& s : e.sizes) {
+      s = get<int64_t>("size");
+      if (s < 0 || s > kMaxDim) fail(str_cat("size ", s, " is out of range"));
+    }
+    // The byte count the sizes imply, refused where it would overflow. A zero size makes the
+    // tensor empty, but the other sizes must still multiply without overflow: at::empty
+    // multiplies every size on its way and throws its own error where that overflows
+    // ([2^48, 2^48, 0]).
+    const uint64_t elem = at::elementSize(dtype->type);
+    const uint64_t limit = std::numeric_limits<uint64_t>::max() / elem;
+    uint64_t span = 1;
+    for (const int64_t s : e.sizes) {
+      if (s == 0) continue;
+      if (span > limit / static_cast<uint64_t>(s)) fail("its sizes overflow a byte count");
+      span *= static_cast<uint64_t>(s);
+    }
+    const bool empty = std::find(e.sizes.begin(), e.sizes.end(), 0) != e.sizes.end();
+    const uint64_t numel = empty ? 0 : span;
+    e.bytes = get<uint64_t>("byte count");
+    if (e.bytes != numel * elem)
+      fail(str_cat("states ", e.bytes, " bytes for ", numel, " ", dtype->name, " elements"));
+  }
+
+  const ByteSource& src_;
+  const uint64_t base_, n_;
+  const std::string& source_;
+  uint64_t at_ = 0;
+  std::string entry_;
+  std::string window_;
+  uint64_t window_at_ = 0;
+};
+
+RecordIndex::RecordIndex(std::shared_ptr<const ByteSource> src, uint64_t offset, uint64_t length,
+                         std::string source)
+    : src_(std::move(src)), source_(std::move(source)) {
+  KRAB_CHECK(offset <= src_->size() && length <= src_->size() - offset, "record of ", length,
+             " bytes at ", offset, " outside ", source_);
+  RecordWalk(*src_, offset, length, source_).run(*this);
+}
+
+bool RecordIndex::has(const std::string& name) const { return entries_.count(name) != 0; }
+
+const RecordIndex::Entry& RecordIndex::find(const std::string& name, Kind kind) const {
+  const auto it = entries_.find(name);
+  if (it == entries_.end()) throw CorruptData(str_cat(source_, ": entry '", name, "' is missing"));
+  if (it->second.kind != kind)
+    throw CorruptData(str_cat(source_, ": entry '", name, "' is ",
+                              kKindNames[static_cast<int>(it->second.kind)], ", not ",
+                              kKindNames[static_cast<int>(kind)]));
+  return it->second;
+}
+
+at::ScalarType RecordIndex::dtype(const std::string& name) const {
+  return find(name, Kind::kTensor).dtype;
+}
+
+const std::vector<int64_t>& RecordIndex::sizes(const std::string& name) const {
+  return find(name, Kind::kTensor).sizes;
+}
+
+at::Tensor RecordIndex::tensor(const std::string& name) const {
+  const Entry& e = find(name, Kind::kTensor);
+  at::Tensor t = at::empty(e.sizes, at::TensorOptions().dtype(e.dtype));
+  if (e.bytes == 0) return t;
+  src_->read(e.offset, static_cast<char*>(t.data_ptr()), e.bytes);
+  if (e.dtype == at::kBool)
+    check_bools(static_cast<const char*>(t.data_ptr()), e.bytes, source_, name);
+  return t;
+}
+
+void RecordIndex::read(const std::string& name, int64_t first, int64_t count, void* dst) const {
+  const Entry& e = find(name, Kind::kTensor);
+  const uint64_t elem = at::elementSize(e.dtype), numel = e.bytes / elem;
+  KRAB_CHECK(first >= 0 && count >= 0 && static_cast<uint64_t>(first) <= numel &&
+                 static_cast<uint64_t>(count) <= numel - first,
+             "read of elements [", first, ", ", first + count, ") of '", name, "' (", numel,
+             ") in ", source_);
+  if (count == 0) return;
+  char* out = static_cast<char*>(dst);
+  src_->read(e.offset + first * elem, out, count * elem);
+  if (e.dtype == at::kBool) check_bools(out, count * elem, source_, name);
+}
+
+int64_t RecordIndex::integer(const std::string& name) const {
+  return find(name, Kind::kInt).integer;
+}
+
+double RecordIndex::real(const std::string& name) const { return find(name, Kind::kDouble).real; }
+
+std::string RecordIndex::text(const std::string& name) const {
+  const Entry& e = find(name, Kind::kString);
+  std::string out(e.bytes, '\0');
+  src_->read(e.offset, out.data(), e.bytes);
+  return out;
+}
+
+Record RecordIndex::load(const std::function<bool(const std::string&, Kind)>& keep) const {
+  Record r;
+  r.source_ = source_;
+  for (const std::string& name : order_) {
+    const Entry& e = entries_.at(name);
+    if (!keep(name, e.kind)) continue;
+    Record::Value v;
+    switch (e.kind) {
+      case Kind::kTensor:
+        v = tensor(name);
+        break;
+      case Kind::kInt:
+        v = e.integer;
+        break;
+      case Kind::kDouble:
+        v = e.real;
+        break;
+      case Kind::kString:
+        v = text(name);
+        break;
+    }
+    r.order_.push_back(name);
+    r.entries_.emplace(name, std::move(v));
+  }
+  return r;
+}
+
+Record Record::parse(const char* data, size_t n, const std::string& source) {
+  // The tensors are copied out of `data` by load(): the Record does not point into it.
+  const RecordIndex index(std::make_shared<MemorySource>(data, n, source), 0, n, source);
+  return index.load([](const std::string&, RecordIndex::Kind) { return true; });
 }
 
 }  // namespace krab::core

@@ -25,6 +25,13 @@
 // from the stated byte count; every byte inside the buffer; bool tensors hold only 0 and 1; no
 // bytes after the last entry.
 //
+// Readers: Record::parse reads a record in memory whole (small files: manifests, fl-state.krab,
+// the stage-0 resume); RecordIndex walks a record in a file (a ByteSource) and keeps where each
+// entry is, so that a reader takes one entry, or a range of one tensor, with pread: restoring a
+// rank's slice of a multi-GB shard reads that slice and the entry headers, never the file. Both
+// are the one walk and make the same checks; RecordIndex defers the one check that needs a
+// tensor's bytes (bool values) to the read of that tensor.
+//
 // Writers: RecordWriter builds the whole record in memory (small files: state.krab, manifests,
 // fl-state.krab); RecordStreamWriter takes its entries first and then streams the record to a
 // ByteSink without holding it (multi-GB shard files). Both produce the same bytes for the same
@@ -38,12 +45,15 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "core/byte_sink.h"
+#include "core/byte_source.h"
 
 namespace krab::core {
 
@@ -110,6 +120,8 @@ class RecordStreamWriter : public RecordEntries {
   uint64_t size_ = 8;  // magic + entry count
 };
 
+class RecordIndex;
+
 // A parsed, fully checked record. Accessors throw CorruptData naming the source when an entry is
 // missing or of another kind: a file that passed its CRC was still not necessarily written by
 // this krab.
@@ -130,12 +142,69 @@ class Record {
   const std::string& source() const { return source_; }
 
  private:
+  friend class RecordIndex;
   using Value = std::variant<at::Tensor, int64_t, double, std::string>;
   const Value& find(const std::string& name, size_t kind, const char* what) const;
 
   std::string source_;
   std::vector<std::string> order_;
   std::map<std::string, Value> entries_;
+};
+
+// A record in a file, walked and checked once (every check of Record::parse but the bool
+// values, which tensor() and read() check) and then read entry by entry in place. Memory: the
+// entry headers (name, kind, sizes, offset), never the values. The source must stay unchanged
+// while the index is used: the caller verifies the file's digest first (train/shard_file.h) and
+// keeps the source open. Accessors throw CorruptData naming the source for a missing entry or
+// one of another kind, as Record's do. Immutable once built; reads are as thread-safe as the
+// source's.
+class RecordIndex {
+ public:
+  enum class Kind : uint8_t { kTensor = 1, kInt = 2, kDouble = 3, kString = 4 };
+
+  // Walks the `length` bytes at `offset` in `src` (CorruptData naming `source` and the entry,
+  // in Record::parse's words). Reads the headers through a window of 64 KiB; skips tensor
+  // and string bytes.
+  RecordIndex(std::shared_ptr<const ByteSource> src, uint64_t offset, uint64_t length,
+              std::string source);
+
+  bool has(const std::string& name) const;
+  // Entry names in file order.
+  const std::vector<std::string>& names() const { return order_; }
+  const std::string& source() const { return source_; }
+
+  // A tensor entry's dtype and sizes, from its header alone.
+  at::ScalarType dtype(const std::string& name) const;
+  const std::vector<int64_t>& sizes(const std::string& name) const;
+  // The whole tensor (its bytes read now).
+  at::Tensor tensor(const std::string& name) const;
+  // Elements [first, first + count) (row-major) of tensor `name` into `dst`, which holds
+  // count * element size bytes. A range outside the tensor is the caller's bug (Error).
+  void read(const std::string& name, int64_t first, int64_t count, void* dst) const;
+  int64_t integer(const std::string& name) const;
+  double real(const std::string& name) const;
+  std::string text(const std::string& name) const;
+
+  // The entries `keep(name, kind)` selects, read into a Record (e.g. every scalar, or the
+  // buffers): what a reader wants whole.
+  Record load(const std::function<bool(const std::string&, Kind)>& keep) const;
+
+ private:
+  struct Entry {
+    Kind kind;
+    at::ScalarType dtype = at::kByte;  // tensor
+    std::vector<int64_t> sizes;        // tensor
+    uint64_t offset = 0, bytes = 0;    // tensor values / string bytes, absolute in the source
+    int64_t integer = 0;
+    double real = 0;
+  };
+  friend class RecordWalk;
+  const Entry& find(const std::string& name, Kind kind) const;
+
+  std::shared_ptr<const ByteSource> src_;
+  std::string source_;
+  std::vector<std::string> order_;
+  std::map<std::string, Entry> entries_;
 };
 
 }  // namespace krab::core

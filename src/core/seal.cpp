@@ -5,8 +5,10 @@
 #include <openssl/hmac.h>
 #include <openssl/params.h>
 
+#include <algorithm>
 #include <filesystem>
 
+#include "core/byte_source.h"
 #include "core/errors.h"
 #include "core/fs.h"
 
@@ -157,27 +159,64 @@ std::string seal(std::string bytes, const std::string& key, const std::string& j
   return bytes;
 }
 
+namespace {
+
+[[noreturn]] void refuse_sealed_without_key(const std::string& source) {
+  throw CorruptData(str_cat("'", source,
+                            "' is sealed with a key (HMAC); give this run its "
+                            "checkpoint.hmac_key_file to read it"));
+}
+[[noreturn]] void refuse_unsealed(const std::string& source) {
+  throw CorruptData(str_cat("'", source,
+                            "' carries no seal, and checkpoint.hmac_key_file is "
+                            "set: refusing a file that may have been replaced"));
+}
+[[noreturn]] void refuse_wrong_seal(const std::string& source) {
+  throw CorruptData(str_cat("'", source,
+                            "' fails its seal (HMAC): it was changed, written "
+                            "with another key, or written for another run or model"));
+}
+
+}  // namespace
+
 std::string unseal(std::string bytes, const std::string& key, const std::string& source,
                    const std::string& job) {
   if (key.empty()) {
-    if (sealed(bytes))
-      throw CorruptData(str_cat("'", source,
-                                "' is sealed with a key (HMAC); give this run its "
-                                "checkpoint.hmac_key_file to read it"));
+    if (sealed(bytes)) refuse_sealed_without_key(source);
     return bytes;
   }
-  if (!sealed(bytes))
-    throw CorruptData(str_cat("'", source,
-                              "' carries no seal, and checkpoint.hmac_key_file is "
-                              "set: refusing a file that may have been replaced"));
+  if (!sealed(bytes)) refuse_unsealed(source);
   const size_t body = bytes.size() - kSealBytes;
   const std::string want = mac(job_key(key, job), bytes.data(), body);
   if (CRYPTO_memcmp(want.data(), bytes.data() + body + kTagBytes, kMacBytes) != 0)
-    throw CorruptData(str_cat("'", source,
-                              "' fails its seal (HMAC): it was changed, written "
-                              "with another key, or written for another run or model"));
+    refuse_wrong_seal(source);
   bytes.resize(body);
   return bytes;
+}
+
+namespace {
+// The last kSealBytes of `src` (fewer for a shorter file).
+std::string tail_of(const ByteSource& src) {
+  std::string tail(std::min<uint64_t>(src.size(), kSealBytes), '\0');
+  src.read(src.size() - tail.size(), tail.data(), tail.size());
+  return tail;
+}
+}  // namespace
+
+bool is_sealed(const ByteSource& src) { return sealed(tail_of(src)); }
+
+size_t sealed_length(const ByteSource& src, const std::string& key) {
+  const bool is = sealed(tail_of(src));
+  if (key.empty() && is) refuse_sealed_without_key(src.name());
+  if (!key.empty() && !is) refuse_unsealed(src.name());
+  return is ? kSealBytes : 0;
+}
+
+void check_seal(SealStream& stream, const ByteSource& src) {
+  const std::string want = stream.finish(), tail = tail_of(src);
+  if (want.size() != kSealBytes || tail.size() != kSealBytes ||
+      CRYPTO_memcmp(want.data() + kTagBytes, tail.data() + kTagBytes, kMacBytes) != 0)
+    refuse_wrong_seal(src.name());
 }
 
 }  // namespace krab::core

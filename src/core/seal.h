@@ -20,6 +20,8 @@
 
 namespace krab::core {
 
+class ByteSource;  // core/byte_source.h
+
 // The key in `path` (its bytes, at least 32), or "" when `path` is "" (sealing off).
 // `run_dir`: the run directory, which must not contain the key file.
 std::string read_seal_key(const std::string& path, const std::string& run_dir);
@@ -60,6 +62,17 @@ class SealStream {
   struct Mac;
   std::unique_ptr<Mac> mac_;  // null when sealing is off
 };
+
+// unseal() for a file read in place (a ByteSource), in two halves around one streaming pass:
+// sealed_length() reads the last 40 bytes of `src` only and applies unseal()'s rules about a
+// seal's presence (a sealed file without a key, an unsealed one with a key: CorruptData naming
+// src.name(), the same words); it returns the seal's length at the end of `src` (0 or 40).
+// check_seal() takes a SealStream(key, job) that has seen every byte before the seal and
+// refuses, as unseal() does, a seal that is not the one those bytes and the key give.
+// is_sealed(src) says whether `src` ends in a seal's tag, as is_sealed(bytes), reading 40 bytes.
+bool is_sealed(const ByteSource& src);
+size_t sealed_length(const ByteSource& src, const std::string& key);
+void check_seal(SealStream& stream, const ByteSource& src);
 
 // SHA-256 of bytes that stream past; hex() (64 lowercase hex digits) once at the end.
 class Sha256Stream {

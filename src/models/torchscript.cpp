@@ -9,7 +9,6 @@
 #include <fstream>
 #include <map>
 #include <sstream>
-#include <unordered_set>
 #include <utility>
 
 #include "core/errors.h"
@@ -134,10 +133,12 @@ bool is_known_loss(const std::string& name) {
 }
 
 TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
-    : module_(load_script(spec)),
+    : file_(core::path_exists(spec.path) ? script_file_of(spec.path) : ScriptFile{}),
+      module_(load_script(spec)),
       path_(spec.path),
       loss_(spec.loss),
-      freeze_batchnorm_(spec.freeze_batchnorm) {
+      freeze_batchnorm_(spec.freeze_batchnorm),
+      trust_code_(spec.trust_code) {
   KRAB_CHECK_ARG(is_known_loss(loss_), "train.loss: unknown loss '", loss_,
                  "'; known: cross_entropy, mse, bce_with_logits, nll");
   KRAB_CHECK_ARG(module_.find_method("forward").has_value(), "model.path: '", path_,
@@ -339,18 +340,19 @@ void TorchScriptModel::check_fits(const at::Tensor& inputs, const at::Tensor& ta
 }
 
 void TorchScriptModel::save(const std::string& path) const {
-  // A copy, so that the mode switch does not touch the module in training; without the
-  // rewritten methods, which call an operator only krab has (Python's torch.jit.load would fail
-  // on them). The copy has a type of its own; the running module's keeps them.
-  std::unordered_set<std::string> krab_methods;
-  if (!units_.units.empty())
-    for (const char* method : {"forward", "training_loss", "predict"})
-      krab_methods.insert(script_unit_method(method));
-  torch::jit::Module copy = module_.clone(/*inplace=*/false, krab_methods, {});
-  copy.eval();
-  std::ostringstream out;
-  copy.save(out);
-  core::write_file_atomic(path, out.str(), core::FileAccess::kShared);
+  // The weights by name from the mirror (the same tensors the scripted module trains).
+  std::map<std::string, at::Tensor> mine;
+  for (const auto& item : named_parameters()) mine.emplace(item.key(), item.value());
+  for (const auto& item : named_buffers()) mine.emplace(item.key(), item.value());
+  save_script_with_weights(
+      file_, trust_code_,
+      [&](const std::string& name, at::Tensor& t) {
+        const auto it = mine.find(name);
+        KRAB_CHECK(it != mine.end() && it->second.sizes() == t.sizes(), "model.ts: '", name,
+                   "' of the reloaded file is not the model's");
+        t.copy_(it->second);
+      },
+      path, "set model.trust_code: true to load it anyway if you vouch for the file");
 }
 
 TorchScriptModel* as_torchscript(Model& model) { return dynamic_cast<TorchScriptModel*>(&model); }

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/script_file.h"
 #include "models/script_units.h"
 
 namespace krab::models {
@@ -89,9 +90,16 @@ class TorchScriptModel : public Model {
                   const at::Tensor& all_targets);
 
   // Writes the scripted module, holding the current weights, in eval mode, to `path`
-  // atomically (torch.jit.load reads it). The file holds the user's methods only: never a
-  // `__krab_` copy, nor any call of a krab operator, which Python could not load.
+  // atomically (torch.jit.load reads it), through models/script_file.h: the file the run
+  // loaded, loaded again and filled with these weights, so it holds the user's methods only —
+  // never a `__krab_` copy, nor any call of a krab operator, which Python could not load.
+  // InvalidArgument naming the file when it is missing or changed since the run loaded it
+  // (script_file_change(file()) says so beforehand).
   void save(const std::string& path) const;
+
+  // The file as loaded: absolute path and SHA-256 (checkpoints record both, for export).
+  const ScriptFile& file() const { return file_; }
+  bool trusted() const { return trust_code_; }
 
   // What the user should read once about this file, one line each, without a prefix (the
   // launcher, fl-sim and fl-server print them as "krab: warning: ..."): buffers of the user's
@@ -124,9 +132,11 @@ class TorchScriptModel : public Model {
   // Plans the units and adds the rewritten methods; on any failure, no units and the reason.
   void split_units();
 
+  ScriptFile file_;  // hashed before module_ loads it
   torch::jit::Module module_;
   std::string path_, loss_;
   bool freeze_batchnorm_ = false;
+  bool trust_code_ = false;
   bool has_training_loss_ = false, has_predict_ = false;
   std::vector<std::string> warnings_;
   ScriptUnitPlan units_;

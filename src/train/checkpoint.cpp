@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/file_source.h"
 #include "core/fs.h"
 #include "core/le_bytes.h"
 #include "core/printable.h"
@@ -104,6 +105,14 @@ CheckpointMeta read_meta(const core::Record& in) {
   meta.seed = in.integer("meta.seed");
   if (meta.step < 0)
     throw CorruptData(str_cat("checkpoint '", in.source(), "': meta.step is ", meta.step));
+  if (in.has("meta.model_file")) {
+    meta.model_file = in.text("meta.model_file");
+    meta.model_sha256 = in.text("meta.model_sha256");
+    if (meta.model_sha256.size() != 64 ||
+        meta.model_sha256.find_first_not_of("0123456789abcdef") != std::string::npos)
+      throw CorruptData(
+          str_cat("checkpoint '", in.source(), "': meta.model_sha256 is not 64 hex digits"));
+  }
   return meta;
 }
 
@@ -113,6 +122,10 @@ void write_meta(const CheckpointMeta& meta, core::RecordEntries& out) {
   out.add_string("meta.signature", meta.signature);
   out.add_int("meta.global_batch", meta.global_batch);
   out.add_int("meta.seed", meta.seed);
+  if (!meta.model_file.empty()) {
+    out.add_string("meta.model_file", meta.model_file);
+    out.add_string("meta.model_sha256", meta.model_sha256);
+  }
 }
 
 void check_generator_state(const at::Tensor& rng, const std::string& source) {
@@ -262,6 +275,57 @@ std::string read_checkpoint_file(const std::string& path, const std::string& sea
   return core::unseal(std::move(bytes), seal_key, path, job);
 }
 
+core::RecordIndex open_checkpoint_file(const std::string& path, const std::string& seal_key,
+                                       const std::string& job) {
+  auto src = std::make_shared<core::FileSource>(path);
+  const uint64_t size = src->size();
+  std::string header(std::min<uint64_t>(size, kHeaderBytes), '\0');
+  src->read(0, header.data(), header.size());
+  const bool magic =
+      header.size() == kHeaderBytes && std::memcmp(header.data(), kMagic, sizeof(kMagic)) == 0;
+  if (magic && get<uint32_t>(header, 8) == 1) check_frame(header, path);  // throws: version 1
+  const uint64_t body = size - core::sealed_length(*src, seal_key);
+  const bool ours = magic && body >= kHeaderBytes;
+  const uint64_t length = ours ? get<uint64_t>(header, 12) : 0;
+  const bool framed = ours && body - kHeaderBytes == length;
+  // One pass: the seal over the body, the CRC over the payload the header states.
+  core::SealStream seal(seal_key, job);
+  uint32_t sum = 0;
+  constexpr uint64_t kChunk = 1 << 20;
+  std::string chunk(std::min<uint64_t>(body, kChunk), '\0');
+  for (uint64_t at = 0; at < body; at += chunk.size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk.size(), body - at));
+    src->read(at, chunk.data(), n);
+    seal.update(chunk.data(), n);
+    const uint64_t lo = std::max<uint64_t>(at, kHeaderBytes);
+    if (framed && lo < at + n) sum = crc32_update(sum, chunk.data() + (lo - at), at + n - lo);
+  }
+  if (!seal_key.empty()) core::check_seal(seal, *src);
+  if (!ours)
+    throw CorruptData(str_cat("checkpoint '", path, "' is not a krab checkpoint (bad header)"));
+  const auto version = get<uint32_t>(header, 8);
+  if (version != kVersion)
+    throw CorruptData(str_cat("checkpoint '", path, "' has format version ", version,
+                              "; this krab reads version ", kVersion));
+  if (!framed)
+    throw CorruptData(str_cat("checkpoint '", path, "' is truncated or padded: header says ",
+                              length, " payload bytes, file has ", body - kHeaderBytes));
+  if (sum != get<uint32_t>(header, 20))
+    throw CorruptData(str_cat("checkpoint '", path, "' failed its CRC-32 check (corrupt)"));
+  return core::RecordIndex(std::move(src), kHeaderBytes, length, path);
+}
+
+std::string stated_signature(const std::string& step_dir) {
+  std::string path = (fs::path(step_dir) / "manifest.krab").string();
+  if (!core::path_exists(path)) path = (fs::path(step_dir) / "state.krab").string();
+  auto src = std::make_shared<core::FileSource>(path);
+  const uint64_t body = src->size() - (core::is_sealed(*src) ? 40 : 0);
+  if (body < kHeaderBytes)
+    throw CorruptData(str_cat("checkpoint '", path, "' is not a krab checkpoint (bad header)"));
+  return core::RecordIndex(std::move(src), kHeaderBytes, body - kHeaderBytes, path)
+      .text("meta.signature");
+}
+
 std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,
                             int keep) {
   const std::string name = step_dir_name(step);
@@ -322,9 +386,17 @@ void save_model_pt(const std::string& path, const torch::nn::Module& module) {
   for (const auto& item : module.named_buffers()) out.add(item.key(), item.value());
   out.finish();
   file.commit();
-  // Every mode's final model goes through here, so every mode hands a user's module back.
-  if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&module))
-    ts->save((std::filesystem::path(path).parent_path() / "model.ts").string());
+  // Every mode's final model goes through here, so every mode hands a user's module back —
+  // unless its file changed during the run: its code is no longer what trained (model.pt
+  // holds the weights; the run is not failed at its end for it).
+  if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&module)) {
+    const std::string change = models::script_file_change(ts->file());
+    if (change.empty())
+      ts->save((std::filesystem::path(path).parent_path() / "model.ts").string());
+    else
+      std::fprintf(stderr, "krab: warning: model.ts not written: the model file %s\n",
+                   change.c_str());
+  }
 }
 
 }  // namespace krab::train

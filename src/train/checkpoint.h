@@ -40,6 +40,10 @@ struct CheckpointMeta {
   std::string signature;     // see model_signature()
   int64_t global_batch = 0;  // the determinism contract needs the same global batch on resume
   int64_t seed = 0;
+  // A TorchScript run's model file as it loaded it (models/script_file.h): absolute path and
+  // SHA-256, so that `krab export` writes model.ts from the same code. "" for built-in models
+  // and for checkpoints written before krab recorded them. Not part of resumability.
+  std::string model_file{}, model_sha256{};
 };
 
 // "name:shape;name:shape;..." over the module's parameters, in registration order.
@@ -69,12 +73,28 @@ std::string checkpoint_job(const std::string& run_dir, const std::string& signat
 std::string read_checkpoint_file(const std::string& path, const std::string& seal_key,
                                  const std::string& job);
 
+// read_checkpoint_file() + parse_checkpoint() without holding the file: the file at `path`
+// (state.krab or a manifest) is checked in one streaming pass (the version 1 refusal first, by
+// its header; then the seal, the frame and the CRC, with the same messages) and its record
+// indexed; the index keeps the file open and reads entries in place (core/record.h). The
+// checkpoint reader's path: restoring a rank's ranges of a large state.krab reads those ranges.
+core::RecordIndex open_checkpoint_file(const std::string& path, const std::string& seal_key,
+                                       const std::string& job);
+
+// The model signature the checkpoint in `step_dir` (its manifest.krab, else its state.krab)
+// states, read before its seal is checked (only its entry headers and that entry): a seal binds
+// the run directory and the signature, so a job is named by what the file says and the seal
+// then proves it (a forged signature fails the seal like any other change). CorruptData naming
+// the file when it has no such entry.
+std::string stated_signature(const std::string& step_dir);
+
 // --- Pieces the sharded checkpoints (train/sharded_checkpoint.h) and the reader of both
 // formats (train/checkpoint_reader.h) share with state.krab ---------------------------------
 
 // "step-00000100".
 std::string step_dir_name(int64_t step);
-// The meta.* entries of CheckpointMeta; read_meta() checks meta.step >= 0 (CorruptData).
+// The meta.* entries of CheckpointMeta (meta.model_file and meta.model_sha256 only when set);
+// read_meta() checks meta.step >= 0 and a recorded SHA-256's form (CorruptData).
 void write_meta(const CheckpointMeta& meta, core::RecordEntries& out);
 CheckpointMeta read_meta(const core::Record& in);
 // InvalidArgument naming `source` unless `meta` is for `expect`'s model (name and signature)

@@ -22,20 +22,37 @@ namespace fs = std::filesystem;
 
 constexpr const char* kValue = "value";
 
-// Copies elements [a, a + n) of an fp32 record tensor of `numel` elements into dst; the
+// Copies elements [a, a + n) of fp32 record tensor `key` into dst, in place from the file; the
 // shapes were checked when the file was verified, so a range outside is a krab bug.
-void copy_range(const at::Tensor& t, int64_t a, int64_t n, float* dst) {
-  KRAB_CHECK(t.scalar_type() == at::kFloat && a >= 0 && n >= 0 && a + n <= t.numel(),
-             "checkpoint read of [", a, ", ", a + n, ") outside a tensor of ", t.numel());
-  if (n > 0) std::memcpy(dst, t.data_ptr<float>() + a, static_cast<size_t>(n) * sizeof(float));
+void copy_range(const core::RecordIndex& in, const std::string& key, int64_t a, int64_t n,
+                float* dst) {
+  KRAB_CHECK(in.dtype(key) == at::kFloat, "checkpoint read of '", key, "': not float32");
+  in.read(key, a, n, dst);
 }
 
-// An entry that must be an fp32 tensor of `numel` elements.
-void check_fp32(const core::Record& in, const std::string& key, int64_t numel) {
-  const at::Tensor& t = in.tensor(key);
-  if (t.scalar_type() != at::kFloat || t.numel() != numel)
-    throw CorruptData(str_cat(in.source(), ": '", key, "' is ", t.sizes(), " ", t.scalar_type(),
-                              ", expected ", numel, " float32 elements"));
+int64_t numel_of(const std::vector<int64_t>& shape);
+
+// An entry that must be an fp32 tensor of `numel` elements (its header alone is read).
+void check_fp32(const core::RecordIndex& in, const std::string& key, int64_t numel) {
+  const auto& sizes = in.sizes(key);
+  if (in.dtype(key) != at::kFloat || numel_of(sizes) != numel)
+    throw CorruptData(str_cat(in.source(), ": '", key, "' is ", c10::IntArrayRef(sizes), " ",
+                              in.dtype(key), ", expected ", numel, " float32 elements"));
+}
+
+// The scalar entries of a record (meta.*, optimizer types, options and step counts), read
+// whole: small, and what the Record-based helpers (read_meta, read_group_options) take.
+core::Record scalars_of(const core::RecordIndex& in) {
+  return in.load([](const std::string&, core::RecordIndex::Kind k) {
+    return k != core::RecordIndex::Kind::kTensor;
+  });
+}
+
+// What every rank holds whole (buffer.NAME, rng), read whole when first asked for.
+core::Record replicated_of(const core::RecordIndex& in) {
+  return in.load([](const std::string& name, core::RecordIndex::Kind) {
+    return name == "rng" || name.rfind("buffer.", 0) == 0;
+  });
 }
 
 // The element count of a shape a file stated; -1 (which no tensor matches) where it overflows.
@@ -51,48 +68,51 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
 class FullReader : public StateReader {
  public:
   FullReader(const std::string& path, const std::string& key, const std::string& job)
-      : record_(parse_checkpoint(read_checkpoint_file(path, key, job), path)) {
+      : index_(open_checkpoint_file(path, key, job)), scalars_(scalars_of(index_)) {
     source_ = path;
-    meta_ = read_meta(record_);
+    meta_ = read_meta(scalars_);
     params_ = parse_param_list(meta_.signature, path, "meta.signature");
-    for (size_t i = 0; i < params_.size(); ++i) index_[params_[i].name] = i;
-    optimizer_type_ = record_.text("optimizer.type");
-    if (record_.integer("optimizer.groups") != 1)
+    for (size_t i = 0; i < params_.size(); ++i) position_[params_[i].name] = i;
+    optimizer_type_ = scalars_.text("optimizer.type");
+    if (scalars_.integer("optimizer.groups") != 1)
       throw NotSupported(str_cat("checkpoint '", path, "' has ",
-                                 record_.integer("optimizer.groups"),
+                                 scalars_.integer("optimizer.groups"),
                                  " optimizer groups; it can be restored only as it was written"));
-    options_ = read_group_options(record_, optimizer_type_, 0);
+    options_ = read_group_options(scalars_, optimizer_type_, 0);
   }
 
   void verify(const std::string& param, int64_t, int64_t) override {
     const size_t k = index(param);
     const int64_t numel = numel_of(params_[k].shape);
-    check_fp32(record_, "param." + param, numel);
+    check_fp32(index_, "param." + param, numel);
     for (const std::string& f : state_fields(optimizer_type_))
-      if (record_.has(key(param, f))) check_fp32(record_, key(param, f), numel);
-    if (optimizer_type_ != "sgd" && record_.has(key(param, "step")) &&
-        (!record_.has(key(param, "exp_avg")) || !record_.has(key(param, "exp_avg_sq"))))
+      if (index_.has(key(param, f))) check_fp32(index_, key(param, f), numel);
+    if (optimizer_type_ != "sgd" && index_.has(key(param, "step")) &&
+        (!index_.has(key(param, "exp_avg")) || !index_.has(key(param, "exp_avg_sq"))))
       throw CorruptData(str_cat(source_, ": the Adam state of '", param, "' is incomplete"));
   }
   void read(const std::string& param, const std::string& field, int64_t a, int64_t n,
             float* dst) override {
-    copy_range(record_.tensor(key(param, field)), a, n, dst);
+    copy_range(index_, key(param, field), a, n, dst);
   }
   bool has_field(const std::string& param, const std::string& field, int64_t) override {
-    return record_.has(key(param, field));
+    return index_.has(key(param, field));
   }
   std::optional<int64_t> step_count(const std::string& param, int64_t) override {
-    if (!record_.has(key(param, "step"))) return std::nullopt;
-    const int64_t step = record_.integer(key(param, "step"));
+    if (!scalars_.has(key(param, "step"))) return std::nullopt;
+    const int64_t step = scalars_.integer(key(param, "step"));
     if (step < 0) throw CorruptData(str_cat(source_, ": ", key(param, "step"), " is ", step));
     return step;
   }
-  const core::Record& replicated() override { return record_; }
+  const core::Record& replicated() override {
+    if (!replicated_) replicated_ = replicated_of(index_);
+    return *replicated_;
+  }
 
  private:
   size_t index(const std::string& param) const {
-    const auto it = index_.find(param);
-    if (it == index_.end())
+    const auto it = position_.find(param);
+    if (it == position_.end())
       throw InvalidArgument(str_cat("checkpoint '", source_, "' has no parameter '", param, "'"));
     return it->second;
   }
@@ -101,8 +121,10 @@ class FullReader : public StateReader {
     return str_cat("optimizer.state.", index(param), ".", field);
   }
 
-  core::Record record_;
-  std::unordered_map<std::string, size_t> index_;
+  core::RecordIndex index_;
+  core::Record scalars_;
+  std::optional<core::Record> replicated_;
+  std::unordered_map<std::string, size_t> position_;
 };
 
 // --- manifest + shards -------------------------------------------------------------------------
@@ -113,7 +135,7 @@ class ShardedReader : public StateReader {
       : dir_(dir), key_(key), job_(job) {
     source_ = manifest_path(dir);
     sharded_ = true;
-    m_ = read_manifest(parse_checkpoint(read_checkpoint_file(source_, key, job), source_));
+    m_ = read_manifest(scalars_of(open_checkpoint_file(source_, key, job)));
     meta_ = m_.meta;
     params_ = parse_param_list(meta_.signature, source_, "meta.signature");
     optimizer_type_ = m_.optimizer_type;
@@ -127,7 +149,7 @@ class ShardedReader : public StateReader {
                                   [&](const engine::ParamShape& s) { return s.name == param; });
       if (p == params_.end())
         throw InvalidArgument(str_cat("checkpoint '", source_, "' has no parameter '", param, "'"));
-      check_fp32(shard(0), "param." + param, numel_of(p->shape));
+      check_fp32(shard(0).index, "param." + param, numel_of(p->shape));
       return;
     }
     if (n < 0) n = loc->numel - a;
@@ -145,13 +167,13 @@ class ShardedReader : public StateReader {
     const auto loc = m_.layout.locate(param);
     if (!loc) {
       KRAB_CHECK(field == kValue, "a frozen parameter has no optimizer state");
-      return copy_range(shard(0).tensor("param." + param), a, n, dst);
+      return copy_range(shard(0).index, "param." + param, a, n, dst);
     }
     KRAB_CHECK(a >= 0 && n >= 0 && a + n <= loc->numel, "read outside parameter ", param);
     const int64_t s = m_.layout.shard_numel(loc->unit);
     for (int64_t at = loc->offset + a; n > 0;) {
       const int64_t r = at / s, local = at - r * s, take = std::min(n, s - local);
-      copy_range(shard(static_cast<int>(r)).tensor(key(loc->unit, field)), local, take, dst);
+      copy_range(shard(static_cast<int>(r)).index, key(loc->unit, field), local, take, dst);
       at += take;
       dst += take;
       n -= take;
@@ -161,13 +183,13 @@ class ShardedReader : public StateReader {
   bool has_field(const std::string& param, const std::string& field, int64_t at) override {
     const auto loc = m_.layout.locate(param);
     if (!loc) return field == kValue;
-    return shard(rank_of(*loc, at)).has(key(loc->unit, field));
+    return shard(rank_of(*loc, at)).index.has(key(loc->unit, field));
   }
 
   std::optional<int64_t> step_count(const std::string& param, int64_t at) override {
     const auto loc = m_.layout.locate(param);
     if (!loc) return std::nullopt;
-    const core::Record& in = shard(rank_of(*loc, at));
+    const core::Record& in = shard(rank_of(*loc, at)).scalars;
     const std::string k = key(loc->unit, "step");
     if (!in.has(k)) return std::nullopt;
     const int64_t step = in.integer(k);
@@ -175,7 +197,11 @@ class ShardedReader : public StateReader {
     return step;
   }
 
-  const core::Record& replicated() override { return shard(0); }
+  const core::Record& replicated() override {
+    Shard& s = shard(0);
+    if (!s.replicated) s.replicated = replicated_of(s.index);
+    return *s.replicated;
+  }
 
  private:
   static std::string key(int unit, const std::string& field) {
@@ -189,27 +215,36 @@ class ShardedReader : public StateReader {
                ? 0
                : static_cast<int>(std::min<int64_t>((loc.offset + at) / s, m_.layout.world() - 1));
   }
-  const core::Record& shard(int r);
-  void check_shard(const core::Record& in, int r) const;
+  // A shard verified and indexed; its scalars read whole, its tensors read in place.
+  struct Shard {
+    core::RecordIndex index;
+    core::Record scalars;
+    std::optional<core::Record> replicated;  // shard 0's buffers and rng, once asked for
+  };
+  Shard& shard(int r);
+  void check_shard(const Shard& in, int r) const;
 
   std::string dir_, key_, job_;
   Manifest m_;
-  std::map<int, core::Record> shards_;
+  std::map<int, Shard> shards_;
 };
 
-const core::Record& ShardedReader::shard(int r) {
+ShardedReader::Shard& ShardedReader::shard(int r) {
   const auto it = shards_.find(r);
   if (it != shards_.end()) return it->second;
   const std::string path = shard_path(dir_, r, m_.layout.world());
-  core::Record in = read_shard_file(path, m_.shards.at(r), key_, job_);
-  check_shard(in, r);
-  return shards_.emplace(r, std::move(in)).first->second;
+  core::RecordIndex index = read_shard_file(path, m_.shards.at(r), key_, job_);
+  core::Record scalars = scalars_of(index);
+  Shard s{std::move(index), std::move(scalars), std::nullopt};
+  check_shard(s, r);
+  return shards_.emplace(r, std::move(s)).first->second;
 }
 
 // A shard that passed its digest could still be another checkpoint's with the digest edited
 // into the manifest by whoever wrote both (without a seal nothing stops that): its own entries
 // must say it is shard r of this checkpoint, with one value and state tensor per unit.
-void ShardedReader::check_shard(const core::Record& in, int r) const {
+void ShardedReader::check_shard(const Shard& shard, int r) const {
+  const core::Record& in = shard.scalars;
   const std::string& src = in.source();
   if (in.text("meta.checkpoint_id") != m_.checkpoint_id)
     throw CorruptData(str_cat(
@@ -223,14 +258,14 @@ void ShardedReader::check_shard(const core::Record& in, int r) const {
                               " at step ", m_.meta.step));
   for (int u = 0; u < m_.layout.num_units(); ++u) {
     const int64_t s = m_.layout.shard_numel(u);
-    check_fp32(in, key(u, kValue), s);
+    check_fp32(shard.index, key(u, kValue), s);
     if (in.text(str_cat("unit.", u, ".optimizer.type")) != m_.optimizer_type)
       throw CorruptData(
           str_cat("shard '", src, "': unit ", u, "'s optimizer is not the manifest's"));
     for (const std::string& f : state_fields(m_.optimizer_type))
-      if (in.has(key(u, f))) check_fp32(in, key(u, f), s);
+      if (shard.index.has(key(u, f))) check_fp32(shard.index, key(u, f), s);
   }
-  if (r == 0) in.tensor("rng");
+  if (r == 0) shard.index.sizes("rng");
 }
 
 }  // namespace

@@ -22,8 +22,10 @@
 //
 // Errors: CorruptData naming the file (missing, truncated, changed, foreign: another checkpoint
 // id, another run's seal); InvalidArgument for a checkpoint of another job or optimizer.
-// A reader is used by one thread. It keeps the shard records it has loaded: memory is the
-// shards this rank's ranges touch (not streamed yet: see shard_file.h).
+// A reader is used by one thread. It never holds a file whole: each file it opens is checked in
+// one streaming pass (shard_file.h, open_checkpoint_file) and kept open with an index of its
+// entries; read() takes a range with pread straight into dst. Memory: the entry headers and the
+// scalar entries of the files this rank's ranges touch, plus replicated() once asked for.
 #pragma once
 
 #include <cstdint>

@@ -6,12 +6,18 @@
 // torch.load / torch::pickle_load, parameters in signature order then buffers. It is streamed
 // through TorchSaveWriter (train/model_file.h), one parameter in memory at a time (plus the
 // shard records the reader holds); never the optimizer state.
-// model.ts (TorchScript runs) is not written by export yet.
+//
+// For a TorchScript run (the checkpoint records its model file: CheckpointMeta::model_file) it
+// also writes model.ts beside model.pt (same name, extension .ts) by the end-of-run path
+// (models/script_file.h): the run's own file, checked against its recorded SHA-256, loaded
+// again (inspected unless trust_code), each parameter read from the checkpoint straight into
+// the reloaded module's tensor. Never the optimizer state.
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace krab::train {
 
@@ -20,12 +26,22 @@ struct ExportOptions {
   std::optional<int64_t> step;  // --step: that step's directory; else `latest`'s
   std::string out;              // "" = RUN_DIR/model.pt
   std::string key_file;         // the run's checkpoint.hmac_key_file for a sealed run; ""
+  bool trust_code = false;      // --trust-code: load the model file without inspecting it
 };
 
-// Writes model.pt; returns its path. InvalidArgument naming RUN_DIR or --step when there is no
-// such checkpoint; CorruptData naming the file for a missing, damaged or foreign manifest,
-// shard or state.krab (core/seal.h's rules for a sealed run: the seal is checked against the
-// run directory and the model signature the file states).
-std::string export_model_pt(const ExportOptions& options);
+struct ExportResult {
+  std::string model_pt;
+  std::string model_ts;               // "" when the run's model is not TorchScript
+  std::vector<std::string> warnings;  // one line each, for "krab: warning: ..."
+};
+
+// Writes model.pt (and model.ts); returns their paths. Everything is checked before anything
+// is written: InvalidArgument naming RUN_DIR or --step when there is no such checkpoint, and
+// naming the model file when it is missing or its SHA-256 is not the recorded one (or the
+// inspection refuses it); CorruptData naming the file for a missing, damaged or foreign
+// manifest, shard or state.krab (core/seal.h's rules for a sealed run: the seal is checked
+// against the run directory and the model signature the file states). A TorchScript checkpoint
+// that records no model file (an older krab's) gives model.pt and a warning.
+ExportResult export_model(const ExportOptions& options);
 
 }  // namespace krab::train

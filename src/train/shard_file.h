@@ -9,11 +9,17 @@
 // byte is written; here the length is known up front (RecordStreamWriter::size()) and the CRC,
 // the seal and the SHA-256 the manifest records are computed while the bytes stream past.
 //
-// Reading is not streamed yet: a shard is read whole, checked (digest, seal, frame, CRC, then
-// every record entry by Record::parse) and parsed; the reader keeps the shards it needs.
+// Reading never holds the file: its size is checked against the manifest's first (a stat, no
+// byte read), then one streaming pass of 1 MiB chunks computes the SHA-256, the seal and the
+// CRC, which are checked in that order, and the record is walked into a core::RecordIndex; a
+// reader then takes the entries, or ranges of them, that it needs with pread. The file stays
+// open from the check to the last read, so a file renamed over it meanwhile is not read; one
+// rewritten in place between the two is not detected (the digests cover the pass, not each
+// later read).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/record.h"
@@ -34,13 +40,21 @@ ShardDigest write_shard_file(const std::string& path, const core::RecordStreamWr
 
 // The record in a shard file's bytes, after checking its seal (core::unseal's rules: a sealed
 // file without a key, an unsealed one with a key, a wrong seal), magic, version, length and
-// CRC. CorruptData naming `source` for every failure. Pure: the fuzz target's entry point.
+// CRC. CorruptData naming `source` for every failure. Pure: the fuzz target's entry point; the
+// same checks as open_shard_file() but the digest.
 core::Record parse_shard_bytes(std::string bytes, const std::string& source,
                                const std::string& seal_key, const std::string& job);
 
-// Reads `path` whole and checks it against `want` (size, then SHA-256) before
-// parse_shard_bytes. A missing file, a size or digest that differs: CorruptData naming `path`.
-core::Record read_shard_file(const std::string& path, const ShardDigest& want,
-                             const std::string& seal_key, const std::string& job);
+// The shard in `file` (file->name() in messages), checked against `want` — its size before any
+// byte is read, then in one streaming pass its SHA-256, seal, frame and CRC — and indexed.
+// CorruptData naming the file for each failure (in that order). The index keeps `file`.
+core::RecordIndex open_shard_file(std::shared_ptr<const core::ByteSource> file,
+                                  const ShardDigest& want, const std::string& seal_key,
+                                  const std::string& job);
+
+// open_shard_file() of the file at `path` (core::FileSource). A missing file: CorruptData
+// naming `path` and why every rank must see it.
+core::RecordIndex read_shard_file(const std::string& path, const ShardDigest& want,
+                                  const std::string& seal_key, const std::string& job);
 
 }  // namespace krab::train

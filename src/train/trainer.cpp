@@ -20,6 +20,7 @@
 #include "models/describe.h"
 #include "models/model.h"
 #include "models/recompute.h"
+#include "models/torchscript.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
@@ -116,6 +117,7 @@ struct Trainer::Loop {
   comm::Communicator* group = nullptr;  // null for engines without one
 
   std::string run_dir, seal_key, seal_job, model_name, signature, last_checkpoint;
+  models::ScriptFile script_file;  // a TorchScript model's, recorded in checkpoints
   Metric metric = Metric::kAccuracy;
   int64_t start_step = 0;
 
@@ -157,6 +159,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   auto model = models::make_model(model_spec(c, d));
   model_name = c.get_string("model.name");
   signature = model_signature(*model);
+  if (const auto* ts = models::as_torchscript(*model)) script_file = ts->file();  // for export
   metric = resolve_metric(c, *model, d);
   engine = make_engine(c, o, world, std::move(model), steps);
   group = engine->group();
@@ -183,7 +186,10 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
 }
 
 CheckpointMeta Trainer::Loop::meta(int64_t step) const {
-  return {step, model_name, signature, o.batch * world.size * o.micro_batches, o.seed};
+  CheckpointMeta m{step, model_name, signature, o.batch * world.size * o.micro_batches, o.seed};
+  m.model_file = script_file.path;
+  m.model_sha256 = script_file.sha256;
+  return m;
 }
 
 void Trainer::Loop::resume() {

@@ -6,8 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 
 #include "core/errors.h"
 
@@ -161,6 +163,88 @@ TEST(RecordStream, StreamsTheBytesRecordWriterBuildsAndDeclaresTheirSize) {
   const Record r = Record::parse(out.data(), out.size(), "stream");
   EXPECT_TRUE(torch::equal(r.tensor("column"), torch::tensor({2.f, 6.f, 10.f})));
   EXPECT_THROW(stream.add_int("grid", 1), Error);  // a repeated name is the caller's bug
+}
+
+// A source that counts what is read through it: the bytes in all and the largest single read.
+struct CountingSource : ByteSource {
+  explicit CountingSource(const std::string& bytes) : inner(bytes.data(), bytes.size(), "big") {}
+  uint64_t size() const override { return inner.size(); }
+  void read(uint64_t offset, char* dst, size_t n) const override {
+    bytes += n;
+    largest = std::max<uint64_t>(largest, n);
+    inner.read(offset, dst, n);
+  }
+  const std::string& name() const override { return inner.name(); }
+  MemorySource inner;
+  mutable uint64_t bytes = 0, largest = 0;
+};
+
+// A 64 MiB state file whose small entries sit after a large tensor: indexing it reads the entry
+// headers (a few 64 KiB windows), and one small entry or a range of the large one reads those
+// bytes alone — never the file. The values equal Record::parse's.
+TEST(RecordIndex, ReadsOneEntryOfALargeRecordWithoutReadingTheRest) {
+  constexpr int64_t kBig = 16 << 20;  // floats: 64 MiB
+  RecordStreamWriter w;
+  const at::Tensor big = torch::arange(kBig, torch::kFloat32);
+  const at::Tensor small = torch::tensor({1.5f, -2.f, 3.f});
+  w.add_tensor("param.big", big);
+  w.add_tensor("param.small", small);
+  w.add_int("meta.step", 9);
+  w.add_string("meta.model_name", "gpt");
+  std::string bytes;
+  StringSink sink(bytes);
+  w.write(sink);
+  ASSERT_GT(bytes.size(), uint64_t{64} << 20);
+  auto src = std::make_shared<CountingSource>(bytes);
+  const RecordIndex index(src, 0, bytes.size(), "dir/state.krab");
+  EXPECT_LT(src->bytes, uint64_t{256} << 10) << "indexing read the values";
+  EXPECT_EQ(index.names(),
+            (std::vector<std::string>{"param.big", "param.small", "meta.step", "meta.model_name"}));
+  EXPECT_EQ(index.sizes("param.big"), (std::vector<int64_t>{kBig}));
+  src->bytes = 0;
+  EXPECT_TRUE(torch::equal(index.tensor("param.small"), small));
+  EXPECT_EQ(src->bytes, 12u);
+  src->bytes = src->largest = 0;
+  std::vector<float> range(5);
+  index.read("param.big", 1000003, 5, range.data());
+  EXPECT_EQ(src->bytes, 20u);
+  EXPECT_EQ(range, (std::vector<float>{1000003, 1000004, 1000005, 1000006, 1000007}));
+  EXPECT_EQ(index.integer("meta.step"), 9);
+  EXPECT_EQ(index.text("meta.model_name"), "gpt");
+  // load() takes what it is asked for, nothing else.
+  src->bytes = 0;
+  const Record scalars = index.load(
+      [](const std::string&, RecordIndex::Kind k) { return k != RecordIndex::Kind::kTensor; });
+  EXPECT_LT(src->bytes, 64u);
+  EXPECT_EQ(scalars.names(), (std::vector<std::string>{"meta.step", "meta.model_name"}));
+  EXPECT_THROW(index.read("param.big", kBig - 2, 3, range.data()), Error);  // the caller's bug
+  try {
+    index.integer("meta.model_name");
+    ADD_FAILURE();
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("'meta.model_name' is a string, not an integer"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// The one check that needs a tensor's bytes, bool values, is made when they are read: the index
+// of such a record builds, its bool entry is refused by name on reading (as parse refuses it).
+TEST(RecordIndex, RefusesABoolTensorWithAnotherByteWhenItIsRead) {
+  const std::string bytes = tensor_entry("mask", 10, {4}, 4, std::string("\x01\x00\x02\x01", 4));
+  const RecordIndex index(std::make_shared<MemorySource>(bytes.data(), bytes.size(), "m"), 0,
+                          bytes.size(), "dir/state.krab");
+  try {
+    index.tensor("mask");
+    ADD_FAILURE() << "a bool tensor holding 2 was read";
+  } catch (const CorruptData& e) {
+    EXPECT_NE(std::string(e.what()).find("entry 'mask': a bool tensor holds a byte other than"),
+              std::string::npos)
+        << e.what();
+  }
+  bool two[1];
+  EXPECT_THROW(index.read("mask", 2, 1, two), CorruptData);
+  EXPECT_NE(refusal(bytes).find("bool"), std::string::npos);
 }
 
 }  // namespace

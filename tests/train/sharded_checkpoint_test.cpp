@@ -443,7 +443,7 @@ TEST(ShardedCheckpoint, ExportWritesTheFullModelFromEitherFormat) {
   write_sharded(ref, sharded, 3, 5);
   save_checkpoint(full.str(), encode_checkpoint(ref.meta(5), *ref.net, *ref.opt), 5, 2);
   for (const RunDir* dir : {&sharded, &full}) {
-    const std::string out = export_model_pt({dir->str(), std::nullopt, "", ""});
+    const std::string out = export_model({dir->str(), std::nullopt, "", ""}).model_pt;
     EXPECT_EQ(out, (dir->path / "model.pt").string());
     const std::string bytes = core::read_file(out);
     const auto dict =
@@ -454,7 +454,7 @@ TEST(ShardedCheckpoint, ExportWritesTheFullModelFromEitherFormat) {
     EXPECT_TRUE(torch::equal(dict.at("count").toTensor(), ref.net->count));
   }
   try {
-    export_model_pt({full.str(), 4, "", ""});
+    export_model({full.str(), 4, "", ""});
     ADD_FAILURE() << "a missing --step was exported";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("--step 4"), std::string::npos) << e.what();
@@ -471,7 +471,7 @@ TEST(ShardedCheckpoint, ASealedRunExportsOnlyWithItsKey) {
   core::write_file_atomic(key_file, key);
   core::write_file_atomic((keys.path / "other").string(), std::string(40, 'o'));
   write_sharded(ref, dir, 2, 5, {key, checkpoint_job(dir.str(), ref.meta(0).signature)});
-  const std::string out = export_model_pt({dir.str(), std::nullopt, "", key_file});
+  const std::string out = export_model({dir.str(), std::nullopt, "", key_file}).model_pt;
   const std::string bytes = core::read_file(out);
   const auto dict =
       torch::pickle_load(std::vector<char>(bytes.begin(), bytes.end())).toGenericDict();
@@ -479,7 +479,7 @@ TEST(ShardedCheckpoint, ASealedRunExportsOnlyWithItsKey) {
       torch::equal(dict.at("fc1.weight").toTensor(), ref.full.at("value").at("fc1.weight")));
   for (const std::string& k : {std::string(), (keys.path / "other").string()}) {
     try {
-      export_model_pt({dir.str(), std::nullopt, "", k});
+      export_model({dir.str(), std::nullopt, "", k});
       ADD_FAILURE() << "exported with key file '" << k << "'";
     } catch (const CorruptData& e) {
       EXPECT_NE(std::string(e.what()).find("manifest.krab"), std::string::npos) << e.what();
