@@ -9,6 +9,7 @@
 // payload) + a record (core/record.h: data only, read by a validating reader; nothing in a
 // checkpoint is handed to a LibTorch parser) holding
 //   meta.step meta.model_name meta.signature meta.global_batch meta.seed   (CheckpointMeta)
+//   meta.model_file meta.model_sha256                  (TorchScript runs: the file, for export)
 //   param.NAME, buffer.NAME                                              (the module's tensors)
 //   optimizer.*                                       (train/optimizer_state.h: SGD, Adam, AdamW)
 //   rng                                               (the CPU generator's state, uint8)

@@ -5,6 +5,7 @@
 // manifest.krab = state.krab's version 2 frame (train/checkpoint.h: magic, length, CRC, seal)
 // around a record:
 //   meta.step meta.model_name meta.signature meta.global_batch meta.seed    (CheckpointMeta)
+//   meta.model_file meta.model_sha256              (TorchScript runs, as state.krab: for export)
 //   meta.checkpoint_id   string  32 hex digits, drawn per checkpoint; every shard repeats it
 //   zero.stage           int     the writer's parallel.zero_stage
 //   layout.world layout.alignment layout.units                  (engine/shard_layout.h)
