@@ -15,7 +15,9 @@
 // reader then takes the entries, or ranges of them, that it needs with pread. The file stays
 // open from the check to the last read, so a file renamed over it meanwhile is not read; one
 // rewritten in place between the two is not detected (the digests cover the pass, not each
-// later read).
+// later read), and one cut short meanwhile fails the read that reaches past its end
+// (CorruptData) — after the restore's agreement, so that rank has installed part of it.
+// Both need someone writing into the run's own files while it resumes.
 #pragma once
 
 #include <cstdint>
