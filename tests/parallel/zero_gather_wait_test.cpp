@@ -229,8 +229,7 @@ std::unique_ptr<engine::Engine> make_engine(const Job& run, std::unique_ptr<comm
   dpo.global_micro_batch = 12;
   const auto optimizer = zero_test::optimizer_of("adam");
   if (run.stage == 0)
-    return std::make_unique<DataParallelEngine>(run.model(), std::move(g), dpo, nullptr,
-                                                optimizer);
+    return std::make_unique<DataParallelEngine>(run.model(), std::move(g), dpo, nullptr, optimizer);
   ZeroEngineOptions zo;
   zo.stage = run.stage;
   zo.activation_checkpointing = run.checkpointing;
@@ -258,7 +257,8 @@ class Spy : public models::UnitRunner {
     models::UnitForward counted = [this, unit, forward](const at::Tensor& h) {
       ++calls[unit];
       if (watch && pending_at[unit].empty())
-        for (int u = 0; u < storage_.num_units(); ++u) pending_at[unit].push_back(storage_.pending(u));
+        for (int u = 0; u < storage_.num_units(); ++u)
+          pending_at[unit].push_back(storage_.pending(u));
       return forward(h);
     };
     return inner_ != nullptr ? inner_->run(unit, x, counted) : counted(x);

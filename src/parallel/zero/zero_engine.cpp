@@ -143,8 +143,9 @@ void ZeroEngine::apply(double lr) {
 }
 
 void ZeroEngine::after_step(const engine::StepPlan& plan) {
-  storage_->start_gather(*comm_, waits_.order);
+  // The buffer broadcast blocks: issued before the gathers it does not wait behind them.
   if (options_.data_parallel.broadcast_buffers) broadcast_from_rank0(*comm_, model_->buffers());
+  storage_->start_gather(*comm_, waits_.order);
 }
 
 engine::TrainState ZeroEngine::state() {

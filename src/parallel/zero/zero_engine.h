@@ -28,10 +28,10 @@
 //   apply(lr)                 waits for any gather still pending, then one optimizer per unit
 //                             steps this rank's shard in place (ShardOptimizers); every
 //                             gradient is released
-//   after_step(plan)          starts the all-gather of every shard into its flat, in the order
-//                             the next forward needs them (waited per unit as above, or all
-//                             by settle()); rank 0's buffers are broadcast as the data-parallel
-//                             engine does
+//   after_step(plan)          broadcasts rank 0's buffers as the data-parallel engine does,
+//                             then starts the all-gather of every shard into its flat, in the
+//                             order the next forward needs them (waited per unit as above, or
+//                             all by settle())
 //
 // With the same model, data and optimizer this ends every step with the parameters of the
 // data-parallel engine: bit for bit on two ranks without gradient accumulation, up to the
