@@ -311,9 +311,11 @@ std::vector<KeySpec> parallel_keys() {
       list_key("parallel.wrap", "auto",
                "`parallel.zero_stage` > 0: the units parameters are sharded by, as module-path "
                "globs (`*` matches within one path component), e.g. `[blocks.*]` or "
-               "`[layer*, fc]`; parameters no unit takes form the root unit. `auto`: one unit "
-               "per `gpt` block (`blocks.*`), else one per top-level child holding "
-               "parameters."),
+               "`[layer*, fc]`; parameters no unit takes form the root unit. `auto`: the "
+               "model's own units (docs/models.md: each `gpt` block, each `cnn`/`mlp` layer, "
+               "the children of a TorchScript module krab could split); a model without any: "
+               "one unit per top-level child holding parameters. The report's `zero.units` "
+               "and `zero.wrap` say which were chosen."),
   };
 }
 

@@ -82,7 +82,8 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   if (o.zero_stage > 0) {  // options.cpp allows it with sync.mode: sync only
     parallel::zero::ZeroEngineOptions zo;
     zo.stage = o.zero_stage;
-    zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
+    zo.wrap = c.get_string("parallel.wrap");
+    zo.activation_checkpointing = o.activation_checkpointing;
     zo.data_parallel = dpo;
     zo.compression = compress::CompressionOptions::from_config(c);
     if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
@@ -107,10 +108,8 @@ void check_offload_room(const core::Config& job, models::Model& model, int worke
     if (item.value().requires_grad()) shapes.push_back({item.key(), item.value().sizes().vec()});
   if (shapes.empty()) return;  // the engine refuses such a model by name
   const auto layout = engine::plan_layout(
-      zero::plan_units(
-          shapes, zero::module_paths(shapes),
-          zero::wrap_globs(job.get_string("parallel.wrap"), job.get_string("model.name"))),
-      workers, zero::ZeroEngineOptions{}.alignment);
+      zero::plan_wrap(shapes, model.unit_candidates(), job.get_string("parallel.wrap")), workers,
+      zero::ZeroEngineOptions{}.alignment);
   // The job's own optimizer over a stand-in tensor says how many fields each shard's state has.
   const auto probe = make_optimizer(job, {torch::zeros({1}).requires_grad_()});
   const int fields = zero::optimizer_fields(*probe);

@@ -2,7 +2,6 @@
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "core/archive_walk.h"
 #include "core/errors.h"
@@ -15,17 +14,6 @@ namespace krab::train {
 namespace {
 
 namespace zero = parallel::zero;
-
-std::vector<std::string> split_commas(const std::string& text) {
-  std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    const size_t b = item.find_first_not_of(' '), e = item.find_last_not_of(' ');
-    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
-  }
-  return out;
-}
 
 zero::OptimizerKind optimizer_kind(const core::Config& c) {
   const std::string& name = c.get_string("train.optimizer.name");
@@ -92,10 +80,10 @@ zero::MemoryInputs memory_inputs(const core::Config& c, int world,
   // Units matter from stage 1 on (padding, stage 3's gathers); stage 0 ignores them. They are
   // planned at every stage all the same, so that the launcher can evaluate a higher stage from
   // the same inputs.
+  // The engine's own rule (plan_wrap): the same units as the run will have.
   const std::string wrap = string_key_or(c, "parallel.wrap", "auto");
-  const std::vector<std::string> globs = wrap == "auto" ? candidates : split_commas(wrap);
   in.unit_numel.clear();
-  for (const engine::UnitParams& unit : zero::plan_units(params, candidates, globs)) {
+  for (const engine::UnitParams& unit : zero::plan_wrap(params, candidates, wrap)) {
     int64_t n = 0;
     for (const engine::ParamShape& p : unit.params) {
       int64_t numel = 1;

@@ -31,11 +31,16 @@ parallel: {workers: 4, bucket_mb: 0.5}
   auto base = run(krab("train job.yaml --report r0.json --set checkpoint.dir=s0"));
   ASSERT_EQ(base.code, 0) << base.output;
   const auto want = load_model_pt((dir_ / "s0/model.pt").string());
-  for (int stage : {1, 2}) {
-    SCOPED_TRACE("stage " + std::to_string(stage));
-    const std::string s = std::to_string(stage);
+  // Stage 2 once more with activation checkpointing: the engine's one unit runner waits each
+  // unit's gather and recomputes it (the trainer installs none of its own).
+  for (int run_no : {1, 2, 3}) {
+    const int stage = run_no == 1 ? 1 : 2;
+    const bool recompute = run_no == 3;
+    SCOPED_TRACE("stage " + std::to_string(stage) + (recompute ? " checkpointing" : ""));
+    const std::string s = std::to_string(run_no);
     auto r = run(krab("train job.yaml --report r" + s + ".json --set checkpoint.dir=s" + s +
-                      " --set parallel.zero_stage=" + s));
+                      " --set parallel.zero_stage=" + std::to_string(stage) +
+                      " --set model.activation_checkpointing=" + (recompute ? "true" : "false")));
     ASSERT_EQ(r.code, 0) << r.output;
     const auto got = load_model_pt((dir_ / ("s" + s) / "model.pt").string());
     ASSERT_TRUE(got.count("conv1.weight"));
@@ -43,6 +48,9 @@ parallel: {workers: 4, bucket_mb: 0.5}
     const auto report = read_json(dir_ / ("r" + s + ".json"));
     EXPECT_EQ(report["zero"]["stage"], stage);
     EXPECT_EQ(report["zero"]["units"], nlohmann::json::array({"", "conv1", "conv2", "fc1", "fc2"}));
+    EXPECT_EQ(report["zero"]["wrap"], "auto: the model's units");
+    EXPECT_EQ(report["zero"]["gather_wait"], "per unit, at its forward");
+    EXPECT_EQ(report["zero"]["recompute"], recompute);
     // Reduce-scatter and all-gather instead of all-reduce, equal bytes each (design §2.3).
     const auto& ops = report["bytes_sent_by_op"];
     EXPECT_EQ(ops["allreduce"].get<double>(), 0);

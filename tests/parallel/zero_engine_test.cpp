@@ -69,7 +69,7 @@ std::unique_ptr<engine::Engine> make_engine(const Case& c, std::unique_ptr<comm:
   ZeroEngineOptions zo;
   zo.stage = c.stage;
   zo.compression = compression_of(c);
-  zo.wrap = wrap_globs("auto", c.model);
+  zo.wrap = "auto";
   zo.data_parallel = dpo;
   return std::make_unique<ZeroEngine>(make(c), std::move(g), zo, optimizer_of(c.optimizer));
 }
@@ -152,8 +152,8 @@ std::vector<at::Tensor> expected_shards(const Case& c, const std::vector<at::Ten
     shapes.push_back({item.key(), item.value().sizes().vec()});
     by_name[item.key()] = full[i++];
   }
-  const auto layout = engine::plan_layout(
-      plan_units(shapes, module_paths(shapes), wrap_globs("auto", c.model)), c.world, 16);
+  const auto layout =
+      engine::plan_layout(plan_wrap(shapes, model->unit_candidates(), "auto"), c.world, 16);
   std::vector<at::Tensor> out;
   for (int u = 0; u < layout.num_units(); ++u) {
     at::Tensor flat = torch::zeros(at::IntArrayRef{layout.unit(u).padded});
@@ -450,11 +450,10 @@ TEST(ZeroEngine, RefusesOptimizersThatAreNotElementWise) {
 }
 
 TEST(ZeroEngine, WrapGlobs) {
-  EXPECT_EQ(wrap_globs("auto", "gpt"), std::vector<std::string>{"blocks.*"});
-  EXPECT_EQ(wrap_globs("auto", "cnn"), std::vector<std::string>{"*"});
-  EXPECT_EQ(wrap_globs("layer*, fc", "torchscript"), (std::vector<std::string>{"layer*", "fc"}));
+  EXPECT_EQ(wrap_globs("layer*, fc"), (std::vector<std::string>{"layer*", "fc"}));
+  EXPECT_EQ(wrap_globs(" blocks.* "), std::vector<std::string>{"blocks.*"});
   try {
-    wrap_globs("a,,b", "mlp");
+    wrap_globs("a,,b");
     ADD_FAILURE();
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.wrap"), std::string::npos);

@@ -48,7 +48,7 @@ std::unique_ptr<ZeroEngine> make_engine(int stage, const std::string& optimizer,
                                         std::unique_ptr<comm::Communicator> g, int steps) {
   ZeroEngineOptions zo;
   zo.stage = stage;
-  zo.wrap = wrap_globs("auto", "mlp");
+  zo.wrap = "auto";
   zo.offload_dir = offload_dir;
   zo.data_parallel.total_steps = steps;
   zo.data_parallel.global_micro_batch = 12;

@@ -9,6 +9,12 @@
 namespace krab::parallel::zero {
 namespace {
 
+std::string trimmed(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
 std::vector<std::string> split_path(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
@@ -147,6 +153,43 @@ std::vector<engine::UnitParams> plan_units(const std::vector<engine::ParamShape>
     units[unit].params.push_back(p);
   }
   return units;
+}
+
+std::vector<std::string> wrap_globs(const std::string& text) {
+  std::vector<std::string> globs;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    const std::string item = trimmed(text.substr(pos, comma - pos));
+    KRAB_CHECK_ARG(!item.empty(), "parallel.wrap: '", text,
+                   "' has an empty item (write auto or a list of module-path globs)");
+    globs.push_back(item);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return globs;
+}
+
+std::vector<engine::UnitParams> plan_wrap(const std::vector<engine::ParamShape>& params,
+                                          const std::vector<std::string>& model_candidates,
+                                          const std::string& text) {
+  if (trimmed(text) != "auto") return plan_units(params, module_paths(params), wrap_globs(text));
+  // Each candidate is a glob matching itself alone: module names hold no '*' and no '.' of
+  // their own, so the candidates become the units one for one, in forward order.
+  if (!model_candidates.empty()) return plan_units(params, model_candidates, model_candidates);
+  const std::vector<std::string> paths = module_paths(params);
+  if (paths.empty()) return plan_units(params, {}, {});
+  return plan_units(params, paths, {"*"});
+}
+
+std::string wrap_source(const std::vector<std::string>& model_candidates, const std::string& text) {
+  if (trimmed(text) != "auto") {
+    std::string out;
+    for (const std::string& g : wrap_globs(text)) out += (out.empty() ? "" : ", ") + g;
+    return out;
+  }
+  return model_candidates.empty() ? "auto: *, the model offers no units"
+                                  : "auto: the model's units";
 }
 
 int64_t shard_alignment(int64_t codec_chunk) {

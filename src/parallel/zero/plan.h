@@ -51,6 +51,28 @@ std::vector<engine::UnitParams> plan_units(const std::vector<engine::ParamShape>
                                            const std::vector<std::string>& candidates,
                                            const std::vector<std::string>& globs);
 
+// `parallel.wrap: <text>` as globs: the comma-separated list, items trimmed (the config stores
+// a YAML list joined by commas). "auto" is not a glob: plan_wrap resolves it. Throws
+// InvalidArgument naming parallel.wrap for an empty item.
+std::vector<std::string> wrap_globs(const std::string& text);
+
+// The units `parallel.wrap: <text>` picks for a model with the trainable `params` (named-
+// parameters order) whose Model::unit_candidates() are `model_candidates` (forward order):
+//   auto   one unit per model candidate, in candidate order: exactly the submodules the model
+//          runs through run_unit() (gpt's blocks, the cnn's and mlp's layers, the children of
+//          a TorchScript module krab could split), so a unit is always something an engine
+//          can act around. A model that offers no candidates falls back to `*` (every
+//          top-level module holding parameters; none: everything in the root unit).
+//   else   wrap_globs(text) over module_paths(params): any module may be a unit.
+// plan_units' result and refusals ("parallel.wrap: 'x' matches no module; ...").
+std::vector<engine::UnitParams> plan_wrap(const std::vector<engine::ParamShape>& params,
+                                          const std::vector<std::string>& model_candidates,
+                                          const std::string& text);
+
+// How plan_wrap chose the units, for describe() and the report: "auto: the model's units",
+// "auto: *, the model offers no units", or the globs as written ("blocks.*, head").
+std::string wrap_source(const std::vector<std::string>& model_candidates, const std::string& text);
+
 // The alignment of a shard in elements (§1.2): lcm(16, codec_chunk), where codec_chunk is the
 // chunk the gradient codec quantizes in (256 for int8/onebit, 1 for none/fp16/bf16): 16 fp32
 // elements are 64 bytes, and a shard then holds whole codec chunks. Throws InvalidArgument

@@ -36,6 +36,7 @@ UnitStorage::UnitStorage(const engine::ShardLayout& layout,
     shards_.push_back(flat.narrow(0, r.begin, r.size()));
     flats_.push_back(std::move(flat));
   }
+  pending_.resize(flats_.size());
 }
 
 // Gloo threads may still write into the flats: never free them under a gather.
@@ -46,27 +47,48 @@ UnitStorage::~UnitStorage() {
   }
 }
 
-void UnitStorage::start_gather(comm::Communicator& comm) {
+void UnitStorage::start_gather(comm::Communicator& comm, const std::vector<int>& order) {
   wait();
-  for (size_t u = 0; u < flats_.size(); ++u) {
-    if (flats_[u].numel() == 0) continue;
-    Pending p;
+  std::vector<int> units = order;
+  if (units.empty())
+    for (int u = 0; u < num_units(); ++u) units.push_back(u);
+  for (int u : units) {
+    if (flats_.at(u).numel() == 0) continue;
+    Pending& p = pending_[u];
+    KRAB_CHECK(p.work == nullptr, "UnitStorage: unit ", u, " twice in the gather order");
     p.input = shards_[u].clone();
     p.work = comm.allgather(p.input, flats_[u]);
-    pending_.push_back(std::move(p));
   }
+  for (int u = 0; u < num_units(); ++u)
+    KRAB_CHECK(flats_[u].numel() == 0 || pending_[u].work != nullptr, "UnitStorage: unit ", u,
+               " is missing from the gather order");
+}
+
+void UnitStorage::wait(int unit) {
+  Pending& p = pending_.at(unit);
+  if (p.work == nullptr) return;
+  // Forget the gather before waiting: a failed one is reported once, here, and not again by
+  // the next wait() (whose caller would otherwise see an error that was already thrown).
+  Pending done = std::move(p);
+  p = Pending{};
+  done.work->wait();
 }
 
 void UnitStorage::wait() {
   // Wait for all before rethrowing, so that no gather is left writing into a flat.
   std::exception_ptr first;
-  for (auto& p : pending_) try {
-      p.work->wait();
+  for (int u = 0; u < num_units(); ++u) try {
+      wait(u);
     } catch (...) {
       if (!first) first = std::current_exception();
     }
-  pending_.clear();
   if (first) std::rethrow_exception(first);
+}
+
+bool UnitStorage::gathering() const {
+  for (const Pending& p : pending_)
+    if (p.work != nullptr) return true;
+  return false;
 }
 
 int64_t UnitStorage::bytes() const {

@@ -11,8 +11,9 @@
 // Rank r owns shard(u) = flat_u[r · S_u, (r + 1) · S_u), a view: the optimizer steps it in
 // place. start_gather() then all-gathers every rank's shard into every rank's flat, so the
 // parameters are whole and equal on all ranks again. The gathers are asynchronous: nothing may
-// read or write the parameters between start_gather() and wait() (the engine waits before the
-// next forward, before evaluation and checkpoints: Engine::settle()).
+// read or write a unit's parameters between start_gather() and wait(unit) or wait() (the
+// engine waits each unit right before its forward reads it — gather_wait_runner.h — and
+// everything before the update, evaluation and checkpoints: Engine::settle()).
 //
 // Units of 0 elements have an empty flat and take part in no collective (the comm frame rule
 // that memory_model.h's traffic counts assume).
@@ -48,13 +49,20 @@ class UnitStorage {
   // This rank's shard of unit u: a view of flat_u, fp32 [S_u].
   const at::Tensor& shard(int unit) const { return shards_.at(unit); }
 
-  // Starts the all-gather of every non-empty unit's shard into its flat, in unit order (the
-  // same collectives in the same order on every rank). Each shard is copied to a temporary
+  // Starts the all-gather of every non-empty unit's shard into its flat, in `order` (every
+  // unit with elements exactly once, units of 0 elements optional; empty: unit order; an
+  // internal error otherwise). Every rank must pass the same order:
+  // the same collectives in the same order on every rank. Each shard is copied to a temporary
   // first: an all-gather's input must not alias its output. Waits for gathers still pending.
-  void start_gather(comm::Communicator& comm);
+  void start_gather(comm::Communicator& comm, const std::vector<int>& order = {});
   // Waits for the pending gathers; rethrows the first communication error. No-op when none.
   void wait();
-  bool gathering() const { return !pending_.empty(); }
+  // Waits for unit `unit`'s pending gather only, if any; rethrows its communication error.
+  // The other units' gathers go on.
+  void wait(int unit);
+  bool gathering() const;
+  // Whether unit `unit`'s gather was started and not yet waited (its flat may still change).
+  bool pending(int unit) const { return pending_.at(unit).work != nullptr; }
 
   // Bytes of the flats (the parameters' storage).
   int64_t bytes() const;
@@ -66,7 +74,7 @@ class UnitStorage {
   };
   std::vector<at::Tensor> flats_;
   std::vector<at::Tensor> shards_;
-  std::vector<Pending> pending_;
+  std::vector<Pending> pending_;  // by unit; work null: none in flight
 };
 
 }  // namespace krab::parallel::zero

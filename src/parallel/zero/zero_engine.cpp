@@ -11,12 +11,6 @@ namespace krab::parallel::zero {
 
 namespace {
 
-std::string trimmed(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return "";
-  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
-}
-
 // The trainable parameters by unit, in layout order.
 std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
                                                     models::Model& model) {
@@ -28,25 +22,6 @@ std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& l
 }
 
 }  // namespace
-
-std::vector<std::string> wrap_globs(const std::string& text, const std::string& model_name) {
-  if (trimmed(text) == "auto") {
-    if (model_name == "gpt") return {"blocks.*"};
-    return {"*"};
-  }
-  std::vector<std::string> globs;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = text.find(',', pos);
-    const std::string item = trimmed(text.substr(pos, comma - pos));
-    KRAB_CHECK_ARG(!item.empty(), "parallel.wrap: '", text,
-                   "' has an empty item (write auto or a list of module-path globs)");
-    globs.push_back(item);
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return globs;
-}
 
 ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
                        std::unique_ptr<comm::Communicator> comm, ZeroEngineOptions options,
@@ -69,8 +44,9 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
       trainable_.push_back(item.value());
     }
   KRAB_CHECK_ARG(!shapes.empty(), "parallel.zero_stage: the model has no trainable parameters");
-  layout_ = engine::plan_layout(plan_units(shapes, module_paths(shapes), options_.wrap),
+  layout_ = engine::plan_layout(plan_wrap(shapes, model_->unit_candidates(), options_.wrap),
                                 comm_->size(), options_.alignment);
+  wrap_source_ = wrap_source(model_->unit_candidates(), options_.wrap);
   const auto params = params_by_unit(layout_, *model_);
   storage_ = std::make_unique<UnitStorage>(layout_, params, comm_->rank());
   const auto cap =
@@ -85,9 +61,27 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
   sharded_.stage = options_.stage;
   sharded_.values = shards;
   sharded_.optimizers = optimizers_->pointers();
+  install_gather_wait();
 }
 
-ZeroEngine::~ZeroEngine() = default;
+ZeroEngine::~ZeroEngine() {
+  if (gather_wait_) gather_wait_->uninstall(*model_);
+}
+
+// Stages 1-2 hold every parameter between steps; only the gathers after a step are waited
+// late, unit by unit, in the forward (gather_wait_runner.h). A model without candidates gets no
+// runner: its plan waits every unit before the forward. With activation checkpointing the
+// runner also recomputes, since the model has room for one runner.
+void ZeroEngine::install_gather_wait() {
+  const std::vector<std::string> candidates = model_->unit_candidates();
+  waits_ = plan_gather_waits(layout_, candidates);
+  if (candidates.empty() || options_.stage > 2) return;  // stage 3 gathers in its own runner
+  std::unique_ptr<models::RecomputeRunner> recompute;
+  if (options_.activation_checkpointing)
+    recompute = std::make_unique<models::RecomputeRunner>(*model_);
+  gather_wait_ = std::make_unique<GatherWaitRunner>(*storage_, waits_, std::move(recompute));
+  gather_wait_->install(*model_);
+}
 
 // Every rank's file has the same size (the shards are equal), so each rank can check the room
 // for all of them. The checks are agreed on before any file is allocated: a rank that allocated
@@ -120,8 +114,9 @@ void ZeroEngine::start_offload(const std::vector<at::Tensor>& shards) {
 }
 
 void ZeroEngine::before_backward(int64_t micro, bool last) {
-  // The parameters are read from here on: the previous step's gathers must have landed.
-  storage_->wait();
+  // The forward reads these units outside any unit (gpt's embeddings): their gathers must
+  // have landed. The runner waits every other unit right before it runs.
+  for (int u : waits_.before_forward) storage_->wait(u);
   // Stage 2 reduces every micro-batch: the previous one's buckets end before this backward
   // refills them.
   if (options_.stage == 2 && micro > 0) reducer_->finish();
@@ -131,6 +126,9 @@ void ZeroEngine::before_backward(int64_t micro, bool last) {
 void ZeroEngine::reduce_gradients() { reducer_->finish(); }
 
 void ZeroEngine::apply(double lr) {
+  // The step writes the shards, which are parts of the flats: no gather may still write them
+  // (one would be pending only for a unit the forward never ran).
+  storage_->wait();
   for (int u = 0; u < layout_.num_units(); ++u)
     storage_->shard(u).mutable_grad() = reducer_->grad_shard(u);
   if (offload_)
@@ -145,8 +143,9 @@ void ZeroEngine::apply(double lr) {
 }
 
 void ZeroEngine::after_step(const engine::StepPlan& plan) {
-  storage_->start_gather(*comm_);
+  // The buffer broadcast blocks: issued before the gathers it does not wait behind them.
   if (options_.data_parallel.broadcast_buffers) broadcast_from_rank0(*comm_, model_->buffers());
+  storage_->start_gather(*comm_, waits_.order);
 }
 
 engine::TrainState ZeroEngine::state() {
@@ -186,6 +185,9 @@ nlohmann::json ZeroEngine::describe() const {
           {"zero",
            {{"stage", options_.stage},
             {"units", units},
+            {"wrap", wrap_source_},
+            {"gather_wait", gather_wait_ ? "per unit, at its forward" : "all, before the forward"},
+            {"recompute", gather_wait_ != nullptr && gather_wait_->recomputes()},
             {"alignment", layout_.alignment()},
             {"offload", offload_ ? "disk" : "none"},
             {"gathered_whole", nlohmann::json::array()}}}};

@@ -15,17 +15,23 @@
 // `parallel.wrap`, parallel/zero/plan.h), padded so that rank r owns an equal, aligned chunk.
 // One step through the Engine calls (engine/engine.h):
 //
-//   before_backward(m, last)  waits for the previous step's all-gathers (the parameters are
-//                             whole again); stage 2: finishes micro-batch m-1's reduce-scatters;
-//                             arms the gradient hooks (stage 1: on the last micro-batch only)
+//   before_backward(m, last)  waits for the previous step's all-gathers of the units the
+//                             forward reads outside its unit candidates (the root); stage 2:
+//                             finishes micro-batch m-1's reduce-scatters; arms the gradient
+//                             hooks (stage 1: on the last micro-batch only)
+//   forward                   each unit's gather is waited right before the unit runs
+//                             (GatherWaitRunner, installed on the model), so the forward of the
+//                             first units overlaps the gathers of the later ones
 //   backward                  hooks copy gradients into rank-major buckets, reduce-scatters
 //                             start in bucket order (GradReducer)
 //   reduce_gradients()        the rest of the buckets: the grad shards hold the average
-//   apply(lr)                 one optimizer per unit steps this rank's shard in place
-//                             (ShardOptimizers); every gradient is released
-//   after_step(plan)          starts the all-gather of every shard into its flat (waited at
-//                             the next before_backward or settle()); rank 0's buffers are
-//                             broadcast as the data-parallel engine does
+//   apply(lr)                 waits for any gather still pending, then one optimizer per unit
+//                             steps this rank's shard in place (ShardOptimizers); every
+//                             gradient is released
+//   after_step(plan)          broadcasts rank 0's buffers as the data-parallel engine does,
+//                             then starts the all-gather of every shard into its flat, in the
+//                             order the next forward needs them (waited per unit as above, or
+//                             all by settle())
 //
 // With the same model, data and optimizer this ends every step with the parameters of the
 // data-parallel engine: bit for bit on two ranks without gradient accumulation, up to the
@@ -39,6 +45,10 @@
 // apply() steps it unit by unit through a two-unit window; memory() counts it as offloaded.
 // Before any rank creates its file, every rank checks that its file system has room for all
 // ranks' files (+5%) and all refuse together (InvalidArgument naming parallel.offload).
+//
+// Activation checkpointing (options.activation_checkpointing): the model has one unit runner, this
+// engine's GatherWaitRunner, and it recomputes each unit after waiting its gather (the trainer
+// installs no RecomputeRunner when an engine installed a runner).
 //
 // Checkpoints: state() hands out this rank's shard of every unit and its optimizer
 // (engine::ShardedState); after_restore() gathers restored shards into the parameters.
@@ -58,6 +68,7 @@
 #include "engine/sharded_state.h"
 #include "models/model.h"
 #include "parallel/dp_engine.h"
+#include "parallel/zero/gather_wait_runner.h"
 #include "parallel/zero/grad_reducer.h"
 #include "parallel/zero/offload.h"
 #include "parallel/zero/shard_optimizer.h"
@@ -67,8 +78,11 @@ namespace krab::parallel::zero {
 
 struct ZeroEngineOptions {
   int stage = 1;  // 1 or 2
-  // Module-path globs picking the units (plan.h); empty puts every parameter in the root unit.
-  std::vector<std::string> wrap;
+  // parallel.wrap's text: "auto" (the model's unit candidates) or module-path globs (plan.h's
+  // plan_wrap).
+  std::string wrap = "auto";
+  // model.activation_checkpointing: the engine's unit runner recomputes every unit.
+  bool activation_checkpointing = false;
   int64_t alignment = 16;  // shard alignment in elements (plan.h's shard_alignment)
   // comm.compression: none, fp16 or bf16 (sharded_compression.h).
   compress::CompressionOptions compression;
@@ -80,17 +94,12 @@ struct ZeroEngineOptions {
   DataParallelEngineOptions data_parallel;
 };
 
-// The globs `parallel.wrap: <text>` stands for: "auto" (the default) is `blocks.*` for gpt
-// (one unit per transformer block) and `*` (every top-level child holding parameters) for any
-// other model; otherwise the comma-separated list, items trimmed (the config stores a YAML
-// list joined by commas). Throws InvalidArgument naming parallel.wrap for an empty item.
-std::vector<std::string> wrap_globs(const std::string& text, const std::string& model_name);
-
 class ZeroEngine : public engine::Engine {
  public:
   // Broadcasts rank 0's parameters and buffers (every replica starts equal), plans the units
-  // and their layout, moves the parameters into the unit flats, registers the gradient hooks
-  // and builds one optimizer per unit shard. InvalidArgument for a stage other than 1 or 2,
+  // and their layout, moves the parameters into the unit flats, registers the gradient hooks,
+  // builds one optimizer per unit shard and installs its unit runner on the model (taken off
+  // again by the destructor). InvalidArgument for a stage other than 1 or 2,
   // a wrap plan_units refuses, an optimizer ShardOptimizers refuses, or offload files that do
   // not fit (check_offload_room); krab::Error naming the file when it cannot be allocated.
   ZeroEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
@@ -116,9 +125,12 @@ class ZeroEngine : public engine::Engine {
   const UnitStorage& storage() const { return *storage_; }
   const GradReducer& reducer() const { return *reducer_; }
   const DiskOffload* offload() const { return offload_.get(); }
+  // Null when the model has no unit candidates (every gather is then waited before forward).
+  const GatherWaitRunner* gather_wait() const { return gather_wait_.get(); }
 
  private:
   void start_offload(const std::vector<at::Tensor>& shards);
+  void install_gather_wait();
 
   std::shared_ptr<models::Model> model_;
   std::unique_ptr<comm::Communicator> comm_;
@@ -131,7 +143,10 @@ class ZeroEngine : public engine::Engine {
   std::unique_ptr<UnitStorage> storage_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizers> optimizers_;
-  std::unique_ptr<DiskOffload> offload_;  // after the optimizers: its state is theirs
+  std::unique_ptr<DiskOffload> offload_;           // after the optimizers: its state is theirs
+  GatherWaitPlan waits_;                           // which gather is waited where
+  std::unique_ptr<GatherWaitRunner> gather_wait_;  // uses the storage; uninstalled first
+  std::string wrap_source_;                        // plan.h's wrap_source, for describe()
   engine::ShardedState sharded_;
 };
 
