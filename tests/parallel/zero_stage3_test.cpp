@@ -4,16 +4,20 @@
 // gradients and parameters on two ranks without accumulation (design §1.5), within 1e-5
 // otherwise; the traffic meter and memory() against memory_model.h's closed forms; the unit
 // flats really hold 0 bytes between steps.
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <map>
+#include <mutex>
 
 #include "compress/options.h"
 #include "core/errors.h"
+#include "models/describe.h"
 #include "parallel/compression_hook.h"
 #include "parallel/zero/memory_model.h"
 #include "parallel/zero/plan.h"
+#include "parallel/zero/stage3_build.h"
 #include "parallel/zero/stage3_engine.h"
 #include "support/gloo_ranks.h"
 #include "zero_test_support.h"
@@ -174,10 +178,11 @@ void expect_matches_stage0(Case c, double tolerance) {
     const auto want = expected_shards(c, ref[r].first_grads, r);
     ASSERT_EQ(want.size(), got[r].first_grads.size());
     for (size_t u = 0; u < want.size(); ++u) {
-      if (tolerance == 0)
+      if (tolerance == 0) {
         EXPECT_TRUE(torch::equal(got[r].first_grads[u], want[u])) << "unit " << u;
-      else if (want[u].numel() > 0)
+      } else if (want[u].numel() > 0) {
         EXPECT_LE(max_rel_diff(got[r].first_grads[u], want[u]), tolerance) << "unit " << u;
+      }
     }
     if (tolerance == 0)
       EXPECT_TRUE(torch::equal(got[r].params, ref[r].params));
@@ -248,7 +253,8 @@ TEST(ZeroStage3, TrafficPerStepIsTheClosedForm) {
     c.steps = 2;
     const auto got = train(c);
     MemoryInputs in;
-    for (const auto& u : layout_of(c).units()) in.unit_numel.push_back(u.numel);
+    const auto layout = layout_of(c);
+    for (const auto& u : layout.units()) in.unit_numel.push_back(u.numel);
     in.world_size = c.world;
     in.stage = 3;
     in.micro_batches = accum;
@@ -314,9 +320,10 @@ TEST(ZeroStage3, ForwardWithoutGradientsEqualsStageZeroAndFreesEveryUnit) {
       torch::NoGradGuard no_grad;
       at::Tensor y = e->model().forward(batch(c, 0, 0, r).first);
       (stage == 0 ? want : got)[r] = y;
-      if (auto* z = dynamic_cast<Stage3Engine*>(e.get()))
+      if (auto* z = dynamic_cast<Stage3Engine*>(e.get())) {
         for (int u = 1; u < z->layout().num_units(); ++u)
           EXPECT_EQ(z->storage().flat(u).storage().nbytes(), 0u);
+      }
     });
   }
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(torch::equal(got[r], want[r]));
@@ -354,6 +361,90 @@ TEST(ZeroStage3, StateIsTheMasterShardsAndRestoreReachesTheParameters) {
             torch::equal(seen[span.name].reshape({-1}),
                          torch::arange(span.offset, span.offset + span.numel, torch::kFloat)))
             << span.name;
+  });
+}
+
+// Builds as if alone in the process: thread-ranks share torch's one generator, so each rank's
+// draws are fenced off (a lock while it draws) and continue from its own generator state, the
+// one a process building this model alone would have. Between announcements the builder
+// broadcasts (collective), so the lock is released around it. Also checks, at each block's
+// announcement, that the blocks announced before it hold 0 bytes: the model is never whole.
+class AloneObserver : public models::BuildObserver {
+ public:
+  AloneObserver(std::mutex& mu, models::BuildObserver& inner, uint64_t seed)
+      : inner_(inner), lock_(mu) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_current_seed(seed);
+  }
+  void on_unit_built(const std::string& path, torch::nn::Module& module) override {
+    for (const auto* earlier : blocks_)
+      for (const auto& p : earlier->parameters()) EXPECT_EQ(p.storage().nbytes(), 0u) << path;
+    if (!path.empty()) blocks_.push_back(&module);
+    state_ = at::detail::getDefaultCPUGenerator().get_state();
+    lock_.unlock();
+    inner_.on_unit_built(path, module);
+    lock_.lock();
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(state_);
+  }
+  int announced() const { return static_cast<int>(blocks_.size()); }
+
+ private:
+  models::BuildObserver& inner_;
+  std::unique_lock<std::mutex> lock_;
+  at::Tensor state_;
+  std::vector<const torch::nn::Module*> blocks_;
+};
+
+models::ModelSpec gpt_spec(int layers) {
+  models::ModelSpec s;
+  s.name = "gpt";
+  s.input_shape = {8};
+  s.num_classes = 29;
+  s.layers = layers;
+  s.width = 24;
+  s.heads = 2;
+  s.context = 8;
+  return s;
+}
+
+// Sharded construction (design §3.4): gpt announces each block once it is initialised and the
+// builder adopts it at once, so no two blocks ever hold their bytes together, and the unit
+// flats alive at once never exceed one block or the root. The result equals building the model
+// whole (the same seed, in a process of its own) and sharding it afterwards.
+TEST(ZeroStage3, ShardedConstructionHoldsOneUnitAtATimeAndEqualsWholeConstruction) {
+  const int layers = 4;
+  torch::Tensor want;
+  {
+    torch::manual_seed(5);
+    auto whole = models::make_model(gpt_spec(layers));
+    std::vector<at::Tensor> v;
+    for (auto& p : whole->parameters()) v.push_back(p.detach().reshape({-1}).clone());
+    want = torch::cat(v);
+  }
+  std::mutex mu;
+  testing::run_gloo_ranks_owned(2, [&](int r, std::unique_ptr<comm::Communicator> g) {
+    Stage3EngineOptions o;
+    o.data_parallel.total_steps = 1;
+    o.data_parallel.global_micro_batch = 6;
+    std::vector<engine::ParamShape> shapes;
+    for (const auto& p : models::describe_parameters(gpt_spec(layers)).params)
+      shapes.push_back({p.name, p.shape});
+    std::vector<std::string> blocks;
+    for (int i = 0; i < layers; ++i) blocks.push_back("blocks." + std::to_string(i));
+    const auto layout = plan_stage3_layout(shapes, blocks, o, g->size());
+    Stage3Builder builder(layout, *g);
+    std::shared_ptr<models::Model> model;
+    {
+      AloneObserver alone(mu, builder, 5);
+      model = models::make_model(gpt_spec(layers), &alone);
+      EXPECT_EQ(alone.announced(), layers);
+    }
+    int64_t largest = 0;
+    for (const auto& u : layout.units()) largest = std::max(largest, u.padded);
+    EXPECT_EQ(builder.peak_bytes(), 4 * largest);
+    Stage3Engine e(model, std::move(g), o, optimizer_of("adam"), builder.take_storage());
+    EXPECT_TRUE(torch::equal(whole_params(e), want)) << "rank " << r;
   });
 }
 

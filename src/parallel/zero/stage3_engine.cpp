@@ -11,21 +11,26 @@ namespace krab::parallel::zero {
 
 namespace {
 
-// The units of stage 3 can only be the model's unit candidates: a unit the model never runs
-// through run_unit would never be gathered. Without candidates everything is the root unit,
-// gathered whole (said in the report, never refused: issue 26).
-std::vector<engine::UnitParams> stage3_units(const models::Model& model,
-                                             const std::vector<engine::ParamShape>& shapes,
-                                             const Stage3EngineOptions& o,
-                                             std::vector<std::string>* whole) {
-  const std::vector<std::string> candidates = model.unit_candidates();
-  if (candidates.empty()) {
-    whole->push_back("(the whole model: it runs no unit calls)");
-    return plan_units(shapes, {}, {});
-  }
+// The reasons a TorchScript module's children are not units (models/torchscript.h), or that
+// the model has no unit calls at all.
+std::vector<std::string> gathered_whole(const models::Model& model) {
+  if (model.unit_candidates().empty()) return {"(the whole model: it runs no unit calls)"};
   if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&model))
-    *whole = ts->gathered_whole();
-  return plan_units(shapes, candidates, o.wrap_auto ? candidates : o.wrap);
+    return ts->gathered_whole();
+  return {};
+}
+
+bool same_layout(const engine::ShardLayout& a, const engine::ShardLayout& b) {
+  if (a.num_units() != b.num_units() || a.world() != b.world()) return false;
+  for (int u = 0; u < a.num_units(); ++u) {
+    const auto &x = a.unit(u), &y = b.unit(u);
+    if (x.name != y.name || x.padded != y.padded || x.params.size() != y.params.size())
+      return false;
+    for (size_t i = 0; i < x.params.size(); ++i)
+      if (x.params[i].name != y.params[i].name || x.params[i].shape != y.params[i].shape)
+        return false;
+  }
+  return true;
 }
 
 std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
@@ -39,9 +44,19 @@ std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& l
 
 }  // namespace
 
+engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& params,
+                                       const std::vector<std::string>& candidates,
+                                       const Stage3EngineOptions& options, int world) {
+  const auto units = candidates.empty() ? plan_units(params, {}, {})
+                                        : plan_units(params, candidates,
+                                                     options.wrap_auto ? candidates : options.wrap);
+  return engine::plan_layout(units, world, options.alignment);
+}
+
 Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
                            std::unique_ptr<comm::Communicator> comm, Stage3EngineOptions options,
-                           const OptimizerFactory& make_optimizer)
+                           const OptimizerFactory& make_optimizer,
+                           std::unique_ptr<Stage3Storage> built)
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(std::move(options)),
@@ -55,13 +70,19 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
       replicated.push_back(item.value());
   }
   KRAB_CHECK_ARG(!shapes.empty(), "parallel.zero_stage: the model has no trainable parameters");
-  layout_ = engine::plan_layout(stage3_units(*model_, shapes, options_, &gathered_whole_),
-                                comm_->size(), options_.alignment);
+  layout_ = plan_stage3_layout(shapes, model_->unit_candidates(), options_, comm_->size());
+  gathered_whole_ = gathered_whole(*model_);
   const auto params = params_by_unit(layout_, *model_);
-  storage_ = std::make_unique<Stage3Storage>(layout_, comm_->rank());
-  // Unit by unit, so that at most one non-root unit is whole at a time beyond the model itself.
-  for (int u = 1; u < layout_.num_units(); ++u) storage_->adopt(u, params[u], *comm_, false);
-  storage_->adopt(0, params[0], *comm_, true);
+  if (built) {
+    KRAB_CHECK(same_layout(built->layout(), layout_),
+               "sharded construction planned other units than the built model has");
+    storage_ = std::move(built);
+  } else {
+    storage_ = std::make_unique<Stage3Storage>(layout_, comm_->rank());
+    // Unit by unit, so that at most one non-root flat is whole at a time beside the model.
+    for (int u = 1; u < layout_.num_units(); ++u) storage_->adopt(u, params[u], *comm_, false);
+    storage_->adopt(0, params[0], *comm_, true);
+  }
   broadcast_from_rank0(*comm_, replicated);
 
   reducer_ = std::make_unique<GradReducer>(layout_, params, *comm_, /*bucket_bytes=*/0,

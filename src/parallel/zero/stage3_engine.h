@@ -78,15 +78,26 @@ struct Stage3EngineOptions {
   DataParallelEngineOptions data_parallel;
 };
 
+// The units of stage 3 for a model with these trainable parameters and unit candidates: every
+// candidate when options.wrap_auto, else the candidates options.wrap picks (plan.h's refusals);
+// all in the root when there are no candidates (a unit no unit call runs would never be
+// gathered). Laid out for `world` ranks. Pure.
+engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& params,
+                                       const std::vector<std::string>& candidates,
+                                       const Stage3EngineOptions& options, int world);
+
 class Stage3Engine : public engine::Engine {
  public:
-  // Plans the units from the model's unit candidates, moves every unit's parameters into its
-  // flat (broadcast from rank 0; rank 0's buffers and frozen parameters too), keeps the master
-  // shards, frees every non-root flat, installs the runner and builds one optimizer per master
-  // shard. InvalidArgument for a wrap plan_units refuses, a unit no unit call runs, an
-  // optimizer ShardOptimizers refuses.
+  // Plans the units from the model's unit candidates (plan_stage3_layout), moves every unit's
+  // parameters into its flat (broadcast from rank 0; rank 0's buffers and frozen parameters
+  // too), keeps the master shards, frees every non-root flat, installs the runner and builds
+  // one optimizer per master shard. With `built` (sharded construction, stage3_build.h) the
+  // units were adopted while the model was built: its layout must be the one planned here
+  // (Error otherwise). InvalidArgument for a wrap plan_units refuses, an optimizer
+  // ShardOptimizers refuses.
   Stage3Engine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
-               Stage3EngineOptions options, const OptimizerFactory& make_optimizer);
+               Stage3EngineOptions options, const OptimizerFactory& make_optimizer,
+               std::unique_ptr<Stage3Storage> built = nullptr);
   ~Stage3Engine() override;
 
   std::string name() const override { return "sync"; }

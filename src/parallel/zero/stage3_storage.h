@@ -72,6 +72,7 @@ class Stage3Storage {
   void free(int unit);
 
   int num_units() const { return static_cast<int>(units_.size()); }
+  const engine::ShardLayout& layout() const { return layout_; }
   // fp32 [padded_u]: the unit's flat (0 bytes while freed).
   const at::Tensor& flat(int unit) const { return units_.at(unit).flat; }
   // fp32 [S_u]: this rank's master shard of unit u, what the optimizer steps.
@@ -92,7 +93,7 @@ class Stage3Storage {
   };
   void allocate(int unit);
 
-  const engine::ShardLayout& layout_;
+  const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;
   std::vector<Unit> units_;
   int64_t live_bytes_ = 0, peak_bytes_ = 0;
