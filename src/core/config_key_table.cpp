@@ -299,8 +299,17 @@ std::vector<KeySpec> parallel_keys() {
               "all-gathers the updated parameters; 2 also keeps only 1/N of the gradients "
               "(reduce-scattered during backward). Same parameters as 0 up to the order of "
               "additions; `comm.compression` fp16 and bf16 compose (through the reduce-scatter). 3 "
-              "(parameters sharded too) is not built yet.",
+              "also shards the parameters: each unit (`parallel.wrap`) is all-gathered just "
+              "before its forward and again before its backward and freed after each, so a "
+              "worker holds 16 bytes per parameter / N (Adam) plus the units being gathered; "
+              "the parameters outside units (the root unit) stay whole.",
               0, 3),
+      int_key("parallel.prefetch", "1",
+              "`parallel.zero_stage` 3: how many units ahead are all-gathered while a unit "
+              "runs (the next ones in forward, the previous ones in backward), so that "
+              "communication overlaps compute; each costs one unit's parameters in memory. 0: "
+              "every unit is gathered when it starts.",
+              0),
       string_key("parallel.offload", "none",
                  "`parallel.zero_stage` 1 or 2: `disk` keeps each worker's optimizer state in "
                  "a file, `RUN_DIR/offload/rank-R.bin` (allocated in full at the start, removed "

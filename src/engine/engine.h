@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -29,6 +30,9 @@
 
 #include "data/sampler.h"
 
+namespace at {
+class Tensor;
+}
 namespace torch::optim {
 class Optimizer;
 }
@@ -79,6 +83,9 @@ struct MemoryStats {
   int64_t working_set_peak = 0;  // the most transient bytes (gathered units, buckets) at once
   int64_t offloaded = 0;         // optimizer state (and stage-3 masters) in files on disk
 };
+
+// Called with each parameter's name and whole value (Engine::visit_parameters).
+using ParameterVisitor = std::function<void(const std::string& name, const at::Tensor& value)>;
 
 // What the loop measured, for engines that report it elsewhere (the parameter-server worker
 // hands it to its server, which writes the job's report).
@@ -145,6 +152,17 @@ class Engine {
   virtual void after_restore() {}
   // This rank's bytes by kind (MemoryStats); cheap, called once at the end.
   virtual MemoryStats memory() const { return {}; }
+
+  // For an engine whose model does not hold its parameters between steps (ZeRO stage 3 frees
+  // them unit by unit): calls fn for every parameter of model(), whole, in named_parameters
+  // order, gathering one unit at a time (model.pt without the whole model), and returns true.
+  // Collective: every rank calls it at the same point. false (fn not called): the model holds
+  // its parameters; read them there (after settle()).
+  virtual bool visit_parameters(const ParameterVisitor& fn) { return false; }
+  // Runs fn while every parameter of model() holds its value (ZeRO stage 3 gathers them all
+  // for it, then frees them again: the whole model at once, for what needs it whole, such as
+  // a TorchScript module's model.ts). Collective like visit_parameters. Default: fn().
+  virtual void with_whole_model(const std::function<void()>& fn) { fn(); }
 
   // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
   virtual nlohmann::json describe() const = 0;

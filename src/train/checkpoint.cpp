@@ -400,3 +400,33 @@ void save_model_pt(const std::string& path, const torch::nn::Module& module) {
 }
 
 }  // namespace krab::train
+
+namespace krab::train {
+
+void save_model_pt(const std::string& path, engine::Engine& engine, bool write) {
+  const models::Model& model = engine.model();
+  if (dynamic_cast<const models::TorchScriptModel*>(&model) != nullptr) {
+    // model.ts saves the live module: it must be whole (it was, when it was loaded).
+    engine.with_whole_model([&] {
+      if (write) save_model_pt(path, model);
+    });
+    return;
+  }
+  std::optional<core::AtomicFileWriter> file;
+  std::optional<TorchSaveWriter> out;
+  if (write) {
+    file.emplace(path, core::FileAccess::kShared);
+    out.emplace(*file);
+  }
+  const bool visited = engine.visit_parameters([&](const std::string& name, const at::Tensor& t) {
+    if (out) out->add(name, t);
+  });
+  if (!write) return;
+  if (!visited)
+    for (const auto& item : model.named_parameters()) out->add(item.key(), item.value());
+  for (const auto& item : model.named_buffers()) out->add(item.key(), item.value());
+  out->finish();
+  file->commit();
+}
+
+}  // namespace krab::train

@@ -32,6 +32,7 @@
 #include <string>
 
 #include "core/record.h"
+#include "engine/engine.h"
 
 namespace krab::train {
 
@@ -132,5 +133,10 @@ std::optional<std::string> latest_step_dir(const std::string& run_dir);
 // For a TorchScript model (models/torchscript.h) it also writes `model.ts` in the same
 // directory: the scripted module with these weights, in eval mode, for torch.jit.load.
 void save_model_pt(const std::string& path, const torch::nn::Module& module);
+// The same for `engine`'s model, called by every rank of the engine's group (collective: an
+// engine that frees its parameters, ZeRO stage 3, gathers them unit by unit for it —
+// Engine::visit_parameters — or all at once for a TorchScript model's model.ts); the rank with
+// `write` writes the files, the others only take part in the gathers.
+void save_model_pt(const std::string& path, engine::Engine& engine, bool write);
 
 }  // namespace krab::train

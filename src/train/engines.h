@@ -13,13 +13,15 @@
 
 namespace krab::train {
 
-// Builds the engine for `c` (the job as it runs, momentum folded) around `model`, on this rank
+// Builds the engine for `c` (the job as it runs, momentum folded) around the model `spec`
+// describes (models::make_model, with torch's generator as the caller seeded it), on this rank
 // of `world`. Collective engines connect their group here (a Timeout names the rendezvous and
-// comm.timeout_s); the parameter-server worker waits for its servers' addresses.
+// comm.timeout_s); the parameter-server worker waits for its servers' addresses. ZeRO stage 3
+// connects first and builds the model sharded as it is constructed (a model larger than one
+// worker never exists whole: parallel/zero/stage3_build.h); the others build it whole.
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& options,
                                             const comm::WorldInfo& world,
-                                            std::shared_ptr<models::Model> model,
-                                            int64_t total_steps);
+                                            const models::ModelSpec& spec, int64_t total_steps);
 
 // parallel.offload: disk, before any worker is spawned: the offload directory
 // (RUN_DIR/offload) must be writable and its file system must have room for every rank's file

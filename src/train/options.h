@@ -38,7 +38,7 @@ struct TrainOptions {
 };
 
 // The cross-key refusals of parallel.zero_stage (InvalidArgument naming both keys): stage 3
-// (not built yet); a stage > 0 with sync.mode local_sgd or async (a worker holding 1/N of the
+// with offload; a stage > 0 with sync.mode local_sgd or async (a worker holding 1/N of the
 // optimizer state cannot step alone, and a server holds the state already); with a
 // comm.compression other than fp16 or bf16 (not composed with the reduce-scatter yet); with
 // comm.momentum_correction or comm.clip_norm (they keep a full-size velocity or norm per

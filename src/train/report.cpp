@@ -41,6 +41,10 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
   report["state"] = o.state;
   report["config"] = config;
   for (const auto& [key, value] : engine_fields.items()) report[key] = value;
+  // ZeRO stage 3 names the modules it gathers whole (not split into units): memory reads them.
+  if (!o.memory.is_null() && engine_fields.contains("zero") &&
+      engine_fields["zero"].contains("gathered_whole"))
+    report["memory"]["gathered_whole"] = engine_fields["zero"]["gathered_whole"];
   return report;
 }
 

@@ -156,12 +156,11 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   steps = total_steps(c, *sampler, o.micro_batches);
   batches = image_batches(c, d, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
-  auto model = models::make_model(model_spec(c, d));
+  engine = make_engine(c, o, world, model_spec(c, d), steps);  // builds the model
   model_name = c.get_string("model.name");
-  signature = model_signature(*model);
-  if (const auto* ts = models::as_torchscript(*model)) script_file = ts->file();  // for export
-  metric = resolve_metric(c, *model, d);
-  engine = make_engine(c, o, world, std::move(model), steps);
+  signature = model_signature(engine->model());
+  if (const auto* ts = models::as_torchscript(engine->model())) script_file = ts->file();  // for export
+  metric = resolve_metric(c, engine->model(), d);
   group = engine->group();
   run_dir = run_directory(c);
   seal_key = core::read_seal_key(c.get_string("checkpoint.hmac_key_file"), run_dir);
@@ -436,6 +435,8 @@ nlohmann::json Trainer::Loop::finish_group() {
     events.counter(str_cat("bytes_sent.", comm::op_name(static_cast<comm::OpKind>(k))),
                    totals[3 + k].item<double>());
   const std::string final_state = write_final_shards();
+  // Every rank: an engine that frees its parameters (ZeRO stage 3) gathers them for model.pt.
+  save_model_pt((fs::path(run_dir) / "model.pt").string(), *engine, rank0());
   if (!rank0()) return nlohmann::json();
   // The last step's shared loss; the mean of the ranks' last losses when this run computed no
   // step (resumed at its end).
@@ -465,10 +466,7 @@ std::string Trainer::Loop::write_final_shards() {
 // the report.
 nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   const engine::TrainState state = engine->state();
-  out.checkpoint = (fs::path(run_dir) / "model.pt").string();
-  // Stages 1-2 keep every parameter whole between steps (settled), so model.pt reads the model
-  // as stage 0 does. (Stage 3 needs the engine to gather each unit for it: not built yet.)
-  save_model_pt(out.checkpoint, *state.model);
+  out.checkpoint = (fs::path(run_dir) / "model.pt").string();  // finish_group wrote it
   if (state.sharded == nullptr)
     out.state =
         save_checkpoint(run_dir,

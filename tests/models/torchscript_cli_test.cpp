@@ -198,6 +198,25 @@ TEST_F(TorchScriptCli, CheckpointingATorchScriptModelTrainsAsWithout) {
   for (const auto& [name, t] : a) EXPECT_TRUE(torch::equal(t, b.at(name))) << name;
 }
 
+// ZeRO stage 3 on a TorchScript model: the children krab rewrote to krab::unit_call are units,
+// each gathered around its call and freed after; the same model as stage 0, and model.ts too.
+TEST_F(TorchScriptCli, ZeroStageThreeEndsWhereStageZeroEnds) {
+  job(b_.net(32, 16, 4));
+  auto base = run(krab("train job.yaml --set checkpoint.dir=s0"));
+  ASSERT_EQ(base.code, 0) << base.output;
+  auto r = run(
+      krab("train job.yaml --report r3.json --set checkpoint.dir=s3 --set parallel.zero_stage=3"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto want = load_model_pt((dir_ / "s0/model.pt").string());
+  auto got = load_model_pt((dir_ / "s3/model.pt").string());
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_LE(max_elementwise_rel_diff(got, want), 1e-5);
+  EXPECT_TRUE(fs::exists(dir_ / "s3/model.ts"));
+  const auto report = nlohmann::json::parse(core::read_file((dir_ / "r3.json").string()));
+  const std::set<std::string> units(report["zero"]["units"].begin(), report["zero"]["units"].end());
+  EXPECT_TRUE(units.count("body") && units.count("head")) << report["zero"].dump();
+}
+
 // LibTorch 1.13 cannot autocast layer_norm of a bf16 activation with fp32 weights (design
 // §12, check 6): a post-LN module fails its first bf16 step with one line naming the key, exit
 // 2 (the job asks what the model cannot do), and leaves no model behind; in fp32 it trains.

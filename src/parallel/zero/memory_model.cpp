@@ -199,10 +199,11 @@ comm::TrafficStats zero_traffic(const MemoryInputs& in) {
       add(OpKind::kAllgather, shard_bytes, 1);
       continue;
     }
+    // The root stays gathered (its values change only at the step): one gather per step.
     const bool root = u == 0;
     const bool last_in_forward = !root && u == last;
-    const int64_t gathers = root || last_in_forward ? 1 : 2;
-    add(OpKind::kAllgather, shard_bytes, gathers * micro);
+    const int64_t gathers = root ? 1 : (last_in_forward ? 1 : 2) * micro;
+    add(OpKind::kAllgather, shard_bytes, gathers);
     add(OpKind::kReduceScatter, bytes, micro);
   }
   return t;

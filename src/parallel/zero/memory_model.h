@@ -54,7 +54,8 @@
 //   2   per unit RS(P_u) every micro-batch, AG(P_u/N) after the step
 //   3   per micro-batch: every non-root unit AG (forward) + AG (backward) + RS, except that the
 //       last unit in forward order is still gathered when backward reaches it (no backward AG);
-//       the root RS, then AG (before the next micro-batch's forward or after the step)
+//       the root RS; the root's AG once per step, after it (the root stays gathered: its
+//       values change only at the step)
 // So stage 3 sends 3 units' worth where stage 1 sends 2: 1.5x all-reduce's bytes as the units
 // grow in number. Gathers are fp32 at every precision (§6.1). A unit of 0 elements issues no
 // collective. Compressed reduce-scatters and the buffer broadcast are not modelled.

@@ -1,0 +1,144 @@
+// Stage3Engine: ZeRO stage 3 — parameters, gradients and optimizer state all sharded
+// (docs/design/zero-sharding.md §1.3, §2.5).
+//
+// Each rank keeps, per unit (parallel.wrap; the root unit holds what no unit took), an fp32
+// master shard of 1/N of the unit's parameters, the optimizer state over it, and between
+// backward and update the gradient shard: 16Ψ/N bytes with Adam. The parameters themselves
+// are views into one flat storage per unit (Stage3Storage) that holds bytes only while the
+// unit runs: Stage3Runner, installed as the model's unit runner, all-gathers a unit before its
+// forward and again before its backward (prefetching the next one), and frees it after each.
+// The root unit stays gathered: the model uses it outside units (gpt's embeddings and head).
+// One step through the Engine calls (engine/engine.h):
+//
+//   before_backward(m, last)  waits for the root's gather; from the second micro-batch on,
+//                             finishes the previous one's reduce-scatters (as stage 2)
+//   forward / backward        Stage3Runner gathers and frees around every unit; gradient
+//                             hooks copy each unit's gradients into its own bucket and
+//                             reduce-scatter it (GradReducer, one unit per bucket), releasing
+//                             every .grad
+//   reduce_gradients()        the rest of the buckets (the root's last): the grad shards hold
+//                             the average; any unit still gathered is freed
+//   apply(lr)                 one optimizer per unit steps its master shard
+//   after_step(plan)          starts the all-gather of the root's master into the root's flat
+//                             (the other units are gathered when they next run); rank 0's
+//                             buffers are broadcast
+//
+// The same parameters as the data-parallel engine: bit for bit on two ranks without gradient
+// accumulation, up to the order of additions otherwise (§1.5). Traffic per micro-batch: a
+// forward and a backward all-gather and a reduce-scatter of every non-root unit, except that
+// the last unit of the forward is not gathered again for its backward; the root's
+// reduce-scatter per micro-batch and its all-gather once per step (memory_model.h's
+// zero_traffic()).
+//
+// Compression: comm.compression fp16 or bf16 through the reduce-scatter, as at stage 2.
+// Activation checkpointing: the runner recomputes each unit inside its gather
+// (models::run_recomputed after the gather), so the trainer installs no runner of its own.
+//
+// Checkpoints: state() hands out the master shards and their optimizers; after_restore()
+// gathers the root (the other units are gathered from the restored masters when they run).
+// visit_parameters() hands out every parameter whole, one unit gathered at a time (model.pt).
+//
+// Not supported (InvalidArgument naming the key): parallel.offload (the master shard is not in
+// the offload file yet).
+//
+// Thread safety: one training thread, like every engine.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "compress/options.h"
+#include "engine/engine.h"
+#include "engine/shard_layout.h"
+#include "engine/sharded_state.h"
+#include "models/model.h"
+#include "parallel/dp_engine.h"
+#include "parallel/zero/grad_reducer.h"
+#include "parallel/zero/shard_optimizer.h"
+#include "parallel/zero/stage3_runner.h"
+#include "parallel/zero/stage3_storage.h"
+
+namespace krab::parallel::zero {
+
+struct Stage3EngineOptions {
+  // Module-path globs picking the units among the model's unit candidates (plan.h). Ignored
+  // when wrap_auto: then every candidate is a unit.
+  std::vector<std::string> wrap;
+  bool wrap_auto = true;
+  int64_t alignment = 16;  // shard alignment in elements (plan.h's shard_alignment)
+  int prefetch = 1;        // parallel.prefetch: units gathered ahead
+  bool activation_checkpointing = false;
+  compress::CompressionOptions compression;  // none, fp16 or bf16
+  // total_steps, global_micro_batch, broadcast_buffers, as for the data-parallel engine (the
+  // bucket cap is not used: every unit is its own bucket, so its gradient goes at once).
+  DataParallelEngineOptions data_parallel;
+};
+
+// The units of stage 3 for a model with these trainable parameters and unit candidates: every
+// candidate when options.wrap_auto, else the candidates options.wrap picks (plan.h's refusals);
+// all in the root when there are no candidates (a unit no unit call runs would never be
+// gathered). Laid out for `world` ranks. Pure.
+engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& params,
+                                       const std::vector<std::string>& candidates,
+                                       const Stage3EngineOptions& options, int world);
+
+class Stage3Engine : public engine::Engine {
+ public:
+  // Plans the units from the model's unit candidates (plan_stage3_layout), moves every unit's
+  // parameters into its flat (broadcast from rank 0; rank 0's buffers and frozen parameters
+  // too), keeps the master shards, frees every non-root flat, installs the runner and builds
+  // one optimizer per master shard. With `built` (sharded construction, stage3_build.h) the
+  // units were adopted while the model was built: its layout must be the one planned here
+  // (Error otherwise). InvalidArgument for a wrap plan_units refuses, an optimizer
+  // ShardOptimizers refuses.
+  Stage3Engine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
+               Stage3EngineOptions options, const OptimizerFactory& make_optimizer,
+               std::unique_ptr<Stage3Storage> built = nullptr);
+  ~Stage3Engine() override;
+
+  std::string name() const override { return "sync"; }
+  models::Model& model() override { return *model_; }
+  void start_at(int64_t step) override { steps_.start_at(step); }
+  std::optional<engine::StepPlan> next_step() override { return steps_.next(*comm_); }
+  void before_backward(int64_t micro, bool last) override;
+  void reduce_gradients() override;
+  void apply(double lr) override;
+  void after_step(const engine::StepPlan& plan) override;
+  comm::Communicator* group() override { return comm_.get(); }
+  engine::TrainState state() override;
+  void settle() override;
+  void after_restore() override;
+  engine::MemoryStats memory() const override;
+  nlohmann::json describe() const override;
+
+  // Collective: fn sees every trainable and frozen parameter whole, in named_parameters order;
+  // each unit is gathered for its parameters and freed after them (one unit at a time).
+  bool visit_parameters(const engine::ParameterVisitor& fn) override;
+  // Collective: every unit gathered while fn runs, freed after.
+  void with_whole_model(const std::function<void()>& fn) override;
+
+  const engine::ShardLayout& layout() const { return layout_; }
+  const Stage3Storage& storage() const { return *storage_; }
+  const GradReducer& reducer() const { return *reducer_; }
+
+ private:
+  std::shared_ptr<models::Model> model_;
+  std::unique_ptr<comm::Communicator> comm_;
+  Stage3EngineOptions options_;
+  DataParallelSteps steps_;
+  engine::ShardLayout layout_;
+  std::vector<std::string> gathered_whole_;
+  // Destroyed in reverse: the runner (hooks, model's runner slot) and the reducer before the
+  // storage (gathers in flight) before the communicator.
+  std::unique_ptr<Stage3Storage> storage_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<Stage3Runner> runner_;
+  std::unique_ptr<ShardOptimizers> optimizers_;
+  engine::ShardedState sharded_;
+};
+
+}  // namespace krab::parallel::zero

@@ -1,0 +1,134 @@
+#include "parallel/zero/stage3_storage.h"
+
+#include <ATen/native/Resize.h>
+#include <torch/torch.h>
+
+#include "core/errors.h"
+
+namespace krab::parallel::zero {
+
+namespace {
+
+void resize_bytes(const at::Tensor& flat, size_t bytes) {
+  at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), bytes);
+}
+
+}  // namespace
+
+Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank)
+    : layout_(layout), rank_(rank), units_(layout.num_units()) {}
+
+// Gloo threads may still write into a flat: never drop one under a gather.
+Stage3Storage::~Stage3Storage() {
+  for (auto& u : units_) try {
+      if (u.work) u.work->wait();
+    } catch (...) {  // reported by whoever waited first
+    }
+}
+
+bool Stage3Storage::all_adopted() const {
+  for (const auto& u : units_)
+    if (!u.adopted) return false;
+  return true;
+}
+
+void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm::Communicator& comm,
+                          bool keep_gathered) {
+  Unit& slot = units_.at(unit);
+  KRAB_CHECK(!slot.adopted, "Stage3Storage: unit ", unit, " adopted twice");
+  const engine::UnitLayout& u = layout_.unit(unit);
+  KRAB_CHECK_ARG(params.size() == u.params.size(), "Stage3Storage: unit '", u.name, "' has ",
+                 u.params.size(), " parameters in the layout, ", params.size(), " given");
+  torch::NoGradGuard no_grad;
+  // Zeros: the padding must be exactly 0 (an optimizer step then keeps it 0, §1.4).
+  at::Tensor flat = torch::zeros({u.padded}, torch::kFloat);
+  for (size_t i = 0; i < u.params.size(); ++i) {
+    const engine::ParamSpan& span = u.params[i];
+    at::Tensor p = params[i];
+    KRAB_CHECK_ARG(p.scalar_type() == at::kFloat && p.device().is_cpu(),
+                   "parallel.zero_stage: parameter '", span.name,
+                   "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
+    KRAB_CHECK_ARG(p.sizes().vec() == span.shape, "Stage3Storage: parameter '", span.name,
+                   "' has shape ", p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
+    at::Tensor view = flat.narrow(0, span.offset, span.numel).view(span.shape);
+    view.copy_(p);
+    // Same dtype and device: set_data keeps the TensorImpl and the grad accumulator, and the
+    // parameter's old storage goes as soon as nothing else holds it.
+    p.set_data(view);
+  }
+  // Thread-ranks share one generator and processes may differ in what they drew: rank 0's
+  // values are the model's, as the data-parallel engine's initial broadcast makes them.
+  if (u.padded > 0) comm.broadcast(flat, 0)->wait();
+  const engine::Range r = layout_.shard(unit, rank_);
+  slot.master = flat.narrow(0, r.begin, r.size()).clone();
+  slot.flat = std::move(flat);
+  slot.adopted = true;
+  live_bytes_ += static_cast<int64_t>(slot.flat.nbytes());
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  if (!keep_gathered) free(unit);
+}
+
+bool Stage3Storage::allocated(int unit) const {
+  const Unit& u = units_.at(unit);
+  return u.flat.defined() && (u.flat.numel() == 0 || u.flat.storage().nbytes() > 0);
+}
+
+void Stage3Storage::allocate(int unit) {
+  Unit& u = units_[unit];
+  resize_bytes(u.flat, static_cast<size_t>(u.flat.numel()) * sizeof(float));
+  live_bytes_ += static_cast<int64_t>(u.flat.nbytes());
+  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+}
+
+void Stage3Storage::start_gather(int unit, comm::Communicator& comm) {
+  Unit& u = units_.at(unit);
+  KRAB_CHECK(u.adopted, "Stage3Storage: unit ", unit, " gathered before it was adopted");
+  if (u.flat.numel() == 0 || allocated(unit)) return;
+  allocate(unit);
+  u.work = comm.allgather(u.master, u.flat);
+}
+
+void Stage3Storage::refresh(int unit, comm::Communicator& comm) {
+  Unit& u = units_.at(unit);
+  KRAB_CHECK(u.adopted, "Stage3Storage: unit ", unit, " gathered before it was adopted");
+  if (u.flat.numel() == 0) return;
+  wait(unit);
+  if (!allocated(unit)) allocate(unit);
+  u.work = comm.allgather(u.master, u.flat);
+}
+
+void Stage3Storage::wait(int unit) {
+  Unit& u = units_.at(unit);
+  if (!u.work) return;
+  comm::WorkPtr work = std::move(u.work);
+  u.work = nullptr;
+  work->wait();
+}
+
+void Stage3Storage::wait_all() {
+  // Wait for all before rethrowing, so that no gather is left writing into a flat.
+  std::exception_ptr first;
+  for (int u = 0; u < num_units(); ++u) try {
+      wait(u);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  if (first) std::rethrow_exception(first);
+}
+
+void Stage3Storage::free(int unit) {
+  Unit& u = units_.at(unit);
+  if (u.flat.numel() == 0 || !allocated(unit)) return;
+  wait(unit);
+  live_bytes_ -= static_cast<int64_t>(u.flat.nbytes());
+  resize_bytes(u.flat, 0);
+}
+
+int64_t Stage3Storage::master_bytes() const {
+  int64_t total = 0;
+  for (const auto& u : units_)
+    if (u.master.defined()) total += static_cast<int64_t>(u.master.nbytes());
+  return total;
+}
+
+}  // namespace krab::parallel::zero
