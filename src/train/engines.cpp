@@ -98,13 +98,12 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
 }
 
 // The engine checks again when it starts (parallel/zero/zero_engine.h), with the layout it
-// built; here the same layout is planned from the model's shapes so that nothing is spawned.
-void check_offload_room(const core::Config& job, models::Model& model, int workers) {
+// built; here the same layout is planned from the parameters' shapes so that nothing is spawned
+// and no model is built (a model larger than one worker must not be built in the launcher).
+void check_offload_room(const core::Config& job, const std::vector<engine::ParamShape>& shapes,
+                        int workers) {
   if (job.get_string("parallel.offload") != "disk") return;
   namespace zero = parallel::zero;
-  std::vector<engine::ParamShape> shapes;
-  for (const auto& item : model.named_parameters())
-    if (item.value().requires_grad()) shapes.push_back({item.key(), item.value().sizes().vec()});
   if (shapes.empty()) return;  // the engine refuses such a model by name
   const auto layout = engine::plan_layout(
       zero::plan_units(

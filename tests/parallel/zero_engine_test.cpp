@@ -382,7 +382,13 @@ TEST(ZeroEngine, MemoryIsTheClosedForm) {
       while (auto plan = e->next_step()) one_step(c, *e, r, *plan, &ignored);
       e->settle();
       MemoryInputs in;
-      for (const auto& u : z.layout().units()) in.unit_numel.push_back(u.numel);
+      int64_t numel = 0, padded = 0;
+      for (const auto& u : z.layout().units()) {
+        in.unit_numel.push_back(u.numel);
+        numel += u.numel;
+        padded += u.padded;
+      }
+      EXPECT_GT(padded, numel) << "a case with padding: the prediction pads as the layout does";
       in.world_size = c.world;
       in.stage = stage;
       const auto want = predict_memory(in);
