@@ -92,10 +92,10 @@ void say_not_built(const models::ModelSpec& spec, int64_t numel,
     tried = str_cat("it tried the data on an mlp of hidden width ", reduced->hidden);
   else
     tried = "the workers try the data on it";
-  const std::string what = spec.name == "torchscript"
-                               ? str_cat("model.path '", spec.path, "' (", millions(numel),
-                                         " stored values)")
-                               : str_cat("a ", spec.name, " of ", millions(numel), " parameters");
+  const std::string what =
+      spec.name == "torchscript"
+          ? str_cat("model.path '", spec.path, "' (", millions(numel), " stored values)")
+          : str_cat("a ", spec.name, " of ", millions(numel), " parameters");
   std::fprintf(stderr, "krab: the launcher does not build %s, more than %s: %s%s\n", what.c_str(),
                millions(kWholeModelLimit).c_str(), tried.c_str(),
                resuming ? "; the workers verify the checkpoint's shards" : "");
@@ -135,8 +135,8 @@ void check_resume_manifest(const core::Config& c, const ModelShape& shape,
   if (!shape.shapes_known || !core::path_exists(manifest_path(step_dir))) return;
   CheckpointMeta expect{0, c.get_string("model.name"), signature_of(shape), global_batch,
                         c.get_int("train.seed")};
-  const auto reader = StateReader::open(step_dir, seal_key,
-                                        checkpoint_job(run_directory(c), expect.signature));
+  const auto reader =
+      StateReader::open(step_dir, seal_key, checkpoint_job(run_directory(c), expect.signature));
   check_resumable(reader->meta(), expect, reader->source());
   const std::string mine = optimizer_type(*make_optimizer(c, {torch::zeros({1})}));
   KRAB_CHECK_ARG(reader->optimizer_type() == mine, reader->source(),

@@ -16,9 +16,14 @@
 #include <string>
 
 #include "core/errors.h"
+#include "core/fs.h"
+#include "models/describe.h"
 #include "models/forward_error.h"
+#include "train/checkpoint.h"
 #include "train/job.h"
+#include "train/manifest.h"
 #include "train/memory_report.h"
+#include "train/optimizer_state.h"
 
 namespace krab::train {
 namespace {
@@ -35,15 +40,14 @@ class PreflightTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   core::Config gpt(int64_t layers, int64_t width, const std::string& more = "") const {
-    return core::Config::parse(
-        str_cat("model: {name: gpt, layers: ", layers, ", width: ", width,
-                ", heads: 4, context: 16}\n"
-                "data: {name: text, path: '",
-                (dir_ / "corpus.txt").string(),
-                "', batch_size: 2}\n"
-                "checkpoint: {dir: '",
-                (dir_ / "runs").string(), "'}\n", more),
-        "gpt.yaml");
+    return core::Config::parse(str_cat("model: {name: gpt, layers: ", layers, ", width: ", width,
+                                       ", heads: 4, context: 16}\n"
+                                       "data: {name: text, path: '",
+                                       (dir_ / "corpus.txt").string(),
+                                       "', batch_size: 2}\n"
+                                       "checkpoint: {dir: '",
+                                       (dir_ / "runs").string(), "'}\n", more),
+                               "gpt.yaml");
   }
   fs::path dir_;
 };
@@ -96,7 +100,8 @@ void write_float64_data(const fs::path& path) {
   xy.insert("x", torch::rand({16, 8}, torch::kFloat64));
   xy.insert("y", torch::arange(16, torch::kInt64).remainder(4));
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(xy));
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 std::string refusal(const core::Config& c) {
@@ -111,10 +116,10 @@ std::string refusal(const core::Config& c) {
 TEST_F(PreflightTest, AHugeMlpOnFloat64DataIsRefusedWithTheSmallMlpsLine) {
   write_float64_data(dir_ / "train64.pt");
   const auto job = [&](int64_t hidden) {
-    return core::Config::parse(str_cat("model: {name: mlp, hidden: ", hidden,
-                                       "}\ndata: {name: tensors, path: '",
-                                       (dir_ / "train64.pt").string(), "', batch_size: 2}\n"),
-                               "mlp.yaml");
+    return core::Config::parse(
+        str_cat("model: {name: mlp, hidden: ", hidden, "}\ndata: {name: tensors, path: '",
+                (dir_ / "train64.pt").string(), "', batch_size: 2}\n"),
+        "mlp.yaml");
   };
   const std::string small = refusal(job(128));
   EXPECT_NE(small.find("the data's inputs are torch.float64, the model's parameters "
@@ -133,9 +138,8 @@ TEST_F(PreflightTest, AHugeMlpOnFloat64DataIsRefusedWithTheSmallMlpsLine) {
 // region a whole number of pages.
 TEST_F(PreflightTest, DiskOffloadRoomOfAModelNoMachineCouldBuildIsRefusedBeforeAnyWorker) {
   const int64_t layers = 20, w = 65536;
-  const core::Config c =
-      gpt(layers, w,
-          "parallel: {zero_stage: 2, offload: disk}\ntrain: {optimizer: {name: adam}}\n");
+  const core::Config c = gpt(
+      layers, w, "parallel: {zero_stage: 2, offload: disk}\ntrain: {optimizer: {name: adam}}\n");
   std::string what;
   try {
     preflight(c, 4);
@@ -151,6 +155,68 @@ TEST_F(PreflightTest, DiskOffloadRoomOfAModelNoMachineCouldBuildIsRefusedBeforeA
             std::string::npos)
       << what;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));
+}
+
+std::string refused(const core::Config& c) {
+  try {
+    preflight(c, 4);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "(nothing refused)";
+}
+
+// A sharded checkpoint of the 1.6 B gpt at step 5 (its manifest only: the launcher reads no
+// shard of a model it does not build), written by an Adam job of global batch 8.
+void write_manifest_of(const core::Config& c, const fs::path& run_dir) {
+  const models::ModelSpec spec = model_spec(c, load_data(c));
+  engine::UnitParams root;
+  std::string signature;
+  for (const models::ParameterShape& p : models::describe_parameters(spec).params) {
+    root.params.push_back({p.name, p.shape});
+    signature += str_cat(p.name, ":", at::IntArrayRef(p.shape), ";");
+  }
+  Manifest m;
+  m.meta = {5, "gpt", signature, 8, c.get_int("train.seed")};
+  m.checkpoint_id = std::string(32, 'a');
+  m.stage = 2;
+  m.layout = engine::plan_layout({root}, 4, 16);
+  m.optimizer_type = "adam";
+  m.optimizer_options = group_options(*make_optimizer(c, {torch::zeros({1})}));
+  m.shards.assign(4, ShardDigest{1, std::string(64, '0')});
+  core::RecordWriter rec;
+  write_manifest(m, rec);
+  const fs::path step = run_dir / step_dir_name(5);
+  fs::create_directories(step);
+  core::write_file_atomic(manifest_path(step.string()), frame_checkpoint(rec.bytes()));
+  publish_step(run_dir.string(), 5, 2);
+}
+
+// Resuming a model the launcher does not build: the manifest is checked against the job (its
+// global batch, its optimizer); the shards are the workers' to verify.
+TEST_F(PreflightTest, AHugeModelsShardedCheckpointIsCheckedByItsManifest) {
+  core::Config c = gpt(8, 4096, "train: {optimizer: {name: adam}}\n");
+  c.set("checkpoint.resume", "true");
+  write_manifest_of(c, dir_ / "runs");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(refused(c), "(nothing refused)");  // the shards are missing: the workers say so
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("the workers verify the checkpoint's shards"), std::string::npos) << said;
+  core::Config other = c;
+  other.set("train.optimizer.name", "sgd");
+  EXPECT_NE(refused(other).find("holds the state of optimizer 'adam'; this job's "
+                                "train.optimizer.name is 'sgd'"),
+            std::string::npos)
+      << refused(other);
+  other = c;
+  other.set("data.batch_size", "1");  // global batch 4, not 8
+  EXPECT_NE(refused(other).find("manifest.krab"), std::string::npos) << refused(other);
+  other = c;
+  other.set("model.heads", "8");  // the same parameters, another model: not refused by shapes
+  EXPECT_EQ(refused(other), "(nothing refused)");
+  other = c;
+  other.set("model.layers", "7");
+  EXPECT_NE(refused(other).find("manifest.krab"), std::string::npos) << refused(other);
 }
 
 }  // namespace
