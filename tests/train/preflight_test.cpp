@@ -82,6 +82,7 @@ TEST_F(PreflightTest, AGptOf1point6BillionParametersIsNotBuilt) {
   EXPECT_GT(info.parameters, blocks);  // + embeddings, ln_f and head
   const int64_t vocab = model_spec(c, load_data(c)).num_classes;
   EXPECT_EQ(info.parameters, blocks + w * (2 * vocab + 16 + 2));  // tok, head, pos, ln_f
+  RecordProperty("peak_growth_bytes", std::to_string(peak - before));
   const int64_t weights = 4 * info.parameters;  // 6.4 GB, 12.8 GB with the dry run's grads
   // Where clear_refs is not allowed, the process's whole peak (this test executable's small
   // tests ran before) still has to stay far below.
