@@ -298,7 +298,8 @@ std::vector<KeySpec> parallel_keys() {
               "keeps the optimizer state of 1/N of the parameters, updates that part and "
               "all-gathers the updated parameters; 2 also keeps only 1/N of the gradients "
               "(reduce-scattered during backward). Same parameters as 0 up to the order of "
-              "additions; `comm.compression` fp16 and bf16 compose (through the reduce-scatter). 3 "
+              "additions; `comm.compression` fp16, bf16, int8 and onebit compose (through the "
+              "reduce-scatter; int8 and onebit as closely as at stage 0, not bit for bit). 3 "
               "(parameters sharded too) is not built yet.",
               0, 3),
       string_key("parallel.offload", "none",

@@ -58,6 +58,14 @@ std::unique_ptr<engine::Engine> make_ps_worker(const core::Config& c, const Trai
                                                 world.size, o.batch * world.size);
 }
 
+// Shards of whole codec chunks (design §1.2, parallel/zero/plan.h), as memory_plan predicts.
+int64_t zero_alignment(const core::Config& c) {
+  const std::string& codec = c.get_string("comm.compression");
+  const int64_t chunk = c.get_int("comm.chunk");
+  return parallel::zero::shard_alignment(
+      codec == "int8" || codec == "onebit" ? (chunk > 0 ? chunk : 256) : 1);
+}
+
 }  // namespace
 
 void check_compression_options(const core::Config& job) {
@@ -85,6 +93,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
     zo.wrap = parallel::zero::wrap_globs(c.get_string("parallel.wrap"), c.get_string("model.name"));
     zo.data_parallel = dpo;
     zo.compression = compress::CompressionOptions::from_config(c);
+    zo.alignment = zero_alignment(c);
     if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
     return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
                                                         optimizer);
@@ -109,7 +118,7 @@ void check_offload_room(const core::Config& job, const std::vector<engine::Param
       zero::plan_units(
           shapes, zero::module_paths(shapes),
           zero::wrap_globs(job.get_string("parallel.wrap"), job.get_string("model.name"))),
-      workers, zero::ZeroEngineOptions{}.alignment);
+      workers, zero_alignment(job));
   // The job's own optimizer over a stand-in tensor says how many fields each shard's state has.
   const auto probe = make_optimizer(job, {torch::zeros({1}).requires_grad_()});
   const int fields = zero::optimizer_fields(*probe);

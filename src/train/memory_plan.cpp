@@ -87,7 +87,9 @@ zero::MemoryInputs memory_inputs(const core::Config& c, int world,
   in.world_size = world;
   in.stage = static_cast<int>(int_key_or(c, "parallel.zero_stage", 0));
   const std::string& compression = c.get_string("comm.compression");
-  in.alignment = zero::shard_alignment(compression == "int8" || compression == "onebit" ? 256 : 1);
+  const int64_t chunk = c.get_int("comm.chunk") > 0 ? c.get_int("comm.chunk") : 256;
+  in.alignment =
+      zero::shard_alignment(compression == "int8" || compression == "onebit" ? chunk : 1);
   // Units matter from stage 1 on (padding, stage 3's gathers); stage 0 ignores them. They are
   // planned at every stage all the same, so that the launcher can evaluate a higher stage from
   // the same inputs.
