@@ -98,7 +98,7 @@ void say_not_built(const models::ModelSpec& spec, int64_t numel,
           : str_cat("a ", spec.name, " of ", millions(numel), " parameters");
   std::fprintf(stderr, "krab: the launcher does not build %s, more than %s: %s%s\n", what.c_str(),
                millions(kWholeModelLimit).c_str(), tried.c_str(),
-               resuming ? "; the workers verify the checkpoint's shards" : "");
+               resuming ? "; the workers verify the checkpoint's files" : "");
 }
 
 // The model the workers make, tried on the first examples (train/dry_run.h); the metric

@@ -13,15 +13,17 @@
 //   Ψ <= kWholeModelLimit   the model is built as the workers build it: the dry run
 //                           (train/dry_run.h) trains one step of it on the first examples, a
 //                           checkpoint to resume is decoded into it (every byte verified);
-//   larger, built-in        the dry run runs on models::reduced_spec(), the same model kind with
+//   larger, mlp or gpt      the dry run runs on models::reduced_spec(), the same model kind with
 //                           the same inputs and outputs (mlp hidden 8, gpt one block of width =
 //                           heads): a dtype, token or label the model cannot take still fails
 //                           here, with the same line. A sharded checkpoint's manifest is read and
 //                           checked (job, parameter shapes, optimizer, seal); its shards, and a
 //                           state.krab, are verified by the workers, which read them anyway;
 //   larger, torchscript     nothing is loaded: the workers inspect the file and try it on the
-//                           data; the checkpoint as for a built-in model, minus the parameter
-//                           shapes (only the file knows them).
+//                           data, and verify the checkpoint (its seal is bound to the
+//                           parameter shapes, which only the loaded file knows);
+//   larger, cnn             (no smaller cnn takes the same images) as torchscript, but a sharded
+//                           checkpoint's manifest is checked as for the other built-ins.
 // When the model is above the limit, one line on stderr says what the launcher did not do.
 // The launcher's peak memory is then the data it reads and a model of a few thousand values,
 // whatever Ψ is (a test builds nothing for a 1.6 B-parameter gpt).

@@ -202,7 +202,7 @@ TEST_F(PreflightTest, AHugeModelsShardedCheckpointIsCheckedByItsManifest) {
   ::testing::internal::CaptureStderr();
   EXPECT_EQ(refused(c), "(nothing refused)");  // the shards are missing: the workers say so
   const std::string said = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(said.find("the workers verify the checkpoint's shards"), std::string::npos) << said;
+  EXPECT_NE(said.find("the workers verify the checkpoint's files"), std::string::npos) << said;
   core::Config other = c;
   other.set("train.optimizer.name", "sgd");
   EXPECT_NE(refused(other).find("holds the state of optimizer 'adam'; this job's "
