@@ -48,6 +48,7 @@
 #include "models/forward_error.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
+#include "train/preflight.h"
 #include "train/trainer.h"
 
 namespace {
@@ -150,8 +151,8 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
   const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
-  // Memory is checked from the configuration and the data alone, before preflight builds the
-  // model, which a job too large for the node must never do (train/memory_plan.h).
+  // Memory is checked from the configuration and the data alone, before preflight makes any
+  // model (train/memory_plan.h, train/preflight.h).
   train::preflight(config, plan.world_size, [&](const data::DataSplits& d) {
     const train::MemoryPlan memory = train::plan_memory(config, d, plan.world_size);
     cli::check_job_memory(

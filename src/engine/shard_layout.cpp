@@ -34,6 +34,12 @@ int64_t numel_of(const ParamShape& p) {
   return n;
 }
 
+// roundup(numel, granule) without forming numel + granule - 1 past int64.
+int64_t round_up(int64_t numel, int64_t granule, const std::string& what) {
+  const int64_t whole = numel / granule + (numel % granule != 0 ? 1 : 0);
+  return checked_mul(whole, granule, what);
+}
+
 std::string unit_label(const std::string& name) {
   return name.empty() ? std::string("<root>") : "'" + name + "'";
 }
@@ -80,6 +86,13 @@ std::optional<Loc> ShardLayout::locate(const std::string& param) const {
   return it->second;
 }
 
+int64_t padded_numel(int64_t numel, int world, int64_t alignment) {
+  KRAB_CHECK_ARG(numel >= 0 && world >= 1 && alignment >= 1,
+                 "shard layout: padding needs numel >= 0, world >= 1, alignment >= 1; got ", numel,
+                 ", ", world, ", ", alignment);
+  return round_up(numel, checked_mul(world, alignment, "world * alignment"), "a padded size");
+}
+
 ShardLayout plan_layout(const std::vector<UnitParams>& units, int world, int64_t alignment) {
   KRAB_CHECK_ARG(world >= 1, "shard layout: world size must be >= 1, got ", world);
   KRAB_CHECK_ARG(alignment >= 1, "shard layout: alignment must be >= 1, got ", alignment);
@@ -104,9 +117,7 @@ ShardLayout plan_layout(const std::vector<UnitParams>& units, int world, int64_t
       ul.params.push_back(ParamSpan{p.name, p.shape, ul.numel, n});
       ul.numel = checked_add(ul.numel, n, "the element count of unit " + unit_label(ul.name));
     }
-    // roundup(numel, granule) without forming numel + granule - 1 past int64.
-    const int64_t whole = ul.numel / granule + (ul.numel % granule != 0 ? 1 : 0);
-    ul.padded = checked_mul(whole, granule, "the padded size of unit " + unit_label(ul.name));
+    ul.padded = round_up(ul.numel, granule, "the padded size of unit " + unit_label(ul.name));
     out.units_.push_back(std::move(ul));
   }
   return out;

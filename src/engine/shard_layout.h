@@ -124,6 +124,12 @@ class ShardLayout {
   std::unordered_map<std::string, Loc> by_name_;
 };
 
+// padded_u of a unit of `numel` elements: numel rounded up to a multiple of world · alignment.
+// The one rounding rule of the layout: plan_layout pads with it, and the memory model
+// (parallel/zero/memory_model.h) predicts with it, so a prediction's bytes are the layout's.
+// Throws InvalidArgument when numel < 0, world < 1, alignment < 1 or the result overflows int64.
+int64_t padded_numel(int64_t numel, int world, int64_t alignment);
+
 // Lays out `units` (units[0] = root; at least one unit) for `world` ranks with shards that are
 // multiples of `alignment` elements. Pure and deterministic. Throws InvalidArgument when
 // world < 1, alignment < 1, units is empty, a shape has a negative dimension, a parameter name

@@ -126,6 +126,21 @@ ParameterTable describe_parameters(const ModelSpec& spec) {
       str_cat("unknown model '", spec.name, "'; known models: mlp, cnn, gpt, torchscript"));
 }
 
+std::optional<ModelSpec> reduced_spec(const ModelSpec& spec) {
+  ModelSpec small = spec;
+  if (spec.name == "mlp") {
+    small.hidden = std::min<int64_t>(spec.hidden, 8);
+    return small;
+  }
+  if (spec.name == "gpt") {
+    // Heads kept, so that the attention splits the width as the real model's does.
+    small.layers = std::min<int64_t>(spec.layers, 1);
+    small.width = std::min(spec.width, spec.heads);
+    return small;
+  }
+  return std::nullopt;
+}
+
 int64_t activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing) {
   if (spec.name == "gpt")
     return kFloatBytes * gpt_activation_values(spec, batch * spec.input_shape[0], checkpointing);

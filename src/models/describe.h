@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,16 @@ struct ParameterTable {
 // what make_model(spec) refuses for these models; "torchscript" is refused too, because only its
 // file knows its parameters (the caller reads the archive instead). Pure.
 ParameterTable describe_parameters(const ModelSpec& spec);
+
+// The smallest model of `spec`'s kind that takes the same inputs and gives the same outputs:
+// what the launcher runs its dry run on (train/preflight.h) when the model itself is too large
+// to build there. mlp: hidden 8; gpt: one block of width = heads (one value per head; vocab,
+// context and heads kept). Inputs that fail the model (a dtype, tokens past the vocabulary or
+// the context, labels the loss cannot take) fail the reduced one the same way, because the
+// layers that read the inputs and the loss see the same shapes. nullopt where no knob shrinks
+// the model without changing what it takes (cnn: its size follows the images; torchscript).
+// `spec` must be one describe_parameters accepts, or torchscript. Pure.
+std::optional<ModelSpec> reduced_spec(const ModelSpec& spec);
 
 // Bytes of activations one forward and backward of `batch` examples of `spec`'s input shape
 // needs at its peak (fp32), a deliberately plain estimate for the memory check: the tensors

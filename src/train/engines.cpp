@@ -60,6 +60,14 @@ std::unique_ptr<engine::Engine> make_ps_worker(const core::Config& c, const Trai
                                                 world.size, o.batch * world.size);
 }
 
+// Shards of whole codec chunks (design §1.2, parallel/zero/plan.h), as memory_plan predicts.
+int64_t zero_alignment(const core::Config& c) {
+  const std::string& codec = c.get_string("comm.compression");
+  const int64_t chunk = c.get_int("comm.chunk");
+  return parallel::zero::shard_alignment(
+      codec == "int8" || codec == "onebit" ? (chunk > 0 ? chunk : 256) : 1);
+}
+
 // Stage 3's units are the model's unit calls: `auto` takes every one of them.
 //
 // Stage 3 allocates and frees a unit's parameters (and its gradient and bucket) several times a
@@ -80,7 +88,7 @@ std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const 
   parallel::zero::Stage3EngineOptions so;
   const std::string wrap = c.get_string("parallel.wrap");
   so.wrap_auto = wrap == "auto";
-  if (!so.wrap_auto) so.wrap = parallel::zero::wrap_globs(wrap, c.get_string("model.name"));
+  if (!so.wrap_auto) so.wrap = parallel::zero::wrap_globs(wrap);
   so.prefetch = static_cast<int>(c.get_int("parallel.prefetch"));
   so.activation_checkpointing = o.activation_checkpointing;
   so.compression = compress::CompressionOptions::from_config(c);
@@ -119,6 +127,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
     zo.activation_checkpointing = o.activation_checkpointing;
     zo.data_parallel = dpo;
     zo.compression = compress::CompressionOptions::from_config(c);
+    zo.alignment = zero_alignment(c);
     if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
     return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
                                                         optimizer);
@@ -132,17 +141,16 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
 }
 
 // The engine checks again when it starts (parallel/zero/zero_engine.h), with the layout it
-// built; here the same layout is planned from the model's shapes so that nothing is spawned.
-void check_offload_room(const core::Config& job, models::Model& model, int workers) {
+// built; here the same layout is planned from the parameters' shapes so that nothing is spawned
+// and no model is built (a model larger than one worker must not be built in the launcher).
+void check_offload_room(const core::Config& job, const std::vector<engine::ParamShape>& shapes,
+                        const std::vector<std::string>& unit_candidates, int workers) {
   if (job.get_string("parallel.offload") != "disk") return;
   namespace zero = parallel::zero;
-  std::vector<engine::ParamShape> shapes;
-  for (const auto& item : model.named_parameters())
-    if (item.value().requires_grad()) shapes.push_back({item.key(), item.value().sizes().vec()});
   if (shapes.empty()) return;  // the engine refuses such a model by name
   const auto layout = engine::plan_layout(
-      zero::plan_wrap(shapes, model.unit_candidates(), job.get_string("parallel.wrap")), workers,
-      zero::ZeroEngineOptions{}.alignment);
+      zero::plan_wrap(shapes, unit_candidates, job.get_string("parallel.wrap")), workers,
+      zero_alignment(job));
   // The job's own optimizer over a stand-in tensor says how many fields each shard's state has.
   const auto probe = make_optimizer(job, {torch::zeros({1}).requires_grad_()});
   const int fields = zero::optimizer_fields(*probe);

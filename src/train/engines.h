@@ -4,10 +4,12 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "comm/factory.h"
 #include "core/config.h"
 #include "engine/engine.h"
+#include "engine/shard_layout.h"
 #include "models/model.h"
 #include "train/options.h"
 
@@ -25,10 +27,12 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
 
 // parallel.offload: disk, before any worker is spawned: the offload directory
 // (RUN_DIR/offload) must be writable and its file system must have room for every rank's file
-// (the same layout and optimizer fields the ZeRO engine will use, `model`'s trainable
-// parameters over `workers` ranks) + 5%. InvalidArgument naming parallel.offload, the
-// directory and both numbers (parallel/zero/offload.h's check_offload_room). No-op otherwise.
-void check_offload_room(const core::Config& job, models::Model& model, int workers);
+// (the same layout and optimizer fields the ZeRO engine will use, over the model's trainable
+// parameters `trainable` (named_parameters order, or models::describe_parameters' rows), its
+// `unit_candidates` (what `parallel.wrap: auto` takes) and `workers` ranks) + 5%. InvalidArgument naming parallel.offload, the directory and both
+// numbers (parallel/zero/offload.h's check_offload_room). No-op otherwise. Builds no model.
+void check_offload_room(const core::Config& job, const std::vector<engine::ParamShape>& trainable,
+                        const std::vector<std::string>& unit_candidates, int workers);
 
 // Refuses bad comm.* compression keys and combinations, naming the keys of `job` (the job as
 // written, before momentum is folded).

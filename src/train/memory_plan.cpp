@@ -34,14 +34,15 @@ std::string billions(int64_t n) {
   return buf;
 }
 
-// A TorchScript archive's tensors are its "data/N" records (torch.jit.save stores every
-// storage, parameters and buffers, once). Their bytes over 4 bound its fp32 parameter count
-// from above (buffers count too) without loading it: torch::jit::load would build the module.
 // As models/script_inspection.cpp: torch.jit.save deflates its source and debug records, a few
 // MB for a large network; only the sizes are read here.
 constexpr uint64_t kMaxInflated = uint64_t{64} << 20;
 
-int64_t archive_parameters(const std::string& path) {
+}  // namespace
+
+// torch::jit::load would build the module; the zip directory alone says the records' sizes.
+
+int64_t archive_values(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   KRAB_CHECK_ARG(in.good(), "model.path: cannot read '", path, "'");
   in.seekg(0, std::ios::end);
@@ -53,8 +54,6 @@ int64_t archive_parameters(const std::string& path) {
     if (name.rfind("data/", 0) == 0) bytes += n;
   return static_cast<int64_t>(bytes / 4);
 }
-
-}  // namespace
 
 int64_t int_key_or(const core::Config& c, const std::string& key, int64_t fallback) {
   return core::find_key(key) != nullptr ? c.get_int(key) : fallback;
@@ -76,7 +75,9 @@ zero::MemoryInputs memory_inputs(const core::Config& c, int world,
   in.world_size = world;
   in.stage = static_cast<int>(int_key_or(c, "parallel.zero_stage", 0));
   const std::string& compression = c.get_string("comm.compression");
-  in.alignment = zero::shard_alignment(compression == "int8" || compression == "onebit" ? 256 : 1);
+  const int64_t chunk = c.get_int("comm.chunk") > 0 ? c.get_int("comm.chunk") : 256;
+  in.alignment =
+      zero::shard_alignment(compression == "int8" || compression == "onebit" ? chunk : 1);
   // Units matter from stage 1 on (padding, stage 3's gathers); stage 0 ignores them. They are
   // planned at every stage all the same, so that the launcher can evaluate a higher stage from
   // the same inputs.
@@ -127,7 +128,7 @@ MemoryPlan plan_memory(const core::Config& job, const data::DataSplits& d, int w
     // A file that cannot be walked is preflight's to refuse, with its own message (the model
     // checks come after this one); until then it counts as no parameters.
     try {
-      count = archive_parameters(spec.path);
+      count = archive_values(spec.path);
     } catch (const std::exception&) {
       count = 0;
     }

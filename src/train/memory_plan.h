@@ -49,6 +49,12 @@ parallel::zero::MemoryInputs memory_inputs(const core::Config& config, int world
                                            const std::vector<engine::ParamShape>& params,
                                            const std::vector<std::string>& candidates);
 
+// A TorchScript archive's stored values: the bytes of its "data/N" records (torch.jit.save
+// stores every storage, parameters and buffers, once) over 4, an upper bound of its fp32
+// parameter count read from the zip directory without loading the module. InvalidArgument
+// naming model.path when the file cannot be read; CorruptData when it is no zip archive.
+int64_t archive_values(const std::string& path);
+
 // The value of an int / bool / string key when the registry has it, else `fallback`.
 int64_t int_key_or(const core::Config& c, const std::string& key, int64_t fallback);
 bool bool_key_or(const core::Config& c, const std::string& key, bool fallback);

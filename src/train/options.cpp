@@ -70,14 +70,19 @@ void check_zero_options(const core::Config& c) {
                  mode == "async" ? " (the parameter servers hold the optimizer state)"
                                  : " (a worker holding 1/N of the optimizer state cannot take "
                                    "local steps on the whole model)");
-  // fp16 and bf16 go through the reduce-scatter (parallel/zero/sharded_compression.h); the
-  // others cannot split their payload by rank (topk, randomk, powersgd) or are not aligned to
-  // their chunks yet (int8, onebit).
+  // fp16, bf16, int8 and onebit go through the reduce-scatter
+  // (parallel/zero/sharded_compression.h); the others cannot split their payload by rank
+  // (topk, randomk: sparse positions; powersgd: low-rank factors).
   const std::string& compression = c.get_string("comm.compression");
-  KRAB_CHECK_ARG(compression == "none" || compression == "fp16" || compression == "bf16",
+  KRAB_CHECK_ARG(compression == "none" || compression == "fp16" || compression == "bf16" ||
+                     compression == "int8" || compression == "onebit",
                  "parallel.zero_stage ", stage,
                  " cannot be combined with comm.compression: ", compression,
-                 " yet (none, fp16 and bf16 can; or use parallel.zero_stage: 0)");
+                 " (none, fp16, bf16, int8 and onebit can; or use parallel.zero_stage: 0)");
+  // Stage 3's shards are aligned to 16 values, not to whole codec chunks.
+  KRAB_CHECK_ARG(stage < 3 || (compression != "int8" && compression != "onebit"),
+                 "parallel.zero_stage 3 cannot be combined with comm.compression: ", compression,
+                 " yet (none, fp16 and bf16 can; int8 and onebit at stages 1-2)");
   // Both keep a full-size velocity or norm per bucket of full gradients: a stage that drops
   // them (2) cannot, and the sharded reduce-scatter does not apply them at stage 1 yet.
   KRAB_CHECK_ARG(c.get_float("comm.momentum_correction") == 0, "parallel.zero_stage ", stage,

@@ -66,18 +66,4 @@ nlohmann::json run_param_server(const core::Config& config, int shard,
 // the key. No-op for the other modes.
 void check_async_options(const core::Config& config);
 
-// What preflight() learned that the launcher needs to size the run.
-struct PreflightInfo {
-  int64_t parameters = 0;  // the model's parameter count
-  int64_t data_bytes = 0;  // the training and test tensors every worker loads
-};
-
-// Checks what can be checked before any process is spawned: data present and readable, batch
-// not larger than the data, model buildable, checkpoint resumable. Throws InvalidArgument /
-// CorruptData naming the key or file. `workers` is the total world size. `before_model`, when
-// given, is called with the loaded data after the data checks and before the model is built
-// (the launcher's memory check, which must refuse a model too large to build).
-PreflightInfo preflight(const core::Config& config, int workers,
-                        const std::function<void(const data::DataSplits&)>& before_model = {});
-
 }  // namespace krab::train

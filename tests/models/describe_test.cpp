@@ -125,6 +125,44 @@ TEST(DescribeParameters, RefusesWhatMakeModelRefusesWithTheSameMessage) {
   EXPECT_NE(message_of([&] { describe_parameters(script); }).find("net.pt"), std::string::npos);
 }
 
+// reduced_spec: the mlp and gpt it gives take the inputs of the full model and give outputs of
+// its shape (the launcher's dry run relies on it), with far fewer parameters; cnn and
+// torchscript have none.
+TEST(ReducedSpec, TakesTheSameInputsAndGivesTheSameOutputs) {
+  for (const ModelSpec& spec : specs()) {
+    SCOPED_TRACE(spec_name(spec));
+    const auto small = reduced_spec(spec);
+    if (spec.name == "cnn") {
+      EXPECT_FALSE(small.has_value());
+      continue;
+    }
+    ASSERT_TRUE(small.has_value());
+    EXPECT_LE(describe_parameters(*small).numel(), describe_parameters(spec).numel());
+    torch::manual_seed(0);
+    at::Tensor x = spec.name == "gpt"
+                       ? torch::randint(0, spec.num_classes, {2, spec.input_shape[0]})
+                       : torch::randn([&] {
+                           std::vector<int64_t> s{2};
+                           s.insert(s.end(), spec.input_shape.begin(), spec.input_shape.end());
+                           return s;
+                         }());
+    EXPECT_EQ(make_model(*small)->forward(x).sizes(), make_model(spec)->forward(x).sizes());
+  }
+  ModelSpec big = specs()[4];
+  big.width = 3 * 4096;
+  big.layers = 48;
+  const auto small = reduced_spec(big);
+  ASSERT_TRUE(small.has_value());
+  EXPECT_EQ(small->layers, 1);
+  EXPECT_EQ(small->width, 3);  // one value per head
+  EXPECT_EQ(small->heads, 3);
+  EXPECT_EQ(small->context, big.context);
+  EXPECT_EQ(small->num_classes, big.num_classes);
+  EXPECT_LT(describe_parameters(*small).numel(), 1000);
+  ModelSpec script = spec_of("torchscript", {4}, 2);
+  EXPECT_FALSE(reduced_spec(script).has_value());
+}
+
 TEST(ActivationBytes, GptClosedFormAndCheckpointing) {
   ModelSpec gpt = specs()[4];  // T 16, width 24, heads 3, vocab 50, 3 layers
   const int64_t batch = 2, tokens = batch * 16;

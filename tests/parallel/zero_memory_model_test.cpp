@@ -8,6 +8,7 @@
 
 #include "comm/traffic.h"
 #include "core/errors.h"
+#include "engine/shard_layout.h"
 #include "parallel/zero/memory_model.h"
 
 namespace krab::parallel::zero {
@@ -100,6 +101,31 @@ TEST(ZeroMemoryModel, WorldOfOneHoldsStageZerosModelState) {
       EXPECT_EQ(predict_memory(in).model_state(), stage0) << "stage " << stage;
     }
   }
+}
+
+// The prediction pads each unit exactly as plan_layout lays it out (one rounding rule).
+TEST(ZeroMemoryModel, PaddingIsTheLayouts) {
+  const std::vector<int64_t> numel = {0, 1, 15, 17, 1000, 12345, 777, 65537, 3};
+  std::vector<engine::UnitParams> units;
+  for (size_t u = 0; u < numel.size(); ++u)
+    units.push_back({u == 0 ? "" : str_cat("u", u), {{str_cat("p", u), {numel[u]}}}});
+  for (int n : {1, 2, 3, 7, 8})
+    for (int64_t a : {1, 16, 256}) {
+      const engine::ShardLayout layout = engine::plan_layout(units, n, a);
+      MemoryInputs in;
+      in.unit_numel = numel;
+      in.world_size = n;
+      in.alignment = a;
+      in.stage = 1;
+      in.optimizer = OptimizerKind::kSgdMomentum;
+      int64_t padded = 0;
+      for (int u = 0; u < layout.num_units(); ++u) {
+        EXPECT_EQ(padded_numel(numel[u], n, a), layout.unit(u).padded);
+        padded += layout.unit(u).padded;
+      }
+      EXPECT_EQ(predict_memory(in).params, 4 * padded) << n << " ranks, alignment " << a;
+      EXPECT_EQ(predict_memory(in).optimizer, 4 * padded / n);
+    }
 }
 
 TEST(ZeroMemoryModel, PaddingIsBounded) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/errors.h"
+#include "engine/shard_layout.h"
 
 namespace krab::parallel::zero {
 namespace {
@@ -150,8 +151,7 @@ int64_t padded_numel(int64_t numel, int world_size, int64_t alignment) {
   KRAB_CHECK_ARG(numel >= 0 && world_size >= 1 && alignment >= 1,
                  "padded_numel: needs numel >= 0, world_size >= 1, alignment >= 1; got ", numel,
                  ", ", world_size, ", ", alignment);
-  const int64_t step = static_cast<int64_t>(world_size) * alignment;
-  return (numel + step - 1) / step * step;
+  return engine::padded_numel(numel, world_size, alignment);  // the layout's own rule
 }
 
 MemoryPrediction predict_memory(const MemoryInputs& in) {

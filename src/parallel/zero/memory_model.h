@@ -113,8 +113,9 @@ struct MemoryPrediction {
 // fp32 values the optimizer keeps per parameter: 0, 1, 2 or 3 (the k above).
 int optimizer_values_per_param(OptimizerKind kind, bool amsgrad);
 
-// padded_u for one unit: numel rounded up to a multiple of world_size · alignment. Pure; the
-// same rounding as the layout plan (§1.2).
+// padded_u for one unit: numel rounded up to a multiple of world_size · alignment. Pure; it is
+// engine::padded_numel, the rounding plan_layout pads with (§1.2), so the bytes predicted for
+// a layout are the bytes its flats hold.
 int64_t padded_numel(int64_t numel, int world_size, int64_t alignment);
 
 // The table above for `in`. Pure; throws InvalidArgument naming the field when an input is out

@@ -10,14 +10,28 @@
 
 namespace krab::parallel::zero {
 
+namespace {
+
+// The values a codec quantizes together (compress/codecs.h).
+int64_t codec_chunk(const compress::CompressionOptions& o) {
+  using compress::CompressorKind;
+  if (o.kind == CompressorKind::kInt8 || o.kind == CompressorKind::kOneBit)
+    return o.chunk > 0 ? o.chunk : 256;  // compress/codecs.h's default
+  return 1;
+}
+
+}  // namespace
+
 ShardedCompression::ShardedCompression(const engine::ShardLayout& layout,
                                        const ZeroBucketPlan& plan, int rank,
                                        std::unique_ptr<compress::Compressor> compressor)
     : compressor_(std::move(compressor)) {
   const auto kind = compressor_->options().kind;
-  KRAB_CHECK_ARG(kind == compress::CompressorKind::kFp16 || kind == compress::CompressorKind::kBf16,
+  KRAB_CHECK_ARG(compressor_->aggregation() == compress::Aggregation::kReencode,
                  "comm.compression: ", compress::kind_name(kind),
-                 " does not compose with parallel.zero_stage > 0 yet (fp16 and bf16 do)");
+                 " does not compose with parallel.zero_stage > 0 (fp16, bf16, int8 and onebit "
+                 "do: their payload splits by rank)");
+  chunk_ = codec_chunk(compressor_->options());
   std::vector<std::vector<compress::Segment>> streams;
   for (const ZeroBucket& bucket : plan.buckets) {
     splits_.push_back(split(layout, bucket, plan.world, rank));
@@ -61,7 +75,10 @@ ShardedCompression::BucketSplit ShardedCompression::split(const engine::ShardLay
       }
       add(false, cursor, chunk.end - cursor);
     }
-  s.large = *std::max_element(n_large.begin(), n_large.end());
+  // Whole codec chunks per piece: the stream's W pieces (CodecCompressor's piece_numel) are
+  // then exactly the W segments, and no int8/onebit chunk spans two ranks.
+  const int64_t most = *std::max_element(n_large.begin(), n_large.end());
+  s.large = (most + chunk_ - 1) / chunk_ * chunk_;
   s.small = *std::max_element(n_small.begin(), n_small.end());
   for (int j = 0; j < world; ++j) {
     for (const Run& r : large[j])

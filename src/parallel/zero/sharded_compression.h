@@ -1,6 +1,6 @@
 // ShardedCompression: gradient compression through ZeRO's reduce-scatter
-// (docs/design/zero-sharding.md §2.2), for the element-wise codecs fp16 and bf16
-// (compress::Aggregation::kReencode).
+// (docs/design/zero-sharding.md §2.2), for the codecs whose payload splits by rank
+// (compress::Aggregation::kReencode): fp16, bf16, int8 and onebit.
 //
 // Stage 0 compresses a bucket in four moves: every worker encodes its value in W pieces
 // (all-to-all: piece j to worker j), worker j averages the pieces it received and re-encodes
@@ -20,7 +20,12 @@
 // rank-major fp32 buffer of W · Q values that is reduce-scattered (averaged) as usual. Each
 // element is then averaged over the workers in rank order with its own error-feedback
 // residuals, exactly as at stage 0: on two workers without gradient accumulation the averaged
-// gradients are bit-identical to stage 0 with the same codec.
+// gradients of fp16 and bf16 (element-wise) are bit-identical to stage 0 with the same codec.
+// int8 and onebit quantize in chunks (comm.chunk values share a scale; int8 rounds with a
+// random draw per chunk): P is rounded up to whole chunks, so that piece j is rank j's values
+// and no chunk mixes two ranks' values. Their chunks hold other values than stage 0's (which
+// cuts the bucket's stream evenly, not by rank), so they approximate the uncompressed run as
+// well as stage 0 with the codec does, not bit for bit.
 //
 // comm.compress_warmup_steps: the first steps reduce-scatter the whole buffer in fp32, as stage
 // 0 all-reduces it. Memory: the compressor's first-level residual is full size (each worker's
@@ -46,8 +51,8 @@ namespace krab::parallel::zero {
 class ShardedCompression {
  public:
   // Plans every bucket of `plan` for this `rank`. InvalidArgument naming comm.compression for a
-  // compressor other than fp16 or bf16 (the others cannot split their payload by rank, or
-  // quantize in chunks this layout does not align to yet).
+  // compressor other than fp16, bf16, int8 or onebit (topk, randomk and powersgd cannot split
+  // their payload by rank: shared positions, sparse indices, low-rank factors).
   ShardedCompression(const engine::ShardLayout& layout, const ZeroBucketPlan& plan, int rank,
                      std::unique_ptr<compress::Compressor> compressor);
   ~ShardedCompression();
@@ -77,6 +82,7 @@ class ShardedCompression {
                     int rank) const;
 
   std::unique_ptr<compress::Compressor> compressor_;
+  int64_t chunk_ = 1;  // the codec's chunk: 1 (fp16, bf16) or comm.chunk (int8, onebit)
   std::vector<BucketSplit> splits_;
 };
 
