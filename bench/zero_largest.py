@@ -90,6 +90,7 @@ RUNS = {
 }
 DEFAULT_RUNS = "s0,s1,s2,s3,s3cb,s3cbo,s2cbo,ddp"
 QUICK_RUNS = "s0,s2,s3,ddp"
+TRAINS = ("pass", "trained")  # every step ran and the loss fell
 OVERHEAD_GIB = 0.8  # a worker's fixed part (LibTorch, data), for the search's start only
 
 JOB = """\
@@ -154,7 +155,7 @@ class Cgroups:
                 "oom_kill": int(oom.group(1)) if oom else None}
 
     def remove(self):
-        for p in self.paths:
+        for p in (p for p in self.paths if os.path.isdir(p)):
             for _ in range(50):  # end whatever is left in it (only processes this run started)
                 pids = [int(x) for x in (read(os.path.join(p, "tasks")) or "").split()]
                 if not pids:
@@ -259,7 +260,10 @@ def losses_of(text, pattern):
 
 
 def classify(codes, texts, stats, timed_out, losses, krab):
-    """(status, detail): pass, refused, OOM, not built, timeout, or error."""
+    """(status, detail): pass, trained (every step ran and the loss fell, then a process was
+    OOM-killed after the last step: krab's rank 0 writes model.pt and the final checkpoint
+    there), refused, OOM, not built, timeout, or error."""
+    falling = len(losses) == STEPS and sum(losses[-5:]) < sum(losses[:5])
     oom = [i for i, s in enumerate(stats) if s["oom_kill"]]
     killed = [i for i, c in enumerate(codes) if c in (137, -9)]
     nine = [i for i, t in enumerate(texts) if re.search(r"signal 9|SIGKILL|Killed", t)]
@@ -275,11 +279,15 @@ def classify(codes, texts, stats, timed_out, losses, krab):
                              "(the machine was short of memory): rerun when it is quieter")
         # krab's launcher prints "... worker(s) ..., rendezvous ..." once its preflight is over.
         pre = krab and all("rendezvous" not in texts[i] for i in who)
+        if falling:
+            return "trained", (f"{STEPS} steps, loss {sum(losses[:5]) / 5:.3f} -> "
+                               f"{sum(losses[-5:]) / 5:.3f}, then OOM-killed after the last "
+                               f"step: worker(s) {who}")
         where = " in the launcher's preflight" if pre else ""
         return "OOM", (f"OOM-killed{where}: worker(s) "
                        f"{who}, oom_kill {[stats[i]['oom_kill'] for i in who]}")
     refusal = [l for t in texts for l in t.splitlines()
-               if re.search(r"(needs?|memory|MiB|GiB).*(available|budget|limit)", l)]
+               if re.search(r"needs? about .* per worker|MemAvailable|the cgroup limit", l)]
     if any(c == 2 for c in codes) and refusal:
         return "refused", refusal[0].strip()
     if timed_out:
@@ -413,20 +421,30 @@ def search(a, run, tmp, job, log):
     status = attempt(i)
     if status in ("not built", "error"):
         return row(run, tried, None, i, status)
-    if status == "pass":
-        while i + 1 < len(LADDER) and (status := attempt(i + 1)) == "pass":
+    if status in TRAINS:
+        while i + 1 < len(LADDER) and (status := attempt(i + 1)) in TRAINS:
             i += 1
         best, above = i, (i + 1 if i + 1 < len(LADDER) else None)
     else:
-        while i > 0 and (status := attempt(i - 1)) not in ("pass", "error"):
+        while i > 0 and (status := attempt(i - 1)) not in TRAINS + ("error",):
             i -= 1
-        best, above = (i - 1 if status == "pass" else None), i
+        best, above = (i - 1 if status in TRAINS else None), i
+    # A "trained" best (OOM-killed after its last step): find the largest that also ends
+    # cleanly, below it.
+    low = min(tried)
+    while best is not None and tried[best]["status"] == "trained" and low > 0 and \
+            not any(tried[k]["status"] == "pass" for k in tried if k < best):
+        low -= 1
+        if attempt(low) == "error":
+            break
     return row(run, tried, best, above, status if status == "error" else None)
 
 
 def row(run, tried, best, above, status):
+    clean = [k for k in tried if tried[k]["status"] == "pass" and (best is None or k <= best)]
     return {"run": run, "label": RUNS[run][0], "status": status,
             "best": tried.get(best) if best is not None else None,
+            "clean": tried[max(clean)] if clean else None,
             "above": tried.get(above) if above is not None else None,
             "tried": [tried[k] for k in sorted(tried)]}
 
@@ -446,12 +464,14 @@ def print_table(rows, cap_bytes):
     print()
     print("| run | largest that trains (layers x width) | parameters (M) | vs stage 0 | peak RSS "
           "/ worker, cgroup (GiB) | worker VmHWM (GiB) | model state / rank (GiB) | krab's "
-          "prediction (GiB) | next size up | result there |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|---|")
+          "prediction (GiB) | next size up | result there | largest that also ends cleanly "
+          "(M) |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|")
     for r in rows:
         b, up = r["best"] or {}, r["above"]
         if r["status"] in ("not built", "error"):
-            print(f"| {r['label']} | {r['status']} |" + " — |" * 7 + f" {r['tried'][-1]['detail']} |")
+            print(f"| {r['label']} | {r['status']} |" + " — |" * 7 +
+                  f" {r['tried'][-1]['detail']} | — |")
             continue
         cells = [r["label"], size(b) if b else "none of the ladder",
                  f"{b['parameters'] / 1e6:,.1f}" if b else "—",
@@ -459,7 +479,11 @@ def print_table(rows, cap_bytes):
                  gib(b.get("rss_sampled")), gib(b.get("peak_rss")), gib(b.get("model_state")),
                  gib(b.get("predicted")),
                  f"{size(up)} ({up['parameters'] / 1e6:,.1f} M)" if up else "top of the ladder",
-                 f"{up['status']}: {up['detail']}" if up else "—"]
+                 f"{up['status']}: {up['detail']}" if up else "—",
+                 f"{r['clean']['parameters'] / 1e6:,.1f} ({size(r['clean'])})" if r["clean"]
+                 else "none"]
+        if b.get("status") == "trained":
+            cells[1] += " (OOM-killed after its last step)"
         print("| " + " | ".join(cells) + " |")
     s3 = [r for r in rows if r["run"].startswith("s3") and r["best"]]
     if base and s3:
