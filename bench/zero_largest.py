@@ -231,8 +231,11 @@ def run_procs(cmds, cgroups, env, timeout_s, log_dir):
                                       stderr=err, preexec_fn=cgroups.enter(i),
                                       start_new_session=True))
     t0, timed_out, ended = time.monotonic(), False, set()
-    while any(p.poll() is None for p in procs):
-        failed = any(p.returncode not in (None, 0) for p in procs)
+    while True:
+        states = [p.poll() for p in procs]  # every one: any() would stop at the first running
+        if all(c is not None for c in states):
+            break
+        failed = any(c not in (None, 0) for c in states)
         timed_out = time.monotonic() - t0 > timeout_s
         if failed or timed_out:
             time.sleep(1.0)  # let the failing one's launcher finish its message
