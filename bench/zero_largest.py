@@ -88,8 +88,8 @@ RUNS = {
                "train.precision=bf16", "parallel.offload=disk"], 5),
     "ddp": ("PyTorch DDP (Gloo)", None, 20),
 }
-DEFAULT_RUNS = "s0,s1,s2,s3,s3cb,s3cbo,s2cbo,ddp"
-QUICK_RUNS = "s0,s2,s3,ddp"
+DEFAULT_RUNS = "ddp,s0,s1,s2,s3,s3cb,s3cbo,s2cbo"
+QUICK_RUNS = "ddp,s0,s2,s3"
 TRAINS = ("pass", "trained")  # every step ran and the loss fell
 OVERHEAD_GIB = 0.8  # a worker's fixed part (LibTorch, data), for the search's start only
 
@@ -379,10 +379,11 @@ def run_ddp(a, layers, width, tmp):
         cg.remove()
     losses = losses_of(texts[0], r"ddp_peer: step \d+ loss ([-\d.e+]+)")
     status, detail = classify(codes, texts, stats, timed_out, losses, False)
-    keep_logs(a, out, log_dir)
-    return {"status": status, "detail": detail, "losses": losses,
-            "cgroup_max_usage": max(s["max_usage"] for s in stats),
+    out = {"status": status, "detail": detail, "losses": losses,
+           "cgroup_max_usage": max(s["max_usage"] for s in stats),
            "rss_sampled": max(s["rss_sampled"] for s in stats), "cgroups": stats}
+    keep_logs(a, out, log_dir)
+    return out
 
 
 # --- the search ------------------------------------------------------------------------------------
