@@ -35,12 +35,14 @@ cgroups under /sys/fs/cgroup/memory/krab-zero-largest-PID-*, one per worker per 
 them on every exit (the processes in them are ended first).
 
 Run from the repository root with Debian's python, as root:
-  /usr/bin/python3 bench/zero_largest.py               # every run kind; about 60-90 min
-  /usr/bin/python3 bench/zero_largest.py --quick       # stages 0, 2, 3 and DDP; about 15-25 min
-  /usr/bin/python3 bench/zero_largest.py --runs s0,ddp --cap-gib 3
+  /usr/bin/python3 bench/zero_largest.py               # every run kind
+  /usr/bin/python3 bench/zero_largest.py --quick       # DDP, stages 0, 2, 3, one rung lower
+  /usr/bin/python3 bench/zero_largest.py --runs ddp,s0 --cap-gib 3
 Options: --runs  --cap-gib 5  --workers 4  --timeout-s 900 (one run)  --krab build/bin/krab
---json FILE. Times are on the 2-core machine while other work runs; a run near the top of the
-ladder (1-2 B parameters) takes 3-10 min there. No PyTorch FSDP row: Debian's torch 1.13 FSDP
+--json FILE. How long: each size is a real run, 0.5-5 min on the 2-core machine while others
+compile (longer the larger the model); at --cap-gib 3 the rows ddp, s0, s1, s2 took about 25 min
+in all (stage 3 not built: seconds). A larger cap means larger models: expect 1-2 h for every
+row at 5 GiB once stage 3 is built. No PyTorch FSDP row: Debian's torch 1.13 FSDP
 does not run on CPU (docs/design/zero-sharding.md §12, check 12).
 """
 import argparse
