@@ -39,7 +39,7 @@ import sys
 
 from summary_records import (BENCHES, REPO, accuracy, compression, federated, images, num,
                              own_model_speed, read_paths, real_networks, slow_network, stragglers,
-                             throughput, traffic, zero_memory, zero_speed)
+                             throughput, traffic, zero_largest, zero_memory, zero_speed)
 
 # Reading the result files, and what each benchmark measured: summary_records.py. This file
 # chooses the measures that make the table and shows them.
@@ -131,6 +131,11 @@ def cells_fl(kind, v):
         return (f"{v['krab']:,.0f} samples/s, {v['bytes']:,.0f} B/step",
                 f"stage 0 {v['base']:,.0f}, {v['bbase']:,.0f} B/step",
                 f"{v['krab'] / v['base']:.2f}× speed, {v['bytes'] / v['bbase']:.3f}× bytes")
+    if kind == "zero-largest":
+        ddp = "" if v["ddp"] is None else f"; DDP {v['ddp']:,.0f} M"
+        vs = "" if v["ddp"] is None else f", {v['krab'] / v['ddp']:.2f}× DDP"
+        return (f"{v['krab']:,.0f} M parameters", f"stage 0 {v['base']:,.0f} M{ddp}",
+                f"{v['krab'] / v['base']:.2f}× stage 0{vs}")
     if kind == "images":
         return (f"{v['krab']:,.0f} samples/s, data wait {v['wait']:.2f}%",
                 f"fashion-mnist {v['peer']:,.0f}; wait goal < 5%", f"{v['krab'] / v['peer']:.2f}×")
@@ -203,6 +208,8 @@ def items_of(rec):
         out += items_federated(rec)
     elif b in ("zero_memory", "zero_speed"):
         out += items_zero(rec)
+    elif b == "zero_largest":
+        out += items_largest(rec)
     elif b == "images":
         got = images(rec)
         base = got.get("fashion-mnist", (None, None))[0]
@@ -227,7 +234,7 @@ def items_zero(rec):
                      {"krab": m, "model": p, "rss": rss},
                      f"ZeRO model state per rank (GiB), GPT width {width}, 4 layers, 4 workers, "
                      "Adam, stage {keys}: measured vs the ZeRO formula; peak RSS per rank")
-                for w, st, m, p, rss in got if w == width]
+                for w, st, m, p, rss in got if w == width and m is not None]
     out = []
     for (model, w), stages in zero_speed(rec).items():
         base = stages.get(0)
@@ -239,6 +246,22 @@ def items_zero(rec):
                             f"ZeRO {JOBS.get(model, model)}, {w} workers, samples/s after "
                             "warm-up and bytes per step, stage {keys} vs stage 0"))
     return out
+
+
+def items_largest(rec):
+    """ZeRO: the largest GPT that trained with capped workers, each krab run kind against
+    krab's stage 0 and PyTorch DDP of the same run."""
+    cap, got = zero_largest(rec)
+    params = {run: p for run, p, _ in got}
+    base, ddp = params.get("krab stage 0"), params.get("PyTorch DDP (Gloo)")
+    if not base:
+        return []
+    return [item("zero-largest", "zero-largest", i, f"{run} ({size})", rec,
+                 {"krab": p, "base": base, "ddp": ddp},
+                 f"Largest GPT that trains (20 steps, loss down), 4 workers, each capped at "
+                 f"{cap:g} GiB in its own cgroup: {{keys}}", split=True)
+            for i, (run, p, size) in enumerate(got)
+            if p is not None and run.startswith("krab") and run != "krab stage 0"]
 
 
 def items_compression(rec):

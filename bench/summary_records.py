@@ -19,7 +19,8 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = ("throughput", "own_model_speed", "real_networks", "accuracy", "traffic", "compression",
-           "slow_network", "stragglers", "federated", "images", "zero_memory", "zero_speed")
+           "slow_network", "stragglers", "federated", "images", "zero_memory", "zero_speed",
+           "zero_largest")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -70,8 +71,8 @@ def json_bench(data):
             "traffic" if "ring_model_per_step" in data[0] else "")
     if not isinstance(data, dict):
         return ""
-    if data.get("bench") == "real_networks":
-        return "real_networks"
+    if data.get("bench") in ("real_networks", "zero_largest"):
+        return data["bench"]
     if "python_parameters" in data:
         return "own_model_speed"
     if "runs" in data:
@@ -270,6 +271,21 @@ def zero_memory(rec):
     return [(int(num(r["width"])), int(num(r["stage"])), num(col(r, "model state")),
              num(col(r, "predicted")), num(col(r, "peak rss")))
             for _, head, rows in tables(rec.lines) if head[0] == "width" for r in rows]
+
+
+def zero_largest(rec):
+    """(cap in GiB or None, [(run, parameters in millions of the largest GPT that trained or
+    None, layers x width or what happened instead: "not built", "error", ...)]."""
+    if rec.data is not None:
+        d = rec.data
+        return d["cap_bytes"] / 1024.0 ** 3, [
+            (r["label"], r["best"]["parameters"] / 1e6 if r["best"] else None,
+             f"{r['best']['layers']} x {r['best']['width']}" if r["best"]
+             else (r["status"] or "none of the ladder")) for r in d["rows"]]
+    m = next((re.match(r"cap ([\d.]+) GiB", l) for l in rec.lines if l.startswith("cap ")), None)
+    return (float(m.group(1)) if m else None), [
+        (r["run"], num(col(r, "parameters")), col(r, "largest that trains"))
+        for _, head, rows in tables(rec.lines) if head[0] == "run" for r in rows]
 
 
 def zero_speed(rec):
