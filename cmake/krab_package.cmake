@@ -26,7 +26,8 @@ set(KRAB_PUBLIC_HEADERS
   data/dataset.h data/sampler.h)
 # Included by the public headers, so installed with them; not an interface of their own.
 set(KRAB_SUPPORT_HEADERS
-  core/progress.h core/rng.h data/prefetch.h models/script_units.h models/units.h
+  core/progress.h core/rng.h data/prefetch.h models/script_file.h models/script_units.h
+  models/units.h
   parallel/buckets.h parallel/grad_hooks.h train/job.h
   train/report.h)
 

@@ -148,9 +148,9 @@ void check_offload_room(const core::Config& job, const std::vector<engine::Param
   if (job.get_string("parallel.offload") != "disk") return;
   namespace zero = parallel::zero;
   if (shapes.empty()) return;  // the engine refuses such a model by name
-  const auto layout = engine::plan_layout(
-      zero::plan_wrap(shapes, unit_candidates, job.get_string("parallel.wrap")), workers,
-      zero_alignment(job));
+  const auto layout =
+      engine::plan_layout(zero::plan_wrap(shapes, unit_candidates, job.get_string("parallel.wrap")),
+                          workers, zero_alignment(job));
   // The job's own optimizer over a stand-in tensor says how many fields each shard's state has.
   const auto probe = make_optimizer(job, {torch::zeros({1}).requires_grad_()});
   const int fields = zero::optimizer_fields(*probe);

@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 // The model's trainable parameters as the workers will have them, from its description.
 struct ModelShape {
   std::vector<engine::ParamShape> trainable;  // named_parameters order
-  std::vector<std::string> unit_candidates;  // what parallel.wrap: auto takes
+  std::vector<std::string> unit_candidates;   // what parallel.wrap: auto takes
   int64_t numel = 0;
   bool shapes_known = true;  // false for a TorchScript file: one row of its stored values
 };

@@ -159,7 +159,8 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   engine = make_engine(c, o, world, model_spec(c, d), steps);  // builds the model
   model_name = c.get_string("model.name");
   signature = model_signature(engine->model());
-  if (const auto* ts = models::as_torchscript(engine->model())) script_file = ts->file();  // for export
+  if (const auto* ts = models::as_torchscript(engine->model()))
+    script_file = ts->file();  // for export
   metric = resolve_metric(c, engine->model(), d);
   group = engine->group();
   run_dir = run_directory(c);
