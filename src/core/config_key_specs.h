@@ -14,17 +14,19 @@ namespace krab::core::key_specs {
 using Bound = std::optional<double>;
 constexpr std::nullopt_t kNone = std::nullopt;
 
-inline KeySpec int_key(std::string key, std::string def, std::string doc, Bound min, Bound max = kNone) {
+inline KeySpec int_key(std::string key, std::string def, std::string doc, Bound min,
+                       Bound max = kNone) {
   return {std::move(key), KeyType::kInt, std::move(def), std::move(doc), {}, min, max};
 }
-inline KeySpec float_key(std::string key, std::string def, std::string doc, Bound min, Bound max = kNone) {
+inline KeySpec float_key(std::string key, std::string def, std::string doc, Bound min,
+                         Bound max = kNone) {
   return {std::move(key), KeyType::kFloat, std::move(def), std::move(doc), {}, min, max};
 }
 inline KeySpec bool_key(std::string key, std::string def, std::string doc) {
   return {std::move(key), KeyType::kBool, std::move(def), std::move(doc), {}, kNone, kNone};
 }
 inline KeySpec string_key(std::string key, std::string def, std::string doc,
-                   std::vector<std::string> choices = {}) {
+                          std::vector<std::string> choices = {}) {
   return {std::move(key), KeyType::kString,   std::move(def),
           std::move(doc), std::move(choices), kNone,
           kNone};
