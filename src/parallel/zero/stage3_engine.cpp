@@ -6,6 +6,7 @@
 #include "models/torchscript.h"
 #include "parallel/data_parallel.h"
 #include "parallel/zero/plan.h"
+#include "parallel/zero/unit_storage.h"
 
 namespace krab::parallel::zero {
 
@@ -31,15 +32,6 @@ bool same_layout(const engine::ShardLayout& a, const engine::ShardLayout& b) {
         return false;
   }
   return true;
-}
-
-std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
-                                                    models::Model& model) {
-  const auto named = model.named_parameters();
-  std::vector<std::vector<at::Tensor>> out(layout.num_units());
-  for (int u = 0; u < layout.num_units(); ++u)
-    for (const auto& span : layout.unit(u).params) out[u].push_back(named[span.name]);
-  return out;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "parallel/zero/unit_storage.h"
 
 namespace krab::parallel::zero {
 
@@ -37,25 +38,8 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
   Unit& slot = units_.at(unit);
   KRAB_CHECK(!slot.adopted, "Stage3Storage: unit ", unit, " adopted twice");
   const engine::UnitLayout& u = layout_.unit(unit);
-  KRAB_CHECK_ARG(params.size() == u.params.size(), "Stage3Storage: unit '", u.name, "' has ",
-                 u.params.size(), " parameters in the layout, ", params.size(), " given");
   torch::NoGradGuard no_grad;
-  // Zeros: the padding must be exactly 0 (an optimizer step then keeps it 0, §1.4).
-  at::Tensor flat = torch::zeros({u.padded}, torch::kFloat);
-  for (size_t i = 0; i < u.params.size(); ++i) {
-    const engine::ParamSpan& span = u.params[i];
-    at::Tensor p = params[i];
-    KRAB_CHECK_ARG(p.scalar_type() == at::kFloat && p.device().is_cpu(),
-                   "parallel.zero_stage: parameter '", span.name,
-                   "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
-    KRAB_CHECK_ARG(p.sizes().vec() == span.shape, "Stage3Storage: parameter '", span.name,
-                   "' has shape ", p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
-    at::Tensor view = flat.narrow(0, span.offset, span.numel).view(span.shape);
-    view.copy_(p);
-    // Same dtype and device: set_data keeps the TensorImpl and the grad accumulator, and the
-    // parameter's old storage goes as soon as nothing else holds it.
-    p.set_data(view);
-  }
+  at::Tensor flat = flatten_into_views(u, params, "Stage3Storage");
   // Thread-ranks share one generator and processes may differ in what they drew: rank 0's
   // values are the model's, as the data-parallel engine's initial broadcast makes them.
   if (u.padded > 0) comm.broadcast(flat, 0)->wait();

@@ -3,35 +3,47 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "models/model.h"
 
 namespace krab::parallel::zero {
+
+std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
+                                                    models::Model& model) {
+  const auto named = model.named_parameters();
+  std::vector<std::vector<at::Tensor>> out(layout.num_units());
+  for (int u = 0; u < layout.num_units(); ++u)
+    for (const auto& span : layout.unit(u).params) out[u].push_back(named[span.name]);
+  return out;
+}
+
+at::Tensor flatten_into_views(const engine::UnitLayout& unit, const std::vector<at::Tensor>& params,
+                              const char* owner) {
+  KRAB_CHECK_ARG(params.size() == unit.params.size(), owner, ": unit '", unit.name, "' has ",
+                 unit.params.size(), " parameters in the layout, ", params.size(), " given");
+  torch::NoGradGuard no_grad;
+  // Zeros: the padding must be exactly 0 (an optimizer step then keeps it 0, §1.4).
+  at::Tensor flat = torch::zeros({unit.padded}, torch::kFloat);
+  for (size_t i = 0; i < unit.params.size(); ++i) {
+    const engine::ParamSpan& span = unit.params[i];
+    at::Tensor p = params[i];
+    KRAB_CHECK_ARG(p.scalar_type() == at::kFloat && p.device().is_cpu(),
+                   "parallel.zero_stage: parameter '", span.name,
+                   "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
+    KRAB_CHECK_ARG(p.sizes().vec() == span.shape, owner, ": parameter '", span.name, "' has shape ",
+                   p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
+    flat.narrow(0, span.offset, span.numel).view(span.shape).copy_(p);
+    p.set_data(flat.narrow(0, span.offset, span.numel).view(span.shape));
+  }
+  return flat;
+}
 
 UnitStorage::UnitStorage(const engine::ShardLayout& layout,
                          const std::vector<std::vector<at::Tensor>>& params, int rank) {
   KRAB_CHECK_ARG(static_cast<int>(params.size()) == layout.num_units(),
                  "UnitStorage: ", params.size(), " parameter lists for ", layout.num_units(),
                  " units");
-  torch::NoGradGuard no_grad;
   for (int u = 0; u < layout.num_units(); ++u) {
-    const engine::UnitLayout& unit = layout.unit(u);
-    KRAB_CHECK_ARG(params[u].size() == unit.params.size(), "UnitStorage: unit '", unit.name,
-                   "' has ", unit.params.size(), " parameters in the layout, ", params[u].size(),
-                   " given");
-    // Zeros: the padding must be exactly 0 (an optimizer step then keeps it 0, §1.4).
-    at::Tensor flat = torch::zeros({unit.padded}, torch::kFloat);
-    for (size_t i = 0; i < unit.params.size(); ++i) {
-      const engine::ParamSpan& span = unit.params[i];
-      at::Tensor p = params[u][i];
-      KRAB_CHECK_ARG(p.scalar_type() == at::kFloat && p.device().is_cpu(),
-                     "parallel.zero_stage: parameter '", span.name,
-                     "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
-      KRAB_CHECK_ARG(p.sizes().vec() == span.shape, "UnitStorage: parameter '", span.name,
-                     "' has shape ", p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
-      at::Tensor view = flat.narrow(0, span.offset, span.numel).view(span.shape);
-      view.copy_(p);
-      // Same dtype and device: set_data keeps the TensorImpl and the grad accumulator.
-      p.set_data(view);
-    }
+    at::Tensor flat = flatten_into_views(layout.unit(u), params[u], "UnitStorage");
     const engine::Range r = layout.shard(u, rank);
     shards_.push_back(flat.narrow(0, r.begin, r.size()));
     flats_.push_back(std::move(flat));

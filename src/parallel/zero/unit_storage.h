@@ -30,7 +30,24 @@
 #include "comm/communicator.h"
 #include "engine/shard_layout.h"
 
+namespace krab::models {
+class Model;
+}
+
 namespace krab::parallel::zero {
+
+// The trainable parameters of `model` by unit, in layout order (ShardLayout's spans name them).
+std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
+                                                    models::Model& model);
+
+// Allocates unit's flat fp32 [padded] storage (padding 0), copies `params` (the unit's
+// parameters, in span order) into their spans and points each parameter at its span with
+// set_data (same TensorImpl, dtype and device: the grad accumulator and its hooks stay, and the
+// parameter's old storage goes once nothing else holds it). Returns the flat. InvalidArgument
+// naming the parameter for one that is not a float32 CPU tensor of its span's shape; `owner`
+// names the caller in the other messages.
+at::Tensor flatten_into_views(const engine::UnitLayout& unit, const std::vector<at::Tensor>& params,
+                              const char* owner);
 
 class UnitStorage {
  public:

@@ -9,20 +9,6 @@
 
 namespace krab::parallel::zero {
 
-namespace {
-
-// The trainable parameters by unit, in layout order.
-std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& layout,
-                                                    models::Model& model) {
-  const auto named = model.named_parameters();
-  std::vector<std::vector<at::Tensor>> out(layout.num_units());
-  for (int u = 0; u < layout.num_units(); ++u)
-    for (const auto& span : layout.unit(u).params) out[u].push_back(named[span.name]);
-  return out;
-}
-
-}  // namespace
-
 ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
                        std::unique_ptr<comm::Communicator> comm, ZeroEngineOptions options,
                        const OptimizerFactory& make_optimizer)
