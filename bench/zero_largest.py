@@ -38,11 +38,13 @@ Run from the repository root with Debian's python, as root:
   /usr/bin/python3 bench/zero_largest.py               # every run kind
   /usr/bin/python3 bench/zero_largest.py --quick       # DDP, stages 0, 2, 3, one rung lower
   /usr/bin/python3 bench/zero_largest.py --runs ddp,s0 --cap-gib 3
-Options: --runs  --cap-gib 5  --workers 4  --timeout-s 900 (one run)  --krab build/bin/krab
+Options: --runs  --cap-gib 5  --workers 4  --timeout-s 1800 (one run)  --krab build/bin/krab
 --json FILE. How long: each size is a real run, 0.5-5 min on the 2-core machine while others
 compile (longer the larger the model); at --cap-gib 3 the rows ddp, s0, s1, s2 took about 25 min
 in all (stage 3 not built: seconds). A larger cap means larger models: expect 1-2 h for every
-row at 5 GiB once stage 3 is built. No PyTorch FSDP row: Debian's torch 1.13 FSDP
+row at 5 GiB once stage 3 is built (one stage-3 run of a 926 M GPT with checkpointing and bf16
+at 5 GiB took about 17 min on the otherwise quiet machine: 900 s, the first default, was too short).
+No PyTorch FSDP row: Debian's torch 1.13 FSDP
 does not run on CPU (docs/design/zero-sharding.md §12, check 12).
 """
 import argparse
@@ -507,7 +509,7 @@ def main():
                    help=f"runs {QUICK_RUNS}, starting one rung lower")
     p.add_argument("--cap-gib", type=float, default=5.0)
     p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--timeout-s", type=float, default=900)
+    p.add_argument("--timeout-s", type=float, default=1800)
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json", help="write every run's numbers to this file")
     a = p.parse_args()
