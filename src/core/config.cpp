@@ -196,7 +196,8 @@ Value parse_bool(const KeySpec& spec, const std::string& text, const std::string
 // not survive to_yaml() (the emitter replaces the bad bytes with U+FFFD, so a federated client
 // would get another value than the server has) nor the JSON report, so it is refused here, but
 // for paths: Linux allows any bytes in a file name, no path key travels to a client
-// (federated/server_job.cpp), and the report writes them as U+FFFD (core::dump_json).
+// (federated/server_job.cpp), the report writes them as U+FFFD (core::dump_json), and
+// to_yaml() writes them as !!binary, which parse() reads back to the same bytes.
 bool valid_utf8(const std::string& s) {
   for (size_t i = 0, n; i < s.size(); i += n)
     if ((n = utf8_sequence_length(std::string_view(s).substr(i))) == 0) return false;
@@ -360,7 +361,21 @@ class ConfigParser {
                      type_name(spec.type) + " value, got no value");
       return config_.assign(i, "", at);
     }
-    config_.assign(i, value.Scalar(), at);
+    config_.assign(i, scalar_text(value, spec, at), at);
+  }
+
+  // A scalar's text; `!!binary` (base64, YAML's own tag for bytes) gives a string key bytes
+  // that are not UTF-8 text, which is how to_yaml() writes such a path.
+  static std::string scalar_text(const YAML::Node& value, const KeySpec& spec,
+                                 const std::string& at) {
+    if (value.Tag() != "tag:yaml.org,2002:binary") return value.Scalar();
+    if (spec.type != KeyType::kString)
+      fail(at, spec.key + ": !!binary is for text values, and this key takes " +
+                   (spec.type == KeyType::kInt ? "an " : "a ") + type_name(spec.type));
+    const std::vector<unsigned char> bytes = YAML::DecodeBase64(value.Scalar());
+    if (bytes.empty() && !value.Scalar().empty())
+      fail(at, spec.key + ": !!binary value is not base64: " + describe(value));
+    return std::string(bytes.begin(), bytes.end());
   }
 
   // A list key's items joined by commas; each item must be a non-empty scalar.
@@ -561,7 +576,10 @@ void emit(YAML::Emitter& out, const YamlNode& node) {
     if (!c.value) {
       emit(out, c);
     } else if (auto s = std::get_if<std::string>(c.value)) {
-      out << YAML::DoubleQuoted << *s;  // "yes", "" and "1" must stay strings
+      if (valid_utf8(*s))
+        out << YAML::DoubleQuoted << *s;  // "yes", "" and "1" must stay strings
+      else  // a path's bytes (a string key takes no other); the emitter would write U+FFFD
+        out << YAML::Binary(reinterpret_cast<const unsigned char*>(s->data()), s->size());
     } else if (auto d = std::get_if<double>(c.value)) {
       out << format_float(*d);
     } else if (auto b = std::get_if<bool>(c.value)) {

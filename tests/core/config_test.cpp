@@ -437,6 +437,27 @@ TEST(ConfigPaths, PathKeysTakeAnyBytesButNul) {
   EXPECT_FALSE(find_key("comm.iface")->path);
 }
 
+// Found by tests/fuzz/fuzz_config (CI, stop 31): a path that is not UTF-8 came back from
+// to_yaml() with U+FFFD for its bad bytes. It is written as !!binary and read back exactly.
+TEST(ConfigPaths, APathThatIsNotUtf8SurvivesToYaml) {
+  const Config c = Config::parse(
+      "federated: {tls_cert: \"serve\xff\xd1\x8f\xfem\"}\ndata: {path: /d/caf\xe9.csv}\n",
+      "job.yaml");
+  const std::string yaml = c.to_yaml();
+  EXPECT_CONTAINS(yaml, "tls_cert: !!binary \"c2VydmX/0Y/+bQ==\"");
+  const Config back = Config::parse(yaml, "to_yaml");
+  EXPECT_EQ(back, c);
+  EXPECT_EQ(back.get_string("federated.tls_cert"), "serve\xff\xd1\x8f\xfem");
+  EXPECT_EQ(back.get_string("data.path"), "/d/caf\xe9.csv");
+  // !!binary gives bytes, which are checked as any text: a non-path key still wants UTF-8.
+  EXPECT_EQ(Config::parse("name: !!binary \"cnVu\"\n", "job.yaml").get_string("name"), "run");
+  EXPECT_CONTAINS(parse_error("name: !!binary \"cnVu1w==\"\n"), "is not valid UTF-8");
+  EXPECT_CONTAINS(parse_error("data: {path: !!binary \"%%%\"}\n"),
+                  "data.path: !!binary value is not base64: '%%%'");
+  EXPECT_CONTAINS(parse_error("train: {epochs: !!binary \"Mw==\"}\n"),
+                  "train.epochs: !!binary is for text values, and this key takes an int");
+}
+
 // Relative paths written in a job file are relative to the file's folder; --set's to the
 // current directory; defaults and absolute paths stay as they are. parse() anchors nothing.
 TEST(ConfigPaths, LoadFileAnchorsRelativePathsToTheJobFilesFolder) {
