@@ -320,7 +320,7 @@ class ConfigParser {
       const YAML::Node& key = entry.first;
       if (!key.IsScalar() || key.Scalar().empty())
         fail(where(key.Mark()), "keys must be plain names, got " + describe(key) +
-                                    (prefix.empty() ? "" : " in '" + prefix + "'"));
+                                    (prefix.empty() ? "" : " in '" + printable(prefix) + "'"));
       std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
       if (!names.insert(key.Scalar()).second)
         fail(where(key.Mark()), "duplicate key '" + printable(path) + "'");

@@ -407,6 +407,13 @@ TEST(ConfigFuzzFindings, OverrideBytesAreEscapedInMessages) {
   EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
 }
 
+// Found by fuzz_config: the section a bad key sits in was quoted raw.
+TEST(ConfigFuzzFindings, TheSectionOfABadKeyIsEscaped) {
+  const std::string msg = parse_error("x\x1btrain:\n  ? [a]\n  : 1\n");
+  EXPECT_CONTAINS(msg, "keys must be plain names, got a list in 'x\\x1btrain'");
+  EXPECT_EQ(msg.find('\x1b'), std::string::npos) << msg;
+}
+
 TEST(ConfigFuzzFindings, AStringThatIsNotUtf8IsRefused) {
   const std::string msg = parse_error("name: run\xd7\xd7\n");
   EXPECT_CONTAINS(msg, "job.yaml:1:7: ");
