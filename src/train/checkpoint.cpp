@@ -275,9 +275,9 @@ void write_checkpoint(core::ByteSink& out, const core::RecordStreamWriter& recor
                       const std::string& seal_key, const std::string& job) {
   // The format puts the CRC in the header and the seal's HMAC runs over the header first, so
   // neither a placeholder patched afterwards nor a trailer fits without changing every file
-  // and reader. The CRC therefore comes from a first pass over the tensors in place: it costs
-  // reading the state once more (CRC-32 runs at memory speed), where holding the encoded file
-  // cost two to three times the state's bytes.
+  // and reader. The CRC therefore comes from a first pass over the tensors in place. The
+  // in-memory encoder computed the same CRC over its copy; this costs reading the tensors once
+  // more instead of copying them two to three times (record, frame, seal) and holding the copies.
   CrcSink payload_crc;
   record.write(payload_crc);
   core::SealStream seal(seal_key, job);
