@@ -144,11 +144,13 @@ TEST(StateStream, AWriteThatFailsMidwayLeavesThePreviousCheckpointInForce) {
   n.train(1);
   save_checkpoint(run.str(), n.meta(1), *n.net, *n.opt, "", "", 3);
   n.train(1);
+  const size_t size = encode_checkpoint(n.meta(2), *n.net, *n.opt).size();
+  ASSERT_GT(size, 4096u);  // the limit below cuts the write midway
   struct rlimit old {};
   ::getrlimit(RLIMIT_FSIZE, &old);
   auto* old_handler = ::signal(SIGXFSZ, SIG_IGN);
   struct rlimit small = old;
-  small.rlim_cur = 2048;  // the file is about 4.5 KB
+  small.rlim_cur = 2048;
   ::setrlimit(RLIMIT_FSIZE, &small);
   std::string error;
   try {
