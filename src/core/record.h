@@ -32,11 +32,11 @@
 // are the one walk and make the same checks; RecordIndex defers the one check that needs a
 // tensor's bytes (bool values) to the read of that tensor.
 //
-// Writers: RecordWriter builds the whole record in memory (small files: state.krab, manifests,
+// Writers: RecordWriter builds the whole record in memory (small files: manifests,
 // fl-state.krab); RecordStreamWriter takes its entries first and then streams the record to a
-// ByteSink without holding it (multi-GB shard files). Both produce the same bytes for the same
-// entries, and both are RecordEntries, so code that lists entries (train/optimizer_state.h)
-// writes to either.
+// ByteSink without holding it (state.krab, multi-GB shard files). Both produce the same bytes for
+// the same entries, and both are RecordEntries, so code that lists entries
+// (train/optimizer_state.h) writes to either.
 //
 // Thread safety: a writer is used by one thread at a time; a Record is immutable once parsed
 // and may be read from several threads.

@@ -221,26 +221,86 @@ std::string model_signature(const torch::nn::Module& module) {
   return os.str();
 }
 
+void write_state_entries(const CheckpointMeta& meta, torch::nn::Module& module,
+                         torch::optim::Optimizer& optimizer, core::RecordEntries& out) {
+  write_meta(meta, out);
+  for (const auto& item : module.named_parameters())
+    out.add_tensor("param." + item.key(), item.value());
+  for (const auto& item : module.named_buffers())
+    out.add_tensor("buffer." + item.key(), item.value());
+  write_optimizer_state(optimizer, out);
+  out.add_tensor("rng", at::detail::getDefaultCPUGenerator().get_state());
+}
+
+namespace {
+
+// The frame's header: magic, version, the payload's length and CRC-32.
+std::string frame_header(uint64_t length, uint32_t payload_crc) {
+  std::string out(kMagic, sizeof(kMagic));
+  put<uint32_t>(out, kVersion);
+  put<uint64_t>(out, length);
+  put<uint32_t>(out, payload_crc);
+  return out;
+}
+
+// Takes the bytes into a CRC-32 and drops them.
+class CrcSink : public core::ByteSink {
+ public:
+  void write(const char* data, size_t n) override { crc_ = crc32_update(crc_, data, n); }
+  using core::ByteSink::write;
+  uint32_t value() const { return crc_; }
+
+ private:
+  uint32_t crc_ = 0;
+};
+
+// Forwards to `out` while the seal sees every byte.
+class SealingSink : public core::ByteSink {
+ public:
+  SealingSink(core::ByteSink& out, core::SealStream& seal) : out_(out), seal_(seal) {}
+  void write(const char* data, size_t n) override {
+    out_.write(data, n);
+    seal_.update(data, n);
+  }
+  using core::ByteSink::write;
+
+ private:
+  core::ByteSink& out_;
+  core::SealStream& seal_;
+};
+
+}  // namespace
+
+void write_checkpoint(core::ByteSink& out, const core::RecordStreamWriter& record,
+                      const std::string& seal_key, const std::string& job) {
+  // The format puts the CRC in the header and the seal's HMAC runs over the header first, so
+  // neither a placeholder patched afterwards nor a trailer fits without changing every file
+  // and reader. The CRC therefore comes from a first pass over the tensors in place. The
+  // in-memory encoder computed the same CRC over its copy; this costs reading the tensors once
+  // more instead of copying them two to three times (record, frame, seal) and holding the copies.
+  CrcSink payload_crc;
+  record.write(payload_crc);
+  core::SealStream seal(seal_key, job);
+  SealingSink sealed(out, seal);
+  sealed.write(frame_header(record.size(), payload_crc.value()));
+  record.write(sealed);
+  out.write(seal.finish());
+}
+
 std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer) {
-  core::RecordWriter record;
-  write_meta(meta, record);
-  for (const auto& item : module.named_parameters())
-    record.add_tensor("param." + item.key(), item.value());
-  for (const auto& item : module.named_buffers())
-    record.add_tensor("buffer." + item.key(), item.value());
-  write_optimizer_state(optimizer, record);
-  record.add_tensor("rng", at::detail::getDefaultCPUGenerator().get_state());
-  return frame_checkpoint(record.bytes());
+  core::RecordStreamWriter record;
+  write_state_entries(meta, module, optimizer, record);
+  std::string out;
+  out.reserve(kHeaderBytes + record.size());
+  core::StringSink sink(out);
+  write_checkpoint(sink, record, "", "");
+  return out;
 }
 
 std::string frame_checkpoint(const std::string& payload) {
-  std::string out;
+  std::string out = frame_header(payload.size(), crc(payload.data(), payload.size()));
   out.reserve(kHeaderBytes + payload.size());
-  out.append(kMagic, sizeof(kMagic));
-  put<uint32_t>(out, kVersion);
-  put<uint64_t>(out, payload.size());
-  put<uint32_t>(out, crc(payload.data(), payload.size()));
   out += payload;
   return out;
 }
@@ -324,6 +384,23 @@ std::string stated_signature(const std::string& step_dir) {
     throw CorruptData(str_cat("checkpoint '", path, "' is not a krab checkpoint (bad header)"));
   return core::RecordIndex(std::move(src), kHeaderBytes, body - kHeaderBytes, path)
       .text("meta.signature");
+}
+
+std::string save_checkpoint(const std::string& run_dir, const CheckpointMeta& meta,
+                            torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const std::string& seal_key, const std::string& job, int keep) {
+  core::RecordStreamWriter record;
+  write_state_entries(meta, module, optimizer, record);
+  const std::string state = (fs::path(run_dir) / step_dir_name(meta.step) / "state.krab").string();
+  {
+    // Until commit() the file is a temporary, removed when a write throws: `latest` below
+    // moves only to a complete state.krab.
+    core::AtomicFileWriter file(state);
+    write_checkpoint(file, record, seal_key, job);
+    file.commit();
+  }
+  publish_step(run_dir, meta.step, keep);
+  return state;
 }
 
 std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,

@@ -14,9 +14,10 @@
 //   optimizer.*                                       (train/optimizer_state.h: SGD, Adam, AdamW)
 //   rng                                               (the CPU generator's state, uint8)
 // Version 1 files (a LibTorch archive, which is a TorchScript archive: loading one ran the code
-// inside it) are refused with CorruptData saying so. Files are written atomically (temp, fsync,
-// rename) and `latest` moves only after the step directory is complete, so a crash mid-write leaves
-// the previous checkpoint in force. Loading verifies magic, length and CRC before parsing, and
+// inside it) are refused with CorruptData saying so. Files are streamed (never held whole in
+// memory: save_checkpoint) and written atomically (temp, fsync, rename), and `latest` moves
+// only after the step directory is complete, so a crash mid-write leaves the previous
+// checkpoint in force. Loading verifies magic, length and CRC before parsing, and
 // compares the model signature (parameter names and shapes) with the job's model: a corrupt,
 // truncated or foreign checkpoint is refused with CorruptData / InvalidArgument, never loaded.
 //
@@ -31,6 +32,7 @@
 #include <optional>
 #include <string>
 
+#include "core/byte_sink.h"
 #include "core/record.h"
 #include "engine/engine.h"
 
@@ -51,8 +53,26 @@ struct CheckpointMeta {
 // "name:shape;name:shape;..." over the module's parameters, in registration order.
 std::string model_signature(const torch::nn::Module& module);
 
-// Serialises the full state to bytes (header + record). NotSupported for an optimizer other
-// than SGD, Adam and AdamW.
+// The full state's entries, in state.krab's order: meta.*, param.*, buffer.*, optimizer.*, rng.
+// To a core::RecordStreamWriter they are handles to the module's and optimizer's own tensors
+// (nothing copied): those must not change until the writer has written them. NotSupported for
+// an optimizer other than SGD, Adam and AdamW.
+void write_state_entries(const CheckpointMeta& meta, torch::nn::Module& module,
+                         torch::optim::Optimizer& optimizer, core::RecordEntries& out);
+
+// Streams a state.krab to `out`: the version 2 frame around `record`, then the seal under
+// `seal_key` for `job` when the key is not "". The frame's header holds the payload's CRC-32
+// and the seal covers the header, so the record is written twice: once into the CRC alone, once
+// to `out`. Memory beyond the record's tensors: one entry made contiguous at a time (none for a
+// model's own, contiguous tensors) — never the file. The bytes are exactly those of
+// core::seal(frame_checkpoint(record's bytes), seal_key, job). Throws what the sink throws;
+// nothing is written after a throw.
+void write_checkpoint(core::ByteSink& out, const core::RecordStreamWriter& record,
+                      const std::string& seal_key, const std::string& job);
+
+// The full state as unsealed bytes (header + record): write_checkpoint() into a string, so
+// there is one encoder. For tests and fuzz seeds; a run writes through save_checkpoint() below,
+// which never holds the file. NotSupported as write_state_entries().
 std::string encode_checkpoint(const CheckpointMeta& meta, torch::nn::Module& module,
                               torch::optim::Optimizer& optimizer);
 
@@ -112,8 +132,20 @@ core::Record parse_checkpoint(const std::string& bytes, const std::string& sourc
 // zlib's CRC-32 continued over `n` more bytes (start with 0).
 uint32_t crc32_update(uint32_t crc, const char* data, size_t n);
 
-// Writes step directory + moves `latest`; prunes all but the newest `keep` step directories.
-// Returns the state file's path.
+// A stage-0 checkpoint (a full replica: the periodic and the final one) of `module` and
+// `optimizer` at step meta.step: streams step-N/state.krab (write_state_entries +
+// write_checkpoint, sealed under `seal_key` for `job` when the key is not "") through
+// core::AtomicFileWriter, then moves `latest` and prunes all but the newest `keep` step
+// directories. Memory: O(the largest non-contiguous tensor), not O(the model); the tensors must
+// not change meanwhile (the caller settled the engine). A failed write (a full disk) throws
+// krab::Error naming the file and leaves no state.krab, `latest` where it was and the previous
+// checkpoint in force. Returns the state file's path.
+std::string save_checkpoint(const std::string& run_dir, const CheckpointMeta& meta,
+                            torch::nn::Module& module, torch::optim::Optimizer& optimizer,
+                            const std::string& seal_key, const std::string& job, int keep);
+
+// The same for a state file already in memory (`bytes`, as encode_checkpoint + core::seal
+// give): tests and small payloads.
 std::string save_checkpoint(const std::string& run_dir, const std::string& bytes, int64_t step,
                             int keep);
 

@@ -344,10 +344,8 @@ void Trainer::Loop::maybe_checkpoint(int64_t done) {
     return;
   }
   if (!rank0()) return;
-  last_checkpoint = save_checkpoint(
-      run_dir,
-      core::seal(encode_checkpoint(meta(done), *state.model, *state.optimizer), seal_key, seal_job),
-      done, o.checkpoint_keep);
+  last_checkpoint = save_checkpoint(run_dir, meta(done), *state.model, *state.optimizer, seal_key,
+                                    seal_job, o.checkpoint_keep);
 }
 
 // EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
@@ -469,11 +467,8 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   const engine::TrainState state = engine->state();
   out.checkpoint = (fs::path(run_dir) / "model.pt").string();  // finish_group wrote it
   if (state.sharded == nullptr)
-    out.state =
-        save_checkpoint(run_dir,
-                        core::seal(encode_checkpoint(meta(steps), *state.model, *state.optimizer),
-                                   seal_key, seal_job),
-                        steps, o.checkpoint_keep);
+    out.state = save_checkpoint(run_dir, meta(steps), *state.model, *state.optimizer, seal_key,
+                                seal_job, o.checkpoint_keep);
   out.workers = world.size;
   out.global_batch = o.batch * world.size * o.micro_batches;
   out.steps = steps;
