@@ -126,8 +126,10 @@ class DiskOffload {
   at::Tensor master(int unit) const;
   // Asks the kernel to read unit u's master ahead (a gather of the unit is about to read it).
   void prefetch_master(int unit) const;
-  // Drops unit u's master pages from this process and the page cache (after its gather ended,
-  // or after it was written), as step() drops a stepped unit.
+  // After unit u's master was read by a gather or written: starts its write-back, drops its
+  // pages from the page cache and the whole mapping from this process (a read fault maps
+  // neighbouring pages too, possibly other units'; a gather in flight only faults its own
+  // pages in again).
   void release_master(int unit) const;
   // Drops the whole mapping the same way (after a checkpoint was restored into it).
   void release_all() const;
