@@ -281,9 +281,11 @@ std::vector<KeySpec> parallel_keys() {
               "every unit is gathered when it starts.",
               0),
       string_key("parallel.offload", "none",
-                 "`parallel.zero_stage` 1 or 2: `disk` keeps each worker's optimizer state in "
-                 "a file, `RUN_DIR/offload/rank-R.bin` (allocated in full at the start, removed "
-                 "at the end), stepped unit by unit so that about two units' state is in RAM; "
+                 "`parallel.zero_stage` 1, 2 or 3: `disk` keeps each worker's optimizer state "
+                 "(and at stage 3 its fp32 master shards) in a file, "
+                 "`RUN_DIR/offload/rank-R.bin` (allocated in full at the start, removed at the "
+                 "end), stepped unit by unit so that about two units' state is in RAM; stage 3 "
+                 "reads a unit's master from it for each gather and drops it after; "
                  "the run is refused before training unless the file system has room for every "
                  "worker's file + 5%. Same parameters as without. `none`: in RAM.",
                  {"none", "disk"}),

@@ -93,6 +93,7 @@ std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const 
   so.activation_checkpointing = o.activation_checkpointing;
   so.compression = compress::CompressionOptions::from_config(c);
   so.data_parallel = dpo;
+  if (c.get_string("parallel.offload") == "disk") so.offload_dir = run_directory(c) + "/offload";
   return parallel::zero::make_stage3_engine(
       spec, std::move(group), so,
       [&c](std::vector<at::Tensor> params) { return make_optimizer(c, std::move(params)); });
@@ -156,8 +157,10 @@ void check_offload_room(const core::Config& job, const std::vector<engine::Param
   const int fields = zero::optimizer_fields(*probe);
   std::vector<int64_t> numel;
   for (int u = 0; u < layout.num_units(); ++u) numel.push_back(layout.shard_numel(u));
+  // Stage 3 keeps its master shards in the file too, one more field per unit.
   const auto regions =
-      zero::plan_offload(numel, std::vector<int>(numel.size(), fields), ::sysconf(_SC_PAGESIZE));
+      zero::plan_offload(numel, std::vector<int>(numel.size(), fields), ::sysconf(_SC_PAGESIZE),
+                         /*master=*/job.get_int("parallel.zero_stage") == 3);
   const std::string dir = run_directory(job) + "/offload";
   core::check_writable_dir(dir, "parallel.offload");
   zero::check_offload_room(dir, workers, regions.file_bytes, zero::available_bytes(dir));

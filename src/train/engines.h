@@ -27,11 +27,11 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
 
 // parallel.offload: disk, before any worker is spawned: the offload directory
 // (RUN_DIR/offload) must be writable and its file system must have room for every rank's file
-// (the same layout and optimizer fields the ZeRO engine will use, over the model's trainable
-// parameters `trainable` (named_parameters order, or models::describe_parameters' rows), its
-// `unit_candidates` (what `parallel.wrap: auto` takes) and `workers` ranks) + 5%. InvalidArgument
-// naming parallel.offload, the directory and both numbers (parallel/zero/offload.h's
-// check_offload_room). No-op otherwise. Builds no model.
+// (the same layout, optimizer fields and, at stage 3, master shards the ZeRO engine will use, over
+// the model's trainable parameters `trainable` (named_parameters order, or
+// models::describe_parameters' rows), its `unit_candidates` (what `parallel.wrap: auto` takes) and
+// `workers` ranks) + 5%. InvalidArgument naming parallel.offload, the directory and both numbers
+// (parallel/zero/offload.h's check_offload_room). No-op otherwise. Builds no model.
 void check_offload_room(const core::Config& job, const std::vector<engine::ParamShape>& trainable,
                         const std::vector<std::string>& unit_candidates, int workers);
 

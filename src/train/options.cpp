@@ -55,14 +55,9 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
 
 void check_zero_options(const core::Config& c) {
   const int64_t stage = c.get_int("parallel.zero_stage");
-  // Stage 3's master shards are not in the offload file yet (only stages 1-2's optimizer state).
-  KRAB_CHECK_ARG(stage != 3 || c.get_string("parallel.offload") == "none",
-                 "parallel.offload: ", c.get_string("parallel.offload"),
-                 " cannot be combined with parallel.zero_stage 3 yet (use stage 1 or 2 with "
-                 "disk offload, or parallel.offload: none)");
   KRAB_CHECK_ARG(stage > 0 || c.get_string("parallel.offload") == "none",
                  "parallel.offload: ", c.get_string("parallel.offload"),
-                 " needs parallel.zero_stage 1 or 2 (stage 0 has no shards to offload)");
+                 " needs parallel.zero_stage 1, 2 or 3 (stage 0 has no shards to offload)");
   if (stage == 0) return;
   const std::string& mode = c.get_string("sync.mode");
   KRAB_CHECK_ARG(mode == "sync", "parallel.zero_stage ", stage, " needs sync.mode: sync, got ",

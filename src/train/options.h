@@ -37,15 +37,14 @@ struct TrainOptions {
   static TrainOptions from_config(const core::Config& c);
 };
 
-// The cross-key refusals of parallel.zero_stage (InvalidArgument naming both keys): stage 3
-// with offload; a stage > 0 with sync.mode local_sgd or async (a worker holding 1/N of the
-// optimizer state cannot step alone, and a server holds the state already); with a
-// comm.compression other than fp16 or bf16 (not composed with the reduce-scatter yet); with
-// comm.momentum_correction or comm.clip_norm (they keep a full-size velocity or norm per
-// bucket, which stage 2 drops and the sharded reduce-scatter does not apply); and, until
-// sharded checkpoints land, with checkpoint.every_steps > 0 or checkpoint.resume (temporary).
-// parallel.offload: disk needs a stage of 1 or 2.
-// from_config() runs it; so does the launcher's preflight, before any worker starts.
+// The cross-key refusals of parallel.zero_stage (InvalidArgument naming both keys): a stage > 0
+// with sync.mode local_sgd or async (a worker holding 1/N of the optimizer state cannot step alone,
+// and a server holds the state already); with a comm.compression other than fp16 or bf16 (not
+// composed with the reduce-scatter yet); with comm.momentum_correction or comm.clip_norm (they keep
+// a full-size velocity or norm per bucket, which stage 2 drops and the sharded reduce-scatter does
+// not apply); and, until sharded checkpoints land, with checkpoint.every_steps > 0 or
+// checkpoint.resume (temporary). parallel.offload: disk needs a stage of 1, 2 or 3. from_config()
+// runs it; so does the launcher's preflight, before any worker starts.
 void check_zero_options(const core::Config& c);
 
 // sync.mode's name in the report and in messages.

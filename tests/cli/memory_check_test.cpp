@@ -182,6 +182,31 @@ TEST(JobMemory, AdviceIsTheCheapestSettingThatFitsByPrediction) {
       << none;
 }
 
+// Stage 3 with disk offload: the master shards and Adam's state leave RAM, so a budget that
+// holds the gradient shard (4Ψ/N), the two-unit window and the working set admits a job that
+// stage 3 in RAM (16Ψ/N) does not fit.
+TEST(JobMemory, StageThreeWithDiskOffloadNeedsOnlyTheGradientShardAndTheWindow) {
+  JobMemory job = gpt_like();
+  job.inputs.stage = 3;
+  job.inputs.activation_checkpointing = true;
+  job.inputs.activation_bytes = job.activations_checkpointed;
+  const int64_t in_ram = (int64_t{160} << 20) + zero::predict_memory(job.inputs).resident();
+  job.inputs.offload = zero::Offload::kDisk;
+  const zero::MemoryPrediction off = zero::predict_memory(job.inputs);
+  const int64_t psi = (int64_t{1} << 24) + 8 * (int64_t{1} << 26), n = 4;
+  const int64_t window = 2 * (int64_t{1} << 26) / n;  // two of the largest unit's shards
+  EXPECT_EQ(off.grads, 4 * psi / n);
+  EXPECT_EQ(off.params, 4 * window);
+  EXPECT_EQ(off.optimizer, 4 * 2 * window);
+  EXPECT_EQ(off.offloaded, 12 * psi / n);
+  const int64_t with_offload = (int64_t{160} << 20) + off.resident();
+  ASSERT_LT(with_offload, in_ram);
+  EXPECT_NO_THROW(check_job_memory(4, job, budget_of(4 * with_offload), "parallel.workers"));
+  job.inputs.offload = zero::Offload::kNone;
+  EXPECT_THROW(check_job_memory(4, job, budget_of(4 * with_offload), "parallel.workers"),
+               InvalidArgument);
+}
+
 TEST(JobMemory, TooManyProcessesIsTheWorkerCountsFault) {
   JobMemory job = gpt_like();
   job.inputs.unit_numel = {1000};

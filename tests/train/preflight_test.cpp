@@ -2,7 +2,8 @@
 // gpt (6.4 GB of fp32 weights) passes the launcher's checks with a peak resident memory far
 // below its weights; data the model cannot take is refused for a huge mlp with the very line a
 // small mlp gets; and the disk offload room of a 1 T-parameter gpt (which no machine could
-// build) is computed from its description and refused in the closed form's bytes.
+// build) is computed from its description and refused in the closed form's bytes, at stage 3 with
+// the master shards counted.
 #include "train/preflight.h"
 
 #include <gtest/gtest.h>
@@ -153,6 +154,30 @@ TEST_F(PreflightTest, DiskOffloadRoomOfAModelNoMachineCouldBuildIsRefusedBeforeA
   EXPECT_NE(what.find(str_cat("parallel.offload: disk needs ",
                               static_cast<int64_t>(std::ceil(4.0 * (2 * psi) * 1.05)),
                               " bytes in '", dir, "' (4 ranks x ", 2 * psi, " bytes, + 5%)")),
+            std::string::npos)
+      << what;
+  EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));
+}
+
+// Stage 3 keeps its fp32 master shards in the offload file beside the optimizer state: the same
+// model needs 3Ψ per rank with Adam (master, exp_avg, exp_avg_sq, each Ψ/4 floats) where stage
+// 2 needs 2Ψ.
+TEST_F(PreflightTest, DiskOffloadRoomAtStageThreeCountsTheMasterShards) {
+  const int64_t layers = 20, w = 65536;
+  const core::Config c = gpt(
+      layers, w, "parallel: {zero_stage: 3, offload: disk}\ntrain: {optimizer: {name: adam}}\n");
+  std::string what;
+  try {
+    preflight(c, 4);
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  const int64_t vocab = model_spec(c, load_data(c)).num_classes, context = 16;
+  const int64_t psi = layers * (12 * w * w + 13 * w) + w * (2 * vocab + context + 2);
+  const std::string dir = (dir_ / "runs" / "offload").string();
+  EXPECT_NE(what.find(str_cat("parallel.offload: disk needs ",
+                              static_cast<int64_t>(std::ceil(4.0 * (3 * psi) * 1.05)),
+                              " bytes in '", dir, "' (4 ranks x ", 3 * psi, " bytes, + 5%)")),
             std::string::npos)
       << what;
   EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));

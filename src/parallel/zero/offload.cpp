@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -22,10 +23,11 @@ namespace {
 
 std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
-// The unit's fields as tensors over the mapping.
+// The unit's optimizer fields as tensors over the mapping (after its master, if any).
 std::vector<at::Tensor> field_views(char* base, const OffloadRegions& r, int u) {
   std::vector<at::Tensor> out;
-  for (int f = 0; f < r.fields[u]; ++f)
+  const int first = r.master ? 1 : 0;
+  for (int f = first; f < first + r.fields[u]; ++f)
     out.push_back(
         torch::from_blob(base + r.offset[u] + f * r.numel[u] * 4, {r.numel[u]}, torch::kFloat32));
   return out;
@@ -70,15 +72,24 @@ int64_t OffloadRegions::state_bytes() const {
   return total;
 }
 
+int64_t OffloadRegions::master_bytes() const {
+  int64_t total = 0;
+  if (master)
+    for (int64_t n : numel) total += n * static_cast<int64_t>(sizeof(float));
+  return total;
+}
+
 OffloadRegions plan_offload(const std::vector<int64_t>& numel, const std::vector<int>& fields,
-                            int64_t page) {
+                            int64_t page, bool master) {
   KRAB_CHECK(numel.size() == fields.size(), "plan_offload: numel and fields differ in length");
   OffloadRegions r;
   r.numel = numel;
   r.fields = fields;
+  r.master = master;
   for (size_t u = 0; u < numel.size(); ++u) {
     r.offset.push_back(r.file_bytes);
-    r.bytes.push_back(numel[u] * fields[u] * static_cast<int64_t>(sizeof(float)));
+    const int stored = fields[u] + (master ? 1 : 0);
+    r.bytes.push_back(numel[u] * stored * static_cast<int64_t>(sizeof(float)));
     r.file_bytes += (r.bytes.back() + page - 1) / page * page;
   }
   return r;
@@ -116,8 +127,32 @@ void check_offload_room(const std::string& dir, int ranks, int64_t bytes_per_ran
       available < 0 ? std::string("no readable free space") : str_cat(available, " bytes free"));
 }
 
+// Every rank's file has the same size (the shards are equal), so each rank can check the room
+// for all of them; the refusal is agreed on before anything is allocated.
+std::unique_ptr<DiskOffload> open_offload(const std::string& dir, comm::Communicator& comm,
+                                          const OffloadRegions& regions) {
+  std::string refusal;
+  try {
+    check_offload_room(dir, comm.size(), regions.file_bytes, available_bytes(dir));
+  } catch (const InvalidArgument& e) {
+    refusal = e.what();
+  }
+  at::Tensor refused = torch::tensor({refusal.empty() ? 0.0f : 1.0f});
+  comm.allreduce(refused, comm::ReduceOp::kMax)->wait();
+  if (!refusal.empty()) throw InvalidArgument(refusal);
+  KRAB_CHECK_ARG(refused.item<float>() == 0,
+                 "parallel.offload: disk: another rank found no room for the offload files in '",
+                 dir, "'");
+  return std::make_unique<DiskOffload>(dir, comm.rank(), regions);
+}
+
 DiskOffload::DiskOffload(const std::string& dir, int rank, const OffloadRegions& regions,
                          const std::vector<at::Tensor>& shards, ShardOptimizers& optimizers)
+    : DiskOffload(dir, rank, regions) {
+  install_state(shards, optimizers);
+}
+
+DiskOffload::DiskOffload(const std::string& dir, int rank, const OffloadRegions& regions)
     : dir_(dir), path_(dir + "/rank-" + std::to_string(rank) + ".bin"), regions_(regions) {
   core::make_dirs(dir_);
   struct stat st {};
@@ -144,10 +179,43 @@ DiskOffload::DiskOffload(const std::string& dir, int rank, const OffloadRegions&
     ::unlink(path_.c_str());
     throw Error(str_cat("cannot map the offload file '", path_, "': ", reason));
   }
+}
+
+void DiskOffload::install_state(const std::vector<at::Tensor>& shards,
+                                ShardOptimizers& optimizers) {
   for (int u = 0; u < static_cast<int>(shards.size()); ++u)
     if (regions_.numel[u] > 0)  // a unit of 0 elements is never stepped
       install(optimizers.at(u), shards[u], field_views(static_cast<char*>(base_), regions_, u));
 }
+
+at::Tensor DiskOffload::master(int unit) const {
+  KRAB_CHECK(regions_.master, "DiskOffload: the file holds no master shards");
+  return torch::from_blob(static_cast<char*>(base_) + regions_.offset.at(unit),
+                          {regions_.numel[unit]}, torch::kFloat32);
+}
+
+void DiskOffload::prefetch_master(int unit) const {
+  if (!regions_.master || regions_.numel.at(unit) == 0) return;
+  ::madvise(static_cast<char*>(base_) + regions_.offset[unit], regions_.numel[unit] * 4,
+            MADV_WILLNEED);
+}
+
+// The gather read the master through read faults, and a read fault maps more than the page it
+// needs: the neighbouring pages already in the page cache ("fault-around") and whole large
+// folios of it, i.e. possibly other units' masters or state whose write-back was still running
+// when they were dropped. The process's mapping is therefore dropped whole (a walk of its page
+// tables, cheap when little is mapped; a gather in flight for another unit only faults its
+// pages in again), the page cache only over the master itself (another unit's pages may be
+// about to be read by its own gather).
+void DiskOffload::release_master(int unit) const {
+  if (!regions_.master || regions_.numel.at(unit) == 0) return;
+  char* first = static_cast<char*>(base_) + regions_.offset[unit];
+  ::msync(first, regions_.numel[unit] * 4, MS_ASYNC);
+  ::madvise(base_, regions_.file_bytes, MADV_DONTNEED);
+  ::posix_fadvise(fd_, regions_.offset[unit], regions_.numel[unit] * 4, POSIX_FADV_DONTNEED);
+}
+
+void DiskOffload::release_all() const { release_range(0, regions_.file_bytes); }
 
 DiskOffload::~DiskOffload() {
   ::munmap(base_, std::max<int64_t>(regions_.file_bytes, 1));
@@ -165,11 +233,18 @@ void DiskOffload::advise(int unit, int advice) const {
 // them back; fadvise then lets the kernel drop them from the cache too once they are clean, so
 // neither this process's RSS nor its cgroup's page cache holds more than the window.
 void DiskOffload::release(int unit) const {
-  if (regions_.bytes[unit] == 0) return;
-  char* begin = static_cast<char*>(base_) + regions_.offset[unit];
-  ::msync(begin, regions_.bytes[unit], MS_ASYNC);
-  ::madvise(begin, regions_.bytes[unit], MADV_DONTNEED);
-  ::posix_fadvise(fd_, regions_.offset[unit], regions_.bytes[unit], POSIX_FADV_DONTNEED);
+  release_range(regions_.offset[unit], regions_.bytes[unit]);
+}
+
+// `offset` is page-aligned (a region's start); the end need not be: madvise rounds the length
+// up, which may drop the first page of the next field too — harmless for a shared mapping,
+// whose pages are the file's.
+void DiskOffload::release_range(int64_t offset, int64_t bytes) const {
+  if (bytes == 0) return;
+  char* begin = static_cast<char*>(base_) + offset;
+  ::msync(begin, bytes, MS_ASYNC);
+  ::madvise(begin, bytes, MADV_DONTNEED);
+  ::posix_fadvise(fd_, offset, bytes, POSIX_FADV_DONTNEED);
 }
 
 void DiskOffload::step(ShardOptimizers& optimizers, double lr) {

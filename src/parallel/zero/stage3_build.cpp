@@ -7,8 +7,10 @@
 
 namespace krab::parallel::zero {
 
-Stage3Builder::Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm)
-    : comm_(comm), storage_(std::make_unique<Stage3Storage>(layout, comm.rank())) {
+Stage3Builder::Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm,
+                             std::unique_ptr<DiskOffload> offload)
+    : comm_(comm),
+      storage_(std::make_unique<Stage3Storage>(layout, comm.rank(), std::move(offload))) {
   for (int u = 1; u < layout.num_units(); ++u) unit_of_path_[layout.unit(u).name] = u;
 }
 
@@ -63,8 +65,11 @@ std::unique_ptr<Stage3Engine> make_stage3_engine(const models::ModelSpec& spec,
   for (const auto& p : table.params)
     if (p.trainable) params.push_back({p.name, p.shape});
   KRAB_CHECK_ARG(!params.empty(), "parallel.zero_stage: the model has no trainable parameters");
-  Stage3Builder builder(plan_stage3_layout(params, table.unit_candidates, options, comm->size()),
-                        *comm);
+  const engine::ShardLayout layout =
+      plan_stage3_layout(params, table.unit_candidates, options, comm->size());
+  // The file before the first unit: each master goes into it as its unit is built.
+  Stage3Builder builder(layout, *comm,
+                        open_stage3_offload(layout, *comm, options.offload_dir, make_optimizer));
   auto model = models::make_model(spec, &builder);
   return std::make_unique<Stage3Engine>(std::move(model), std::move(comm), std::move(options),
                                         make_optimizer, builder.take_storage());

@@ -35,8 +35,10 @@ namespace krab::parallel::zero {
 
 class Stage3Builder : public models::BuildObserver {
  public:
-  // Adopts into a new Stage3Storage over `layout` (this rank: comm.rank()).
-  Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm);
+  // Adopts into a new Stage3Storage over `layout` (this rank: comm.rank()); with `offload`
+  // (parallel.offload: disk) each unit's master goes into that file as the unit is adopted.
+  Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm,
+                std::unique_ptr<DiskOffload> offload = nullptr);
 
   void on_unit_built(const std::string& path, torch::nn::Module& module) override;
 

@@ -1,6 +1,7 @@
 #include "parallel/zero/stage3_engine.h"
 
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include "core/errors.h"
 #include "models/torchscript.h"
@@ -36,6 +37,20 @@ bool same_layout(const engine::ShardLayout& a, const engine::ShardLayout& b) {
 
 }  // namespace
 
+std::unique_ptr<DiskOffload> open_stage3_offload(const engine::ShardLayout& layout,
+                                                 comm::Communicator& comm, const std::string& dir,
+                                                 const OptimizerFactory& make_optimizer) {
+  if (dir.empty()) return nullptr;
+  // The optimizers are made over the masters, which must already be in the file: the job's
+  // own optimizer over a stand-in says how many fields each unit's state has.
+  const int fields = optimizer_fields(*make_optimizer({torch::zeros({1}).requires_grad_()}));
+  std::vector<int64_t> numel;
+  for (int u = 0; u < layout.num_units(); ++u) numel.push_back(layout.shard_numel(u));
+  return open_offload(dir, comm,
+                      plan_offload(numel, std::vector<int>(numel.size(), fields),
+                                   ::sysconf(_SC_PAGESIZE), /*master=*/true));
+}
+
 engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& params,
                                        const std::vector<std::string>& candidates,
                                        const Stage3EngineOptions& options, int world) {
@@ -68,9 +83,13 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
   if (built) {
     KRAB_CHECK(same_layout(built->layout(), layout_),
                "sharded construction planned other units than the built model has");
+    KRAB_CHECK((built->offload() != nullptr) == !options_.offload_dir.empty(),
+               "sharded construction: the masters' offload file disagrees with the options");
     storage_ = std::move(built);
   } else {
-    storage_ = std::make_unique<Stage3Storage>(layout_, comm_->rank());
+    storage_ = std::make_unique<Stage3Storage>(
+        layout_, comm_->rank(),
+        open_stage3_offload(layout_, *comm_, options_.offload_dir, make_optimizer));
     // Unit by unit, so that at most one non-root flat is whole at a time beside the model.
     for (int u = 1; u < layout_.num_units(); ++u) storage_->adopt(u, params[u], *comm_, false);
     storage_->adopt(0, params[0], *comm_, true);
@@ -86,6 +105,7 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
   std::vector<at::Tensor> masters;
   for (int u = 0; u < layout_.num_units(); ++u) masters.push_back(storage_->master(u));
   optimizers_ = std::make_unique<ShardOptimizers>(masters, make_optimizer);
+  if (DiskOffload* offload = storage_->offload()) offload->install_state(masters, *optimizers_);
   sharded_.layout = &layout_;
   sharded_.stage = 3;
   sharded_.values = masters;
@@ -113,7 +133,10 @@ void Stage3Engine::reduce_gradients() {
 void Stage3Engine::apply(double lr) {
   for (int u = 0; u < layout_.num_units(); ++u)
     storage_->master(u).mutable_grad() = reducer_->grad_shard(u);
-  optimizers_->step(lr);
+  if (DiskOffload* offload = storage_->offload())
+    offload->step(*optimizers_, lr);
+  else
+    optimizers_->step(lr);
   for (int u = 0; u < layout_.num_units(); ++u) storage_->master(u).mutable_grad() = at::Tensor();
   reducer_->release_shards();
 }
@@ -134,6 +157,8 @@ engine::TrainState Stage3Engine::state() {
 }
 
 void Stage3Engine::after_restore() {
+  // The restore wrote every master and optimizer field through the mapping.
+  if (const DiskOffload* offload = storage_->offload()) offload->release_all();
   storage_->refresh(0, *comm_);
   storage_->wait(0);
 }
@@ -169,9 +194,12 @@ void Stage3Engine::with_whole_model(const std::function<void()>& fn) {
 engine::MemoryStats Stage3Engine::memory() const {
   engine::MemoryStats m;
   m.known = true;
-  m.params = storage_->master_bytes();
-  m.grads = m.params;  // the grad shards: one per master, alive from the reduce to the step
-  m.optimizer = optimizers_->state_bytes();
+  const DiskOffload* offload = storage_->offload();
+  const int64_t masters = storage_->master_bytes();
+  m.grads = masters;  // the grad shards: one per master, alive from the reduce to the step
+  m.offloaded = offload ? offload->regions().state_bytes() : 0;
+  m.params = offload ? 0 : masters;
+  m.optimizer = optimizers_->state_bytes() - (offload ? m.offloaded - masters : 0);
   m.working_set_peak = storage_->peak_bytes() + reducer_->peak_bucket_bytes();
   return m;
 }
@@ -187,7 +215,7 @@ nlohmann::json Stage3Engine::describe() const {
             {"units", units},
             {"alignment", layout_.alignment()},
             {"prefetch", options_.prefetch},
-            {"offload", "none"},
+            {"offload", storage_->offload() ? "disk" : "none"},
             {"activation_checkpointing", options_.activation_checkpointing},
             {"gathered_whole", gathered_whole_}}}};
 }

@@ -34,12 +34,22 @@
 // Activation checkpointing: the runner recomputes each unit inside its gather
 // (models::run_recomputed after the gather), so the trainer installs no runner of its own.
 //
-// Checkpoints: state() hands out the master shards and their optimizers; after_restore()
-// gathers the root (the other units are gathered from the restored masters when they run).
-// visit_parameters() hands out every parameter whole, one unit gathered at a time (model.pt).
+// Disk offload (options.offload_dir, parallel.offload: disk): each unit's master shard and its
+// optimizer state live in this rank's offload file (offload.h, regions planned with masters),
+// so a rank's resident model state is the gradient shard (4Ψ/N) between backward and update,
+// the step's two-unit window and the gathered units. The file is made and the room agreed on
+// before the first unit is adopted (sharded construction writes each master into it as the
+// unit is built); every gather reads its unit's master from the file and drops the pages after;
+// apply() steps through DiskOffload's window. The parameters equal those without offload bit
+// for bit (the same arithmetic on the same bytes). memory() counts masters and optimizer state
+// as offloaded.
 //
-// Not supported (InvalidArgument naming the key): parallel.offload (the master shard is not in
-// the offload file yet).
+// Checkpoints: state() hands out the master shards and their optimizers (views of the offload
+// file with offload: a checkpoint reads them from it, a restore writes into it, and the shard
+// files are the same bytes either way); after_restore() drops the restored pages of the
+// offload file and gathers the root (the other units are gathered from the restored masters
+// when they run). visit_parameters() hands out every parameter whole, one unit gathered at a
+// time (model.pt).
 //
 // Thread safety: one training thread, like every engine.
 #pragma once
@@ -73,6 +83,9 @@ struct Stage3EngineOptions {
   int prefetch = 1;        // parallel.prefetch: units gathered ahead
   bool activation_checkpointing = false;
   compress::CompressionOptions compression;  // none, fp16 or bf16
+  // parallel.offload: disk puts this rank's masters and optimizer state in
+  // OFFLOAD_DIR/rank-R.bin (the trainer passes RUN_DIR/offload); empty keeps them in RAM.
+  std::string offload_dir;
   // total_steps, global_micro_batch, broadcast_buffers, as for the data-parallel engine (the
   // bucket cap is not used: every unit is its own bucket, so its gradient goes at once).
   DataParallelEngineOptions data_parallel;
@@ -86,6 +99,13 @@ engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& pa
                                        const std::vector<std::string>& candidates,
                                        const Stage3EngineOptions& options, int world);
 
+// Collective: this rank's offload file for `layout` — one region per unit holding its master
+// shard and the fields of the optimizer `make_optimizer` makes (probed over a stand-in tensor) —
+// once every rank agreed there is room (open_offload). Null when `dir` is empty.
+std::unique_ptr<DiskOffload> open_stage3_offload(const engine::ShardLayout& layout,
+                                                 comm::Communicator& comm, const std::string& dir,
+                                                 const OptimizerFactory& make_optimizer);
+
 class Stage3Engine : public engine::Engine {
  public:
   // Plans the units from the model's unit candidates (plan_stage3_layout), moves every unit's
@@ -93,8 +113,10 @@ class Stage3Engine : public engine::Engine {
   // too), keeps the master shards, frees every non-root flat, installs the runner and builds
   // one optimizer per master shard. With `built` (sharded construction, stage3_build.h) the
   // units were adopted while the model was built: its layout must be the one planned here
-  // (Error otherwise). InvalidArgument for a wrap plan_units refuses, an optimizer
-  // ShardOptimizers refuses.
+  // (Error otherwise) and its masters must be in an offload file exactly when
+  // options.offload_dir is set. InvalidArgument for a wrap plan_units refuses, an optimizer
+  // ShardOptimizers refuses, offload files that do not fit (open_offload); krab::Error naming
+  // the file when it cannot be allocated.
   Stage3Engine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
                Stage3EngineOptions options, const OptimizerFactory& make_optimizer,
                std::unique_ptr<Stage3Storage> built = nullptr);

@@ -16,8 +16,13 @@ void resize_bytes(const at::Tensor& flat, size_t bytes) {
 
 }  // namespace
 
-Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank)
-    : layout_(layout), rank_(rank), units_(layout.num_units()) {}
+Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank,
+                             std::unique_ptr<DiskOffload> offload)
+    : layout_(layout), rank_(rank), offload_(std::move(offload)), units_(layout.num_units()) {
+  KRAB_CHECK(!offload_ || (offload_->regions().master &&
+                           static_cast<int>(offload_->regions().numel.size()) == num_units()),
+             "Stage3Storage: the offload file has no master region per unit");
+}
 
 // Gloo threads may still write into a flat: never drop one under a gather.
 Stage3Storage::~Stage3Storage() {
@@ -44,7 +49,15 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
   // values are the model's, as the data-parallel engine's initial broadcast makes them.
   if (u.padded > 0) comm.broadcast(flat, 0)->wait();
   const engine::Range r = layout_.shard(unit, rank_);
-  slot.master = flat.narrow(0, r.begin, r.size()).clone();
+  if (offload_) {
+    KRAB_CHECK(offload_->regions().numel[unit] == r.size(),
+               "Stage3Storage: the offload file's master of unit ", unit, " has another size");
+    slot.master = offload_->master(unit);
+    slot.master.copy_(flat.narrow(0, r.begin, r.size()));
+    offload_->release_master(unit);
+  } else {
+    slot.master = flat.narrow(0, r.begin, r.size()).clone();
+  }
   slot.flat = std::move(flat);
   slot.adopted = true;
   live_bytes_ += static_cast<int64_t>(slot.flat.nbytes());
@@ -69,6 +82,7 @@ void Stage3Storage::start_gather(int unit, comm::Communicator& comm) {
   KRAB_CHECK(u.adopted, "Stage3Storage: unit ", unit, " gathered before it was adopted");
   if (u.flat.numel() == 0 || allocated(unit)) return;
   allocate(unit);
+  if (offload_) offload_->prefetch_master(unit);
   u.work = comm.allgather(u.master, u.flat);
 }
 
@@ -78,6 +92,7 @@ void Stage3Storage::refresh(int unit, comm::Communicator& comm) {
   if (u.flat.numel() == 0) return;
   wait(unit);
   if (!allocated(unit)) allocate(unit);
+  if (offload_) offload_->prefetch_master(unit);
   u.work = comm.allgather(u.master, u.flat);
 }
 
@@ -86,6 +101,14 @@ void Stage3Storage::wait(int unit) {
   if (!u.work) return;
   comm::WorkPtr work = std::move(u.work);
   u.work = nullptr;
+  // The master's pages go once the gather has read them, even when it failed.
+  struct Release {
+    const DiskOffload* offload;
+    int unit;
+    ~Release() {
+      if (offload) offload->release_master(unit);
+    }
+  } release{offload_.get(), unit};
   work->wait();
 }
 

@@ -23,6 +23,13 @@
 //
 // Units of 0 elements have no storage and take part in no collective; they count as gathered.
 //
+// With a DiskOffload (parallel.offload: disk, its regions planned with masters) the masters are
+// not in RAM: master(u) is a view of unit u's master field in the offload file. adopt() writes
+// the rank's shard into it and drops those pages (sharded construction never holds more than
+// the unit being built); start_gather()/refresh() ask the kernel to read the master ahead, and
+// wait() drops its pages again once the all-gather that read it has ended, so a gather leaves
+// none of the file resident.
+//
 // Thread safety: the training thread only. Collectives are issued in call order, which the
 // callers keep identical on every rank.
 #pragma once
@@ -30,17 +37,21 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "engine/shard_layout.h"
+#include "parallel/zero/offload.h"
 
 namespace krab::parallel::zero {
 
 class Stage3Storage {
  public:
-  // Nothing adopted yet. `rank` is this rank's index in the layout's world.
-  Stage3Storage(const engine::ShardLayout& layout, int rank);
+  // Nothing adopted yet. `rank` is this rank's index in the layout's world. With `offload`
+  // (regions with masters, one per unit of `layout`) the masters live in its file.
+  Stage3Storage(const engine::ShardLayout& layout, int rank,
+                std::unique_ptr<DiskOffload> offload = nullptr);
   ~Stage3Storage();
   Stage3Storage(const Stage3Storage&) = delete;
   Stage3Storage& operator=(const Stage3Storage&) = delete;
@@ -75,10 +86,13 @@ class Stage3Storage {
   const engine::ShardLayout& layout() const { return layout_; }
   // fp32 [padded_u]: the unit's flat (0 bytes while freed).
   const at::Tensor& flat(int unit) const { return units_.at(unit).flat; }
-  // fp32 [S_u]: this rank's master shard of unit u, what the optimizer steps.
+  // fp32 [S_u]: this rank's master shard of unit u, what the optimizer steps (a view of the
+  // offload file with one).
   const at::Tensor& master(int unit) const { return units_.at(unit).master; }
+  // The offload file holding the masters, or null.
+  DiskOffload* offload() const { return offload_.get(); }
 
-  // Bytes of the master shards.
+  // Bytes of the master shards (in RAM or in the offload file).
   int64_t master_bytes() const;
   // Bytes of the flats allocated now, and the most at once so far.
   int64_t live_bytes() const { return live_bytes_; }
@@ -95,6 +109,7 @@ class Stage3Storage {
 
   const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;
+  std::unique_ptr<DiskOffload> offload_;  // before units_: the masters are views of its mapping
   std::vector<Unit> units_;
   int64_t live_bytes_ = 0, peak_bytes_ = 0;
 };

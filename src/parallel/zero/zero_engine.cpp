@@ -69,10 +69,7 @@ void ZeroEngine::install_gather_wait() {
   gather_wait_->install(*model_);
 }
 
-// Every rank's file has the same size (the shards are equal), so each rank can check the room
-// for all of them. The checks are agreed on before any file is allocated: a rank that allocated
-// first would shrink what the others see, and a rank refusing alone would leave the others
-// waiting in the next collective.
+// The room for every rank's file is agreed on before any is allocated (open_offload).
 void ZeroEngine::start_offload(const std::vector<at::Tensor>& shards) {
   std::vector<int64_t> numel;
   std::vector<int> fields;
@@ -80,23 +77,9 @@ void ZeroEngine::start_offload(const std::vector<at::Tensor>& shards) {
     numel.push_back(layout_.shard_numel(u));
     fields.push_back(optimizer_fields(optimizers_->at(u)));
   }
-  const auto regions = plan_offload(numel, fields, ::sysconf(_SC_PAGESIZE));
-  std::string refusal;
-  try {
-    check_offload_room(options_.offload_dir, comm_->size(), regions.file_bytes,
-                       available_bytes(options_.offload_dir));
-  } catch (const InvalidArgument& e) {
-    refusal = e.what();
-  }
-  at::Tensor refused = torch::tensor({refusal.empty() ? 0.0f : 1.0f});
-  comm_->allreduce(refused, comm::ReduceOp::kMax)->wait();
-  if (!refusal.empty()) throw InvalidArgument(refusal);
-  KRAB_CHECK_ARG(refused.item<float>() == 0,
-                 "parallel.offload: disk: another rank found no room "
-                 "for the offload files in '",
-                 options_.offload_dir, "'");
-  offload_ = std::make_unique<DiskOffload>(options_.offload_dir, comm_->rank(), regions, shards,
-                                           *optimizers_);
+  offload_ = open_offload(options_.offload_dir, *comm_,
+                          plan_offload(numel, fields, ::sysconf(_SC_PAGESIZE)));
+  offload_->install_state(shards, *optimizers_);
 }
 
 void ZeroEngine::before_backward(int64_t micro, bool last) {
