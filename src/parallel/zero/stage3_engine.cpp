@@ -172,7 +172,7 @@ engine::MemoryStats Stage3Engine::memory() const {
   m.params = storage_->master_bytes();
   m.grads = m.params;  // the grad shards: one per master, alive from the reduce to the step
   m.optimizer = optimizers_->state_bytes();
-  m.working_set_peak = storage_->peak_bytes() + reducer_->peak_bucket_bytes();
+  m.working_set_peak = storage_->held_peak_bytes() + reducer_->peak_bucket_bytes();
   return m;
 }
 

@@ -19,12 +19,17 @@ void resize_bytes(const at::Tensor& flat, size_t bytes) {
 Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank)
     : layout_(layout), rank_(rank), units_(layout.num_units()) {}
 
-// Gloo threads may still write into a flat: never drop one under a gather.
+// Gloo threads may still write into a flat: never drop one under a gather. The model's
+// parameters may outlive this storage and share its flats: they must not name the pool.
 Stage3Storage::~Stage3Storage() {
-  for (auto& u : units_) try {
+  for (auto& u : units_) {
+    try {
       if (u.work) u.work->wait();
     } catch (...) {  // reported by whoever waited first
     }
+    if (u.flat.defined())
+      u.flat.storage().unsafeGetStorageImpl()->set_allocator(c10::GetCPUAllocator());
+  }
 }
 
 bool Stage3Storage::all_adopted() const {
@@ -45,10 +50,13 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
   if (u.padded > 0) comm.broadcast(flat, 0)->wait();
   const engine::Range r = layout_.shard(unit, rank_);
   slot.master = flat.narrow(0, r.begin, r.size()).clone();
+  // The flat's bytes so far came from malloc (freed below or kept: the root); every gather's
+  // come from the pool (flat_pool.h).
+  flat.storage().unsafeGetStorageImpl()->set_allocator(&pool_);
   slot.flat = std::move(flat);
   slot.adopted = true;
   live_bytes_ += static_cast<int64_t>(slot.flat.nbytes());
-  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  note_peaks();
   if (!keep_gathered) free(unit);
 }
 
@@ -61,7 +69,12 @@ void Stage3Storage::allocate(int unit) {
   Unit& u = units_[unit];
   resize_bytes(u.flat, static_cast<size_t>(u.flat.numel()) * sizeof(float));
   live_bytes_ += static_cast<int64_t>(u.flat.nbytes());
+  note_peaks();
+}
+
+void Stage3Storage::note_peaks() {
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  held_peak_bytes_ = std::max(held_peak_bytes_, live_bytes_ + pool_.kept_bytes());
 }
 
 void Stage3Storage::start_gather(int unit, comm::Communicator& comm) {
@@ -106,6 +119,7 @@ void Stage3Storage::free(int unit) {
   wait(unit);
   live_bytes_ -= static_cast<int64_t>(u.flat.nbytes());
   resize_bytes(u.flat, 0);
+  note_peaks();  // the pool keeps what was freed
 }
 
 int64_t Stage3Storage::master_bytes() const {

@@ -13,8 +13,10 @@
 // stale values. Units are adopted one by one, so a model can be sharded while it is being
 // built (§3.4): the peak is the units adopted so far as masters plus one unit whole.
 //
-// start_gather(u) resizes the storage back to padded_u · 4 bytes — a new allocation; nothing
-// may keep a data pointer across a free — and all-gathers every rank's master into it
+// start_gather(u) resizes the storage back to padded_u · 4 bytes — a new allocation from the
+// storage's FlatPool (flat_pool.h: mapped apart from malloc's heap, a block of the same size
+// reused once the first step has run); nothing may keep a data pointer across a free — and
+// all-gathers every rank's master into it
 // (asynchronous; the master is never the flat, so input and output do not alias); wait(u)
 // waits. free(u) waits for a gather still in flight, then releases the bytes. Autograd's saved
 // tensors refer to the parameters' TensorImpl and thus to the same StorageImpl: a unit freed
@@ -34,6 +36,7 @@
 
 #include "comm/communicator.h"
 #include "engine/shard_layout.h"
+#include "parallel/zero/flat_pool.h"
 
 namespace krab::parallel::zero {
 
@@ -83,6 +86,12 @@ class Stage3Storage {
   // Bytes of the flats allocated now, and the most at once so far.
   int64_t live_bytes() const { return live_bytes_; }
   int64_t peak_bytes() const { return peak_bytes_; }
+  // The most at once so far of the flats allocated and the freed flats' blocks the pool keeps:
+  // what the gathered working set adds to resident memory. The pool keeps no more than its own
+  // peak in use, so this is at most peak_bytes() plus a page per unit.
+  int64_t held_peak_bytes() const { return held_peak_bytes_; }
+  // Where gathered flats get their bytes.
+  const FlatPool& pool() const { return pool_; }
 
  private:
   struct Unit {
@@ -92,11 +101,13 @@ class Stage3Storage {
     comm::WorkPtr work;  // the gather in flight
   };
   void allocate(int unit);
+  void note_peaks();
 
   const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;
+  FlatPool pool_;  // before units_: the flats name it as their allocator
   std::vector<Unit> units_;
-  int64_t live_bytes_ = 0, peak_bytes_ = 0;
+  int64_t live_bytes_ = 0, peak_bytes_ = 0, held_peak_bytes_ = 0;
 };
 
 }  // namespace krab::parallel::zero
