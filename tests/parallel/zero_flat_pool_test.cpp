@@ -1,8 +1,6 @@
 // FlatPool (parallel/zero/flat_pool.h): stage 3's allocator of unit flats. The expectations are
 // closed forms in pages (what is in use, kept and mapped after each call) and the kernel's own
 // word on whether an address is mapped (mincore fails with ENOMEM on an unmapped page).
-#include "parallel/zero/flat_pool.h"
-
 #include <ATen/native/Resize.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -11,6 +9,8 @@
 
 #include <cerrno>
 #include <cstring>
+
+#include "parallel/zero/flat_pool.h"
 
 namespace krab::parallel::zero {
 namespace {
@@ -74,6 +74,46 @@ TEST(FlatPool, KeptBytesStayWithinThePeakInUse) {
   EXPECT_FALSE(mapped(two));
   EXPECT_EQ(pool.in_use_bytes() + pool.kept_bytes(), 5 * kPage);
   EXPECT_LE(pool.in_use_bytes() + pool.kept_bytes(), pool.peak_in_use_bytes());
+}
+
+// With a block size, every request up to it gets a block of that size, so any kept block
+// serves it; a larger request gets a block of its own size.
+TEST(FlatPool, BlocksHaveAtLeastTheBlockSize) {
+  FlatPool pool(4 * kPage);
+  void* first = nullptr;
+  {
+    c10::DataPtr a = pool.allocate(kPage);
+    first = a.get();
+    EXPECT_EQ(pool.in_use_bytes(), 4 * kPage);
+  }
+  c10::DataPtr b = pool.allocate(3 * kPage + 1);
+  EXPECT_EQ(b.get(), first);
+  c10::DataPtr c = pool.allocate(6 * kPage);
+  EXPECT_EQ(pool.mappings(), 2);
+  EXPECT_EQ(pool.in_use_bytes(), 10 * kPage);
+}
+
+// Stage 3's order for four units of different sizes (a CNN: two small layers, one large, one
+// small) with prefetch 1: forward gathers a unit and the next, frees each after it ran, keeps
+// the last; backward gathers each and the one before it. With blocks of the largest unit's
+// size two blocks serve them all: after the first step no gather maps anything.
+TEST(FlatPool, UnitsOfDifferentSizesReuseBlocksStepAfterStep) {
+  FlatPool pool(393 * kPage);
+  const int64_t pages[4] = {1, 19, 393, 1};
+  c10::DataPtr flat[4];
+  auto gather = [&](int u) { flat[u] = pool.allocate(pages[u] * kPage); };
+  auto free = [&](int u) { flat[u].clear(); };
+  int64_t after_first = 0;
+  for (int step = 0; step < 4; ++step) {
+    gather(0), gather(1), free(0), gather(2), free(1), gather(3), free(2);  // forward
+    gather(2), free(3), gather(1), free(2), gather(0), free(1), free(0);    // backward
+    if (step == 0) after_first = pool.mappings();
+    EXPECT_EQ(pool.mappings(), after_first) << "step " << step;
+    EXPECT_EQ(pool.in_use_bytes(), 0);
+    EXPECT_LE(pool.kept_bytes(), pool.peak_in_use_bytes());
+  }
+  EXPECT_EQ(after_first, 2);
+  EXPECT_EQ(pool.peak_in_use_bytes(), 2 * 393 * kPage);
 }
 
 TEST(FlatPool, ReleaseUnmapsKeptBlocksAndABlockMayOutliveItsPool) {

@@ -60,7 +60,8 @@ void give_back(void* context) {
 
 }  // namespace
 
-FlatPool::FlatPool() : state_(std::make_shared<State>()) {}
+FlatPool::FlatPool(size_t block_bytes)
+    : block_bytes_(block_bytes), state_(std::make_shared<State>()) {}
 
 FlatPool::~FlatPool() {
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -72,7 +73,7 @@ FlatPool::~FlatPool() {
 
 c10::DataPtr FlatPool::allocate(size_t bytes) const {
   if (bytes == 0) return {nullptr, c10::Device(c10::DeviceType::CPU)};
-  const size_t size = whole_pages(bytes);
+  const size_t size = whole_pages(std::max(bytes, block_bytes_));
   auto block = std::make_unique<Block>(Block{nullptr, size, state_});  // before a mapping exists
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);

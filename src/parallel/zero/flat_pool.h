@@ -9,14 +9,17 @@
 // pool of mappings of its own has neither, and lets the rest of the process keep krab's
 // heap settings (activations and gradients stay in the heap, as at stage 0).
 //
-// Policy: allocate(n) hands out a mapping of n bytes rounded up to whole pages — a block the
-// pool kept of exactly that size if it has one (no page faults: its pages are resident), a new
-// anonymous mapping otherwise. When a block is freed (the flat's storage resized to 0 bytes,
-// or destroyed) the pool keeps it as long as the bytes it holds — in use plus kept — stay within
-// the most bytes that were ever in use at once; a new mapping that would exceed that bound
-// unmaps kept blocks, oldest first. So the pool never holds more than the flats once needed
-// together (stage 3's gathered working set: the root-less units live at once, prefetch
-// included), and in the steady state of training every gather reuses a kept block.
+// Policy: allocate(n) hands out a block of max(n, block_bytes) bytes rounded up to whole pages —
+// a block the pool kept of exactly that size if it has one (no page faults: its pages are
+// resident), a new anonymous mapping otherwise. With block_bytes the largest unit's bytes every
+// block fits every unit, so a block passes from unit to unit however their sizes differ (a
+// CNN's one large layer among small ones) and the pool needs no more blocks than units are
+// gathered at once; pages a smaller unit never touches are never faulted in. When a block is
+// freed (the flat's storage resized to 0 bytes, or destroyed) the pool keeps it as long as the
+// bytes it holds — in use plus kept — stay within the most bytes that were ever in use at once;
+// a new mapping that would exceed that bound unmaps kept blocks, oldest first. So the pool
+// holds at most (units gathered at once) x (the largest unit) — stage 3's gathered working set,
+// prefetch included — and in the steady state of training every gather reuses a kept block.
 // release_kept() unmaps what is kept.
 //
 // Blocks are mapped with mmap(MAP_PRIVATE | MAP_ANONYMOUS): a new block reads as zeros, a kept
@@ -40,17 +43,18 @@ namespace krab::parallel::zero {
 
 class FlatPool final : public c10::Allocator {
  public:
-  FlatPool();
+  // Blocks of at least `block_bytes` (0: of the size asked).
+  explicit FlatPool(size_t block_bytes = 0);
   // Unmaps the kept blocks; blocks still in use are unmapped when they are freed.
   ~FlatPool() override;
   FlatPool(const FlatPool&) = delete;
   FlatPool& operator=(const FlatPool&) = delete;
 
-  // A block of at least `bytes` (whole pages); an empty DataPtr for 0. std::bad_alloc when the
-  // kernel refuses the mapping.
+  // A block of max(bytes, block_bytes) (whole pages); an empty DataPtr for 0. std::bad_alloc when
+  // the kernel refuses the mapping.
   c10::DataPtr allocate(size_t bytes) const override;
 
-  // Bytes of the blocks handed out and not freed (whole pages).
+  // Bytes of the blocks handed out and not freed (whole blocks, whatever was asked).
   int64_t in_use_bytes() const;
   // Bytes of the freed blocks the pool keeps for reuse.
   int64_t kept_bytes() const;
@@ -64,6 +68,7 @@ class FlatPool final : public c10::Allocator {
   struct State;  // shared with the blocks handed out (flat_pool.cpp)
 
  private:
+  const size_t block_bytes_;
   std::shared_ptr<State> state_;
 };
 
