@@ -1,6 +1,5 @@
 #include "train/engines.h"
 
-#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -68,23 +67,15 @@ int64_t zero_alignment(const core::Config& c) {
       codec == "int8" || codec == "onebit" ? (chunk > 0 ? chunk : 256) : 1);
 }
 
-// Stage 3's units are the model's unit calls: `auto` takes every one of them.
-//
-// Stage 3 allocates and frees a unit's parameters (and its gradient and bucket) several times a
-// step. glibc raises its mmap threshold to the size of each large block freed, after which
-// blocks of unit size come from the heap, and the heap cannot give back the holes they leave
-// between the master shards: measured on a 25 M-parameter gpt on 4 workers, peak RSS per worker
-// 540-610 MiB with the default, 310-320 MiB with a fixed 1 MiB threshold (every block that
-// large is mapped and returned on free), against 168 MiB of process before the model. So a
-// worker running stage 3 fixes the threshold (process-wide; costs a page fault per page of a
-// new unit, small beside the gather).
-void fix_mmap_threshold() { ::mallopt(M_MMAP_THRESHOLD, 1 << 20); }
-
+// Stage 3's units are the model's unit calls: `auto` takes every one of them. Its workers keep
+// krab's heap settings (cli/main.cpp), as every other engine's do: the unit flats, allocated
+// and freed twice a step, come from Stage3Storage's own pool of mappings
+// (parallel/zero/flat_pool.h), so they neither strand holes in the heap nor fault in fresh
+// pages on every gather.
 std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const TrainOptions& o,
                                                    std::unique_ptr<comm::Communicator> group,
                                                    const models::ModelSpec& spec,
                                                    const parallel::DataParallelEngineOptions& dpo) {
-  fix_mmap_threshold();
   parallel::zero::Stage3EngineOptions so;
   const std::string wrap = c.get_string("parallel.wrap");
   so.wrap_auto = wrap == "auto";

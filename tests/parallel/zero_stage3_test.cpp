@@ -308,6 +308,42 @@ TEST(ZeroStage3, UnitsAreFreedBetweenStepsAndMemoryIsTheClosedForm) {
   });
 }
 
+// The flats' bytes come from the storage's pool (flat_pool.h): the first step maps the blocks,
+// every later gather reuses one (no new mapping), the pool holds no more than the flats once
+// needed at once, and a freed unit's parameters still hold no bytes (a read fails at once).
+TEST(ZeroStage3, GathersAfterTheFirstStepReuseThePoolsBlocks) {
+  Case c;
+  c.model = "gpt";
+  c.steps = 4;
+  testing::run_gloo_ranks_owned(c.world, [&](int r, std::unique_ptr<comm::Communicator> g) {
+    auto e = make_engine(c, std::move(g));
+    auto& z = dynamic_cast<Stage3Engine&>(*e);
+    const FlatPool& pool = z.storage().pool();
+    Outcome ignored;
+    int64_t after_first = -1;
+    while (auto plan = e->next_step()) {
+      one_step(c, *e, r, *plan, &ignored);
+      e->settle();
+      if (after_first < 0) after_first = pool.mappings();
+      EXPECT_EQ(pool.mappings(), after_first) << "step " << plan->step;
+      EXPECT_EQ(pool.in_use_bytes(), 0) << "the root is not the pool's";
+      EXPECT_LE(pool.kept_bytes(), pool.peak_in_use_bytes());
+      for (int u = 1; u < z.layout().num_units(); ++u)
+        EXPECT_EQ(z.storage().flat(u).storage().data(), nullptr) << "unit " << u;
+    }
+    // Two blocks at once at most, as the flats (UnitsAreFreedBetweenSteps...): whole pages each.
+    int64_t largest = 0;
+    for (const auto& u : z.layout().units())
+      if (!u.name.empty()) largest = std::max(largest, u.padded * 4);
+    EXPECT_GT(after_first, 0);
+    EXPECT_LE(pool.peak_in_use_bytes(), 2 * (largest + 4096));
+    EXPECT_GE(z.storage().held_peak_bytes(), z.storage().peak_bytes());
+    EXPECT_LE(z.storage().held_peak_bytes(), 4 * z.layout().unit(0).padded + 2 * (largest + 4096));
+    EXPECT_EQ(e->memory().working_set_peak,
+              z.storage().held_peak_bytes() + z.reducer().peak_bucket_bytes());
+  });
+}
+
 // Evaluation (no gradients): the same logits as stage 0's model, and every unit freed after.
 TEST(ZeroStage3, ForwardWithoutGradientsEqualsStageZeroAndFreesEveryUnit) {
   Case c;

@@ -200,7 +200,7 @@ engine::MemoryStats Stage3Engine::memory() const {
   m.offloaded = offload ? offload->regions().state_bytes() : 0;
   m.params = offload ? 0 : masters;
   m.optimizer = optimizers_->state_bytes() - (offload ? m.offloaded - masters : 0);
-  m.working_set_peak = storage_->peak_bytes() + reducer_->peak_bucket_bytes();
+  m.working_set_peak = storage_->held_peak_bytes() + reducer_->peak_bucket_bytes();
   return m;
 }
 

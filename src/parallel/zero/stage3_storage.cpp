@@ -14,22 +14,39 @@ void resize_bytes(const at::Tensor& flat, size_t bytes) {
   at::native::resize_bytes_cpu(flat.storage().unsafeGetStorageImpl(), bytes);
 }
 
+// The pool's blocks fit the largest unit but the root (which stays gathered): any block serves
+// any unit, so units of different sizes do not map and unmap blocks every step.
+size_t largest_unit_bytes(const engine::ShardLayout& layout) {
+  int64_t largest = 0;
+  for (int u = 1; u < layout.num_units(); ++u) largest = std::max(largest, layout.unit(u).padded);
+  return static_cast<size_t>(largest) * sizeof(float);
+}
+
 }  // namespace
 
 Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank,
                              std::unique_ptr<DiskOffload> offload)
-    : layout_(layout), rank_(rank), offload_(std::move(offload)), units_(layout.num_units()) {
+    : layout_(layout),
+      rank_(rank),
+      offload_(std::move(offload)),
+      pool_(largest_unit_bytes(layout)),
+      units_(layout.num_units()) {
   KRAB_CHECK(!offload_ || (offload_->regions().master &&
                            static_cast<int>(offload_->regions().numel.size()) == num_units()),
              "Stage3Storage: the offload file has no master region per unit");
 }
 
-// Gloo threads may still write into a flat: never drop one under a gather.
+// Gloo threads may still write into a flat: never drop one under a gather. The model's
+// parameters may outlive this storage and share its flats: they must not name the pool.
 Stage3Storage::~Stage3Storage() {
-  for (auto& u : units_) try {
+  for (auto& u : units_) {
+    try {
       if (u.work) u.work->wait();
     } catch (...) {  // reported by whoever waited first
     }
+    if (u.flat.defined())
+      u.flat.storage().unsafeGetStorageImpl()->set_allocator(c10::GetCPUAllocator());
+  }
 }
 
 bool Stage3Storage::all_adopted() const {
@@ -58,10 +75,13 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
   } else {
     slot.master = flat.narrow(0, r.begin, r.size()).clone();
   }
+  // The flat's bytes so far came from malloc (freed below or kept: the root); every gather's
+  // come from the pool (flat_pool.h).
+  flat.storage().unsafeGetStorageImpl()->set_allocator(&pool_);
   slot.flat = std::move(flat);
   slot.adopted = true;
   live_bytes_ += static_cast<int64_t>(slot.flat.nbytes());
-  peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  note_peaks();
   if (!keep_gathered) free(unit);
 }
 
@@ -74,7 +94,17 @@ void Stage3Storage::allocate(int unit) {
   Unit& u = units_[unit];
   resize_bytes(u.flat, static_cast<size_t>(u.flat.numel()) * sizeof(float));
   live_bytes_ += static_cast<int64_t>(u.flat.nbytes());
+  pooled_bytes_ += static_cast<int64_t>(u.flat.nbytes());
+  u.pooled = true;
+  note_peaks();
+}
+
+// The pool's blocks may be larger than the flats in them (whole pages, a kept block of a larger
+// unit): count the blocks, in use and kept, in place of the pooled flats.
+void Stage3Storage::note_peaks() {
   peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  const int64_t held = live_bytes_ - pooled_bytes_ + pool_.in_use_bytes() + pool_.kept_bytes();
+  held_peak_bytes_ = std::max(held_peak_bytes_, held);
 }
 
 void Stage3Storage::start_gather(int unit, comm::Communicator& comm) {
@@ -128,7 +158,10 @@ void Stage3Storage::free(int unit) {
   if (u.flat.numel() == 0 || !allocated(unit)) return;
   wait(unit);
   live_bytes_ -= static_cast<int64_t>(u.flat.nbytes());
+  if (u.pooled) pooled_bytes_ -= static_cast<int64_t>(u.flat.nbytes());
+  u.pooled = false;
   resize_bytes(u.flat, 0);
+  note_peaks();  // the pool keeps what was freed
 }
 
 int64_t Stage3Storage::master_bytes() const {

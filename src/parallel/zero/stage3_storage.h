@@ -13,13 +13,14 @@
 // stale values. Units are adopted one by one, so a model can be sharded while it is being
 // built (§3.4): the peak is the units adopted so far as masters plus one unit whole.
 //
-// start_gather(u) resizes the storage back to padded_u · 4 bytes — a new allocation; nothing
-// may keep a data pointer across a free — and all-gathers every rank's master into it
-// (asynchronous; the master is never the flat, so input and output do not alias); wait(u)
-// waits. free(u) waits for a gather still in flight, then releases the bytes. Autograd's saved
-// tensors refer to the parameters' TensorImpl and thus to the same StorageImpl: a unit freed
-// after its forward and gathered again before its backward is seen by backward with the same
-// values (§12, checks 1 and 3).
+// start_gather(u) resizes the storage back to padded_u · 4 bytes — a new allocation from the
+// storage's FlatPool (flat_pool.h: mapped apart from malloc's heap, blocks of the largest
+// non-root unit's size, reused once the first step has run); nothing may keep a data pointer across
+// a free — and all-gathers every rank's master into it (asynchronous; the master is never the flat,
+// so input and output do not alias); wait(u) waits. free(u) waits for a gather still in flight,
+// then releases the bytes. Autograd's saved tensors refer to the parameters' TensorImpl and thus to
+// the same StorageImpl: a unit freed after its forward and gathered again before its backward is
+// seen by backward with the same values (§12, checks 1 and 3).
 //
 // Units of 0 elements have no storage and take part in no collective; they count as gathered.
 //
@@ -42,6 +43,7 @@
 
 #include "comm/communicator.h"
 #include "engine/shard_layout.h"
+#include "parallel/zero/flat_pool.h"
 #include "parallel/zero/offload.h"
 
 namespace krab::parallel::zero {
@@ -97,21 +99,32 @@ class Stage3Storage {
   // Bytes of the flats allocated now, and the most at once so far.
   int64_t live_bytes() const { return live_bytes_; }
   int64_t peak_bytes() const { return peak_bytes_; }
+  // The most at once so far of the flats' bytes counting the pool's blocks (in use — each the
+  // largest unit's size, whatever unit is in it — and kept for reuse): a bound on what the
+  // gathered working set adds to resident memory. The pool holds no more than its own peak in
+  // use: at most the root's flat plus (units gathered at once) x (the largest unit).
+  int64_t held_peak_bytes() const { return held_peak_bytes_; }
+  // Where gathered flats get their bytes.
+  const FlatPool& pool() const { return pool_; }
 
  private:
   struct Unit {
     bool adopted = false;
     at::Tensor flat;
     at::Tensor master;
-    comm::WorkPtr work;  // the gather in flight
+    comm::WorkPtr work;   // the gather in flight
+    bool pooled = false;  // the flat's bytes are the pool's (gathered, not adopted)
   };
   void allocate(int unit);
+  void note_peaks();
 
   const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;
   std::unique_ptr<DiskOffload> offload_;  // before units_: the masters are views of its mapping
+  FlatPool pool_;                         // before units_: the flats name it as their allocator
   std::vector<Unit> units_;
-  int64_t live_bytes_ = 0, peak_bytes_ = 0;
+  int64_t live_bytes_ = 0, peak_bytes_ = 0, held_peak_bytes_ = 0;
+  int64_t pooled_bytes_ = 0;  // of live_bytes_, the flats whose bytes are the pool's
 };
 
 }  // namespace krab::parallel::zero
