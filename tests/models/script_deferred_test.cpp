@@ -7,6 +7,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -61,9 +62,9 @@ torch::jit::Module chain(test::ScriptBuilder& b, int units, int64_t n) {
 class DeferredScript : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("krab-deferred-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::string name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::replace(name.begin(), name.end(), '/', '_');  // a parameterised test's "Name/0"
+    dir_ = fs::temp_directory_path() / ("krab-deferred-" + std::to_string(::getpid()) + "-" + name);
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -95,9 +96,13 @@ class Recorder : public BuildObserver {
 
 // Nothing of the parameters is read at load; each unit's values are in when it is announced,
 // in forward order, then the root; the other tensors (a buffer, a tensor attribute) are read at
-// once; the result is the plain load's, bit for bit, and runs as it does.
-TEST_F(DeferredScript, ReadsEachUnitWhenItIsAnnouncedAndEqualsThePlainLoad) {
-  const ModelSpec spec = spec_of(chain(b_, 3, 24));
+// once; the result is the plain load's, bit for bit, and runs as it does. Inspected or, with
+// model.trust_code, not.
+class DeferredScriptTrust : public DeferredScript, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(DeferredScriptTrust, ReadsEachUnitWhenItIsAnnouncedAndEqualsThePlainLoad) {
+  ModelSpec spec = spec_of(chain(b_, 3, 24));
+  spec.trust_code = GetParam();
   TorchScriptModel plain(spec);
   TorchScriptModel lazy(spec, TorchScriptModel::ParameterValues::kDeferred);
   int64_t trainable = 0;
@@ -119,6 +124,8 @@ TEST_F(DeferredScript, ReadsEachUnitWhenItIsAnnouncedAndEqualsThePlainLoad) {
   // `offset` is reached only through the scripted code: the outputs say it was read.
   EXPECT_TRUE(torch::equal(lazy.forward(x), plain.forward(x)));
 }
+
+INSTANTIATE_TEST_SUITE_P(InspectedOrTrusted, DeferredScriptTrust, ::testing::Bool());
 
 // The load itself reserves the parameters' memory without writing it: a 64 MiB module grows
 // the process by far less than its size until its units are read, and reading them one by one,
