@@ -87,7 +87,7 @@ size_t DeferredTensorReads::read(uint64_t pos, void* buf, size_t n, const char* 
   return done;
 }
 
-void DeferredTensorReads::keep_reachable(const torch::jit::Module& module) {
+bool DeferredTensorReads::keep_reachable(const torch::jit::Module& module) {
   // A skipped buffer is the data of the storage the reader allocated for the record; the
   // storages the module's object still reaches are the ones to keep. Comparing sizes too
   // guards against an address a freed storage left and a kept one took.
@@ -101,7 +101,10 @@ void DeferredTensorReads::keep_reachable(const torch::jit::Module& module) {
       deferred_.emplace(s.unsafeGetStorageImpl(), Deferred{s, it->second});
     return false;
   });
+  const bool all = deferred_.size() == skipped_.size();
   skipped_.clear();
+  if (!all) deferred_.clear();
+  return all;
 }
 
 void DeferredTensorReads::fill(const at::Tensor& t) {

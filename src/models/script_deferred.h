@@ -60,9 +60,11 @@ class DeferredTensorReads : public caffe2::serialize::ReadAdapterInterface {
   size_t read(uint64_t pos, void* buf, size_t n, const char* what = "") const override;
 
   // After the load: keeps, as deferred, the storages of the tensors reachable from `module`'s
-  // object whose bytes were skipped, each with a reference; forgets the rest (a storage the
-  // load let go). Once.
-  void keep_reachable(const torch::jit::Module& module);
+  // object whose bytes were skipped, each with a reference. Once. False when some skipped
+  // buffer is not such a storage (the load copied or dropped it, so a tensor may hold
+  // unread bytes that fill() cannot reach): then nothing is kept, and the caller must load the
+  // file again without this reader.
+  bool keep_reachable(const torch::jit::Module& module);
 
   // Reads t's storage from the file when it is deferred (then it is not any more); no-op
   // otherwise. CorruptData naming the file on a short read (the file shrank).

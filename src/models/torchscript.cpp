@@ -53,17 +53,23 @@ void mirror(const torch::jit::Module& src, torch::nn::Module& dst, const std::st
 // torch::jit::load compiles the file's code and runs its __setstate__ methods, so the file is
 // inspected before it (script_inspection.h), and the compiled graphs after it, before any method
 // runs; unless the user vouches for the file.
-// With `deferred`, through it: the tensors' bytes are not read (script_deferred.h).
+// With `deferred`, through it: the tensors' bytes are not read (script_deferred.h), unless
+// the loaded module does not hold every storage whose read was skipped; then it is loaded
+// again, whole, and `deferred` holds nothing.
 torch::jit::Module load_script(const ModelSpec& spec,
                                const std::shared_ptr<DeferredTensorReads>& deferred) {
   const std::string& path = spec.path;
   KRAB_CHECK_ARG(core::path_exists(path), "model.path: no file '", path, "'");
   const std::string source = str_cat("model.path: '", path, "'");
-  if (!spec.trust_code)
-    return load_inspected_torchscript_file(
-        path, source, "set model.trust_code: true to load it anyway if you vouch for the file",
-        deferred);
-  if (deferred) return load_torchscript_unchecked(deferred, source);
+  const std::string advice =
+      "set model.trust_code: true to load it anyway if you vouch for the file";
+  if (deferred) {
+    torch::jit::Module m = spec.trust_code
+                               ? load_torchscript_unchecked(deferred, source)
+                               : load_inspected_torchscript_file(path, source, advice, deferred);
+    if (deferred->keep_reachable(m)) return m;
+  }
+  if (!spec.trust_code) return load_inspected_torchscript_file(path, source, advice);
   std::ifstream in(path, std::ios::binary);
   return load_torchscript_unchecked(in, source);
 }
@@ -185,7 +191,6 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec, ParameterValues values
 // Every tensor of the module object that no engine overwrites: buffers, frozen parameters and
 // tensor attributes, which the engines broadcast from rank 0 or never touch.
 void TorchScriptModel::read_all_but_trainable() {
-  deferred_->keep_reachable(module_);
   std::vector<at::Tensor> trainable;
   for (const at::Tensor& p : parameters())
     if (p.requires_grad()) trainable.push_back(p);

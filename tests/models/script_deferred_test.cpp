@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/errors.h"
+#include "models/script_inspection.h"
 #include "models/torchscript.h"
 #include "support/script_modules.h"
 
@@ -126,6 +127,27 @@ TEST_P(DeferredScriptTrust, ReadsEachUnitWhenItIsAnnouncedAndEqualsThePlainLoad)
 }
 
 INSTANTIATE_TEST_SUITE_P(InspectedOrTrusted, DeferredScriptTrust, ::testing::Bool());
+
+// The reader keeps a skipped read only while the loaded module holds its storage: when one is
+// let go (here: a buffer replaced after the load, as a load that copied a tensor would), it
+// keeps nothing and says so, and the caller loads the file whole (torchscript.cpp).
+TEST_F(DeferredScript, KeepsNothingWhenTheModuleDroppedASkippedStorage) {
+  const ModelSpec spec = spec_of(chain(b_, 2, 8));
+  const int64_t tensors = 2 * (8 * 8 + 8) * 4 + 8 * 4 + 8 * 4;  // l0, l1, scale, offset
+  {
+    auto reads = std::make_shared<DeferredTensorReads>(spec.path, "net.ts");
+    torch::jit::Module m = load_torchscript_unchecked(reads, "net.ts");
+    EXPECT_TRUE(reads->keep_reachable(m));
+    EXPECT_EQ(reads->deferred_bytes(), tensors);
+    reads->fill_all();
+    EXPECT_TRUE(torch::equal(m.attr("scale").toTensor(), torch::full({8}, 0.5)));
+  }
+  auto reads = std::make_shared<DeferredTensorReads>(spec.path, "net.ts");
+  torch::jit::Module m = load_torchscript_unchecked(reads, "net.ts");
+  m.register_buffer("scale", torch::ones({8}));
+  EXPECT_FALSE(reads->keep_reachable(m));
+  EXPECT_EQ(reads->deferred_bytes(), 0);
+}
 
 // The load itself reserves the parameters' memory without writing it: a 64 MiB module grows
 // the process by far less than its size until its units are read, and reading them one by one,
