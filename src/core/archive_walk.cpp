@@ -241,7 +241,8 @@ class PickleWalk {
 }  // namespace
 
 ArchiveRecords check_zip_directory(std::istream& in, uint64_t file_size, const std::string& source,
-                                   const std::string& kind, uint64_t max_inflated) {
+                                   const std::string& kind, uint64_t max_inflated,
+                                   std::set<std::string>* stored) {
   const Damage damaged{source, kind};
   const auto [offset, size] = directory_span(in, file_size, damaged);
   std::string dir(size, '\0');
@@ -261,7 +262,9 @@ ArchiveRecords check_zip_directory(std::istream& in, uint64_t file_size, const s
     const std::string shown = printable(name, 60);
     check_record(shown, method, compressed, uncompressed, local, file_size, max_inflated, damaged);
     const size_t slash = name.find('/');
-    records[slash == std::string::npos ? name : name.substr(slash + 1)] = uncompressed;
+    const std::string key = slash == std::string::npos ? name : name.substr(slash + 1);
+    records[key] = uncompressed;
+    if (stored != nullptr && method == 0) stored->insert(key);
     at += 46 + name_len + extra_len + comment_len;
   }
   return records;

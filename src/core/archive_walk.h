@@ -14,6 +14,7 @@
 #include <functional>
 #include <istream>
 #include <map>
+#include <set>
 #include <string>
 
 namespace krab::core {
@@ -30,9 +31,12 @@ using ArchiveRecords = std::map<std::string, uint64_t>;
 // record's stated size before inflating it, so that size is checked against the cap and
 // against deflate's largest ratio, 1032:1, over the compressed bytes that are there.)
 // CorruptData "SOURCE: damaged KIND: why" otherwise, where SOURCE names the file (its path)
-// and KIND says what it should be ("torch.save archive", "TorchScript archive").
+// and KIND says what it should be ("torch.save archive", "TorchScript archive"). When `stored`
+// is given it receives the names of the records that are stored (not deflated): their bytes lie
+// in the file as they are.
 ArchiveRecords check_zip_directory(std::istream& in, uint64_t size, const std::string& source,
-                                   const std::string& kind, uint64_t max_inflated = 0);
+                                   const std::string& kind, uint64_t max_inflated = 0,
+                                   std::set<std::string>* stored = nullptr);
 
 // What a pickle names: a GLOBAL or INST opcode's module and name ("__torch__.Net", "Net";
 // "torch._utils", "_rebuild_tensor_v2"), or a STACK_GLOBAL opcode, whose names come from the

@@ -38,7 +38,9 @@
 // Units (models/units.h; what parallel.wrap's `auto` and activation checkpointing act on), in
 // forward order: gpt `blocks.0` .. `blocks.{layers-1}` (embeddings, ln_f and head run outside
 // units); cnn `conv1` and `conv2` (each with its ReLU and pool), `fc1` (with its ReLU), `fc2`;
-// mlp `fc1`, `fc2` (each with its ReLU), `fc3`. A torchscript model has none yet.
+// mlp `fc1`, `fc2` (each with its ReLU), `fc3`; a torchscript model the children whose call
+// sites krab could rewrite (models/script_units.h: top-level children and ModuleList elements
+// called once with one Tensor), the others gathered whole.
 //
 // Thread safety: as for any torch module — concurrent forwards on one model are fine, training
 // one model from several threads is not.

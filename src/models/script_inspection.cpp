@@ -243,12 +243,23 @@ torch::jit::Module load_torchscript_unchecked(std::istream& in, const std::strin
   }
 }
 
-torch::jit::Module load_inspected_torchscript_file(const std::string& path,
-                                                   const std::string& source,
-                                                   const std::string& advice) {
+torch::jit::Module load_torchscript_unchecked(
+    std::shared_ptr<caffe2::serialize::ReadAdapterInterface> in, const std::string& source) {
+  try {
+    return torch::jit::load(std::move(in), at::Device(at::kCPU));
+  } catch (const c10::Error& e) {
+    throw InvalidArgument(str_cat(source, " is not a TorchScript module (", kSaveOne,
+                                  "): ", first_line(e.what_without_backtrace())));
+  }
+}
+
+torch::jit::Module load_inspected_torchscript_file(
+    const std::string& path, const std::string& source, const std::string& advice,
+    std::shared_ptr<caffe2::serialize::ReadAdapterInterface> reader) {
   inspect_torchscript_file(path, source, advice);
   std::ifstream in(path, std::ios::binary);
-  torch::jit::Module module = load_torchscript_unchecked(in, source);
+  torch::jit::Module module = reader ? load_torchscript_unchecked(std::move(reader), source)
+                                     : load_torchscript_unchecked(in, source);
   check_script_graphs(module, source, advice);
   return module;
 }

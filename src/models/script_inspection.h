@@ -44,6 +44,7 @@
 #include <torch/script.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace krab::models {
@@ -80,9 +81,10 @@ void check_script_graphs(const torch::jit::Module& module, const std::string& so
 // on the CPU, none of whose code has run except its __setstate__ methods (inspected first);
 // throws as above, and InvalidArgument "SOURCE is not a TorchScript module (...): LibTorch's
 // message" when LibTorch cannot load what passed the inspection.
-torch::jit::Module load_inspected_torchscript_file(const std::string& path,
-                                                   const std::string& source,
-                                                   const std::string& advice = "");
+// With `reader`, torch::jit::load reads the file through it (models/script_deferred.h).
+torch::jit::Module load_inspected_torchscript_file(
+    const std::string& path, const std::string& source, const std::string& advice = "",
+    std::shared_ptr<caffe2::serialize::ReadAdapterInterface> reader = nullptr);
 torch::jit::Module load_inspected_torchscript_bytes(const std::string& bytes,
                                                     const std::string& source,
                                                     const std::string& advice = "");
@@ -90,5 +92,7 @@ torch::jit::Module load_inspected_torchscript_bytes(const std::string& bytes,
 // torch::jit::load(`in`) onto the CPU, without any inspection (for a file the user vouches
 // for); LibTorch's failure as InvalidArgument "SOURCE is not a TorchScript module ...".
 torch::jit::Module load_torchscript_unchecked(std::istream& in, const std::string& source);
+torch::jit::Module load_torchscript_unchecked(
+    std::shared_ptr<caffe2::serialize::ReadAdapterInterface> in, const std::string& source);
 
 }  // namespace krab::models

@@ -53,15 +53,37 @@ void mirror(const torch::jit::Module& src, torch::nn::Module& dst, const std::st
 // torch::jit::load compiles the file's code and runs its __setstate__ methods, so the file is
 // inspected before it (script_inspection.h), and the compiled graphs after it, before any method
 // runs; unless the user vouches for the file.
-torch::jit::Module load_script(const ModelSpec& spec) {
+// With `deferred`, through it: the tensors' bytes are not read (script_deferred.h), unless
+// the loaded module does not hold every storage whose read was skipped; then it is loaded
+// again, whole, and `deferred` holds nothing.
+torch::jit::Module load_script(const ModelSpec& spec,
+                               const std::shared_ptr<DeferredTensorReads>& deferred) {
   const std::string& path = spec.path;
   KRAB_CHECK_ARG(core::path_exists(path), "model.path: no file '", path, "'");
   const std::string source = str_cat("model.path: '", path, "'");
-  if (!spec.trust_code)
-    return load_inspected_torchscript_file(
-        path, source, "set model.trust_code: true to load it anyway if you vouch for the file");
+  const std::string advice =
+      "set model.trust_code: true to load it anyway if you vouch for the file";
+  if (deferred) {
+    torch::jit::Module m = spec.trust_code
+                               ? load_torchscript_unchecked(deferred, source)
+                               : load_inspected_torchscript_file(path, source, advice, deferred);
+    if (deferred->keep_reachable(m)) return m;
+  }
+  if (!spec.trust_code) return load_inspected_torchscript_file(path, source, advice);
   std::ifstream in(path, std::ios::binary);
   return load_torchscript_unchecked(in, source);
+}
+
+std::shared_ptr<DeferredTensorReads> deferred_reads(const ModelSpec& spec,
+                                                    TorchScriptModel::ParameterValues values) {
+  if (values != TorchScriptModel::ParameterValues::kDeferred || !core::path_exists(spec.path))
+    return nullptr;  // load_script names a missing file
+  try {
+    return std::make_shared<DeferredTensorReads>(spec.path,
+                                                 str_cat("model.path: '", spec.path, "'"));
+  } catch (const Error&) {
+    return nullptr;  // read whole: the load says what is wrong with the file, as without
+  }
 }
 
 // Classes whose buffers are all persistent: torch.nn's and torchvision's own (none of them
@@ -133,8 +155,12 @@ bool is_known_loss(const std::string& name) {
 }
 
 TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
+    : TorchScriptModel(spec, ParameterValues::kRead) {}
+
+TorchScriptModel::TorchScriptModel(const ModelSpec& spec, ParameterValues values)
     : file_(core::path_exists(spec.path) ? script_file_of(spec.path) : ScriptFile{}),
-      module_(load_script(spec)),
+      deferred_(deferred_reads(spec, values)),
+      module_(load_script(spec, deferred_)),
       path_(spec.path),
       loss_(spec.loss),
       freeze_batchnorm_(spec.freeze_batchnorm),
@@ -159,6 +185,31 @@ TorchScriptModel::TorchScriptModel(const ModelSpec& spec)
   check_modes();
   warn_unrecorded_buffers();
   split_units();
+  if (deferred_) read_all_but_trainable();
+}
+
+// Every tensor of the module object that no engine overwrites: buffers, frozen parameters and
+// tensor attributes, which the engines broadcast from rank 0 or never touch.
+void TorchScriptModel::read_all_but_trainable() {
+  std::vector<at::Tensor> trainable;
+  for (const at::Tensor& p : parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  deferred_->fill_all_except(trainable);
+}
+
+void TorchScriptModel::read_units(BuildObserver& observer) {
+  // Without the root itself: a model need not be held by a shared_ptr.
+  const auto modules = named_modules("", /*include_self=*/false);
+  for (const std::string& path : unit_candidates()) {
+    const auto* found = modules.find(path);
+    KRAB_CHECK(found != nullptr, "unit candidate '", path, "' is not a submodule");
+    if (deferred_)
+      for (const at::Tensor& p : (*found)->parameters()) deferred_->fill(p);
+    observer.on_unit_built(path, **found);
+  }
+  if (deferred_) deferred_->fill_all();
+  deferred_.reset();
+  observer.on_unit_built("", *this);
 }
 
 // After the inspection (in load_script) and the checks: they read the user's code as loaded.
@@ -242,6 +293,8 @@ void TorchScriptModel::warn_unrecorded_buffers() {
 }
 
 at::Tensor TorchScriptModel::run(const char* method, std::vector<c10::IValue> args) {
+  KRAB_CHECK(!deferred_, "model.path: '", path_, "': ", method,
+             " ran before the parameters were read (TorchScriptModel::read_units)");
   // The graph executor's optimised plan replaces runs of differentiable ops with autodiff
   // subgraphs whose symbolic gradients are slower on CPU than eager autograd's kernels (relu's
   // backward becomes grad * (out > 0).type_as(out): three passes over the activations instead

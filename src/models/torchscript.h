@@ -42,6 +42,16 @@
 // compute what the originals compute, bit for bit. unit_candidates() lists the units;
 // gathered_whole() says why each other child holding parameters is not one.
 //
+// Loaded for sharding (ZeRO stage 3, docs/design/zero-sharding.md §3.4): with
+// ParameterValues::kDeferred the file is loaded without reading its trainable parameters' bytes
+// (models/script_deferred.h): their storages are reserved, not written, and hold indeterminate
+// values; every other tensor (buffers, frozen parameters, tensor attributes) is read at once.
+// read_units(observer) then reads the parameters unit by unit, telling the observer of each
+// unit once its values are in, as make_model tells of a built-in model's units
+// (models/units.h), so that a sharding engine keeps its shard and frees the rest before the
+// next unit is read: no rank ever holds the whole model. Until read_units has run, running a
+// method is an Error.
+//
 // Thread safety: as for any torch module.
 #pragma once
 
@@ -52,8 +62,10 @@
 #include <vector>
 
 #include "models/model.h"
+#include "models/script_deferred.h"
 #include "models/script_file.h"
 #include "models/script_units.h"
+#include "models/units.h"
 
 namespace krab::models {
 
@@ -71,6 +83,19 @@ class TorchScriptModel : public Model {
   // naming model.path for an archive whose stated sizes its bytes do not back; InvalidArgument
   // naming train.loss for an unknown loss.
   explicit TorchScriptModel(const ModelSpec& spec);
+  // What the constructor reads of the trainable parameters' values: all of them, or none until
+  // read_units (above).
+  enum class ParameterValues { kRead, kDeferred };
+  TorchScriptModel(const ModelSpec& spec, ParameterValues values);
+
+  // Once: reads the parameters of each unit candidate in forward order (kDeferred) and calls
+  // observer.on_unit_built(path, submodule) after each, then reads the rest and calls
+  // observer.on_unit_built("", *this) (models/units.h's BuildObserver order). For a model whose
+  // values were read (kRead, or a file the deferred load could not plan: then it is read
+  // whole) only the calls. What the observer throws goes through.
+  void read_units(BuildObserver& observer);
+  // Bytes of trainable parameters not read yet (kDeferred before read_units; 0 otherwise).
+  int64_t deferred_bytes() const { return deferred_ ? deferred_->deferred_bytes() : 0; }
 
   at::Tensor forward(const at::Tensor& inputs) override;
   // train.loss of `outputs` against `targets`. Shapes (InvalidArgument naming model.path and
@@ -131,8 +156,12 @@ class TorchScriptModel : public Model {
   void warn_unrecorded_buffers();
   // Plans the units and adds the rewritten methods; on any failure, no units and the reason.
   void split_units();
+  // kDeferred: reads every deferred tensor but the trainable parameters.
+  void read_all_but_trainable();
 
   ScriptFile file_;  // hashed before module_ loads it
+  // kDeferred until read_units: the reads of the trainable parameters not made yet.
+  std::shared_ptr<DeferredTensorReads> deferred_;
   torch::jit::Module module_;
   std::string path_, loss_;
   bool freeze_batchnorm_ = false;

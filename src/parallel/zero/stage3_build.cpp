@@ -4,6 +4,7 @@
 
 #include "core/errors.h"
 #include "models/describe.h"
+#include "models/torchscript.h"
 
 namespace krab::parallel::zero {
 
@@ -53,13 +54,36 @@ std::unique_ptr<Stage3Storage> Stage3Builder::take_storage() {
   return std::move(storage_);
 }
 
+namespace {
+
+// Only its file knows a TorchScript model's parameters: it is loaded first without their
+// values (models/torchscript.h, ParameterValues::kDeferred), which gives the layout, and then
+// read unit by unit into the builder. Every rank reads the values it adopts (the page cache
+// holds the file once per node); the broadcast of adopt() makes them rank 0's all the same.
+std::unique_ptr<Stage3Engine> make_script_engine(const models::ModelSpec& spec,
+                                                 std::unique_ptr<comm::Communicator> comm,
+                                                 Stage3EngineOptions options,
+                                                 const OptimizerFactory& make_optimizer) {
+  auto model = std::make_shared<models::TorchScriptModel>(
+      spec, models::TorchScriptModel::ParameterValues::kDeferred);
+  std::vector<engine::ParamShape> params;
+  for (const auto& item : model->named_parameters())
+    if (item.value().requires_grad()) params.push_back({item.key(), item.value().sizes().vec()});
+  Stage3Builder builder(plan_stage3_layout(params, model->unit_candidates(), options, comm->size()),
+                        *comm);
+  model->read_units(builder);
+  return std::make_unique<Stage3Engine>(std::move(model), std::move(comm), std::move(options),
+                                        make_optimizer, builder.take_storage());
+}
+
+}  // namespace
+
 std::unique_ptr<Stage3Engine> make_stage3_engine(const models::ModelSpec& spec,
                                                  std::unique_ptr<comm::Communicator> comm,
                                                  Stage3EngineOptions options,
                                                  const OptimizerFactory& make_optimizer) {
-  if (spec.name == "torchscript")  // only its file knows its parameters: loaded whole
-    return std::make_unique<Stage3Engine>(models::make_model(spec), std::move(comm),
-                                          std::move(options), make_optimizer);
+  if (spec.name == "torchscript")
+    return make_script_engine(spec, std::move(comm), options, make_optimizer);
   const models::ParameterTable table = models::describe_parameters(spec);
   std::vector<engine::ParamShape> params;
   for (const auto& p : table.params)

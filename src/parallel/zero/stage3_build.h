@@ -9,9 +9,11 @@
 // unit's parameters hold 0 bytes before the next unit is built. When make_model announces the
 // whole model (path ""), the root unit and any unit not announced are adopted (the root stays
 // gathered). gpt builds block by block, so a rank's peak is one block plus the embeddings and
-// the master shards; cnn and mlp are built whole first (small); a TorchScript module is
-// loaded whole (torch::jit::load has no partial load) and is sharded by Stage3Engine's own
-// constructor.
+// the master shards; cnn and mlp are built whole first (small). A TorchScript module is
+// loaded without its trainable parameters' values (models/script_deferred.h), its units planned
+// from what it loaded, and its parameters read unit by unit into the builder
+// (TorchScriptModel::read_units): a rank's peak is one unit (read, and its flat) plus the root
+// and the master shards, not the whole file.
 //
 // The result is exactly what building the model whole and then constructing Stage3Engine on
 // it gives: the same values (the build draws the same random numbers in the same order; the
@@ -53,9 +55,9 @@ class Stage3Builder : public models::BuildObserver {
   std::unordered_map<std::string, int> unit_of_path_;
 };
 
-// A Stage3Engine over `spec`'s model, built sharded (above) when spec names a built-in model,
-// else built whole and sharded by the engine. `comm` is connected; torch's generator seeded.
-// The refusals of make_model, plan_units and Stage3Engine.
+// A Stage3Engine over `spec`'s model, built sharded (above): a built-in model through
+// make_model's observer, a TorchScript model read unit by unit. `comm` is connected; torch's
+// generator seeded. The refusals of make_model, plan_units and Stage3Engine.
 std::unique_ptr<Stage3Engine> make_stage3_engine(const models::ModelSpec& spec,
                                                  std::unique_ptr<comm::Communicator> comm,
                                                  Stage3EngineOptions options,
