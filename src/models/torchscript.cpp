@@ -15,6 +15,7 @@
 #include "core/fs.h"
 #include "models/builders.h"
 #include "models/forward_error.h"
+#include "models/script_deferred.h"
 #include "models/script_inspection.h"
 #include "models/script_modes.h"
 
@@ -415,5 +416,9 @@ std::shared_ptr<Model> make_torchscript(const ModelSpec& spec) {
   return std::make_shared<TorchScriptModel>(spec);
 }
 }  // namespace detail
+
+int64_t TorchScriptModel::deferred_bytes() const {
+  return deferred_ ? deferred_->deferred_bytes() : 0;
+}
 
 }  // namespace krab::models

@@ -62,12 +62,13 @@
 #include <vector>
 
 #include "models/model.h"
-#include "models/script_deferred.h"
 #include "models/script_file.h"
 #include "models/script_units.h"
 #include "models/units.h"
 
 namespace krab::models {
+
+class DeferredTensorReads;  // models/script_deferred.h
 
 // The losses train.loss names: cross_entropy | mse | bce_with_logits | nll.
 bool is_known_loss(const std::string& name);
@@ -95,7 +96,7 @@ class TorchScriptModel : public Model {
   // whole) only the calls. What the observer throws goes through.
   void read_units(BuildObserver& observer);
   // Bytes of trainable parameters not read yet (kDeferred before read_units; 0 otherwise).
-  int64_t deferred_bytes() const { return deferred_ ? deferred_->deferred_bytes() : 0; }
+  int64_t deferred_bytes() const;
 
   at::Tensor forward(const at::Tensor& inputs) override;
   // train.loss of `outputs` against `targets`. Shapes (InvalidArgument naming model.path and
