@@ -27,6 +27,9 @@ void validate(const MemoryInputs& in) {
                  in.bucket_bytes);
   KRAB_CHECK_ARG(in.activation_bytes >= 0, "memory model: activation_bytes must be >= 0, got ",
                  in.activation_bytes);
+  KRAB_CHECK_ARG(in.evaluation_activation_bytes >= 0,
+                 "memory model: evaluation_activation_bytes must be >= 0, got ",
+                 in.evaluation_activation_bytes);
   KRAB_CHECK_ARG(in.micro_batches >= 1, "memory model: micro_batches must be >= 1, got ",
                  in.micro_batches);
   KRAB_CHECK_ARG(in.offload == Offload::kNone || in.stage >= 1,
@@ -83,6 +86,48 @@ int64_t stage3_working_set(const MemoryInputs& in, const Sizes& s) {
       root_flat + root_grad + kFloat * (1 + in.prefetch) * s.max_p + 2 * kFloat * s.max_p;
   const int64_t root_reduce = root_flat + root_grad + kFloat * s.root_p;
   return std::max(during_backward, root_reduce);
+}
+
+// Buffers that live inside a collective or between a bucket's fill and its fold, beyond the
+// working set (memory_model.h, comm_buffers). `bucket` is one bucket's bytes, `unit` the
+// largest padded unit's.
+int64_t comm_buffer_bytes(const MemoryInputs& in, const Sizes& s) {
+  const int64_t unit = kFloat * s.max_any_p;
+  const int64_t bucket = std::max(in.bucket_bytes, unit);
+  switch (in.stage) {
+    case 0:
+      // Gloo's ring all-reduce scratch: under one bucket (and under the model).
+      return std::min(bucket, kFloat * s.psi);
+    case 1:
+    case 2:
+      // Backward: a third bucket filling while two are in flight, and the staging buffer of
+      // each reduce-scatter in flight. After the step: the shard copies every all-gather sends
+      // from, and c10d's output temporary of the one gather running.
+      return std::max(3 * bucket, kFloat * s.psi_p / in.world_size + unit);
+    default:
+      // Buckets are one unit each: two more in flight than the working set counts (input and
+      // output), their staging buffers, and c10d's temporary of the running all-gather.
+      return 2 * (unit + unit / in.world_size) + 2 * unit + unit;
+  }
+}
+
+// Evaluation's bytes beyond the training step's (memory_model.h, evaluation). What evaluation
+// keeps of the working set: stage 0's bucket mirror (allocated once, alive all run), stage 3's
+// root and 1 + prefetch gathered units; stages 1-2 have released their buckets.
+//
+// Whether the two phases share memory depends on the worker's allocator policy (train/
+// engines.cpp, cli/main.cpp): stages 0-2 keep freed blocks in the heap (mmap threshold 32 MiB,
+// trim threshold 1 GiB), where evaluation's larger tensors rarely fit the holes the step's
+// left, so the phases add (measured, gpt 12.8 M on 2 workers: the larger of the two missed
+// stages 0-2's VmHWM by 90-120 MiB, their sum held it within 1-7%); stage 3 maps every block
+// of 1 MiB or more and unmaps it on free, so its peak is the larger phase.
+int64_t evaluation_bytes(const MemoryInputs& in, const Sizes& s, const MemoryPrediction& m) {
+  if (in.evaluation_activation_bytes == 0) return 0;
+  if (in.stage < 3) return in.evaluation_activation_bytes;  // stage 0's mirror is working set
+  const int64_t kept = kFloat * (s.root_p + (1 + in.prefetch) * s.max_p);
+  // Evaluation runs in fp32 (train/precision.h): no bf16 copies.
+  const int64_t training = m.working_set + m.comm_buffers + m.activations + m.low_precision;
+  return std::max<int64_t>(0, kept + in.evaluation_activation_bytes - training);
 }
 
 // The four columns of the table.
@@ -159,6 +204,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   const Sizes s = sizes(in);
   MemoryPrediction m;
   fill_stage(in, s, m);
+  m.comm_buffers = comm_buffer_bytes(in, s);
   if (in.precision == Precision::kBf16) {
     // Autocast's bf16 weight copies are saved by the ops that use them until their backward;
     // checkpointing under stage 3 re-creates them unit by unit (the root is not checkpointed).
@@ -167,6 +213,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   }
   if (in.error_feedback) m.compression = kFloat * s.psi + kFloat * s.psi_p / in.world_size;
   m.activations = in.activation_bytes;
+  m.evaluation = evaluation_bytes(in, s, m);
   apply_offload(in, s, m);
   return m;
 }
