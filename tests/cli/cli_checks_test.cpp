@@ -89,7 +89,7 @@ TEST_F(Cli, AGptTooLargeForTheNodeIsRefusedWithoutBeingBuilt) {
   const std::string huge =
       krab("train gpt.yaml --set model.width=8192 --set model.layers=48 --set model.heads=64");
   expect_refused_fast(huge, 2,
-                      "parallel.zero_stage 0: a gpt of 38.7 B parameters needs about 722 GiB "
+                      "parallel.zero_stage 0: a gpt of 38.7 B parameters needs about 725 GiB "
                       "per worker (parallel.workers 2: 144 GiB params, 144 GiB grads, 288 GiB "
                       "optimizer, 144 GiB working set",
                       5);
