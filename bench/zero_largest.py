@@ -356,7 +356,7 @@ def run_krab(a, run, layers, width, tmp, job):
             out["peak_rss"] = max(x["peak_rss_bytes"] for x in ranks)
             r0 = min(ranks, key=lambda x: x["rank"])
             out["model_state"] = r0["params_bytes"] + r0["grads_bytes"] + r0["optimizer_bytes"]
-            out["predicted"] = r0["predicted"].get("total")
+            out["predicted"] = r0["predicted"].get("peak", r0["predicted"].get("total"))
             out["params_bytes_rank0"] = r0["params_bytes"]
     keep_logs(a, out, log_dir)
     return out

@@ -46,17 +46,22 @@ struct MemorySources {
   std::string meminfo = "/proc/meminfo";
   std::string self_cgroup = "/proc/self/cgroup";  // "ID:CONTROLLERS:PATH" lines
   std::string cgroup_root = "/sys/fs/cgroup";     // v1: ROOT/memory/PATH; v2: ROOT/PATH
+  std::string self_status = "/proc/self/status";  // VmRSS: the launcher's own resident bytes
 };
 
-// The memory the workers of this launcher may use together.
+// The memory the workers of this launcher may use together. The launcher stays resident while
+// they run, in the same cgroup (one node = one cgroup: the workers inherit the launcher's), so
+// its own resident bytes come off the cgroup limit; MemAvailable already leaves them out.
 struct MemoryBudget {
   int64_t mem_available = -1;  // MemAvailable in bytes; -1 when unreadable
   int64_t cgroup_limit = -1;   // the cgroup's limit in bytes; -1 when none or unreadable
   std::string cgroup_file;     // the file the limit came from
-  // The smaller of the two known values, -1 when neither is known (then nothing is refused).
+  int64_t launcher_bytes = 0;  // the launcher's resident bytes (VmRSS), 0 when unreadable
+  // The smaller of MemAvailable and the cgroup limit less launcher_bytes, of those known; -1
+  // when neither is known (then nothing is refused).
   int64_t bytes() const;
   // Which value bytes() is and where it comes from: "MemAvailable in /proc/meminfo" or
-  // "the cgroup limit in FILE".
+  // "the cgroup limit in FILE, 3.0 GiB less 290 MiB for the launcher itself, leaves".
   std::string source() const;
 };
 
@@ -69,7 +74,9 @@ struct MemoryBudget {
 // the file of the limit found.
 int64_t cgroup_memory_limit(const MemorySources& sources, std::string* file);
 
-// MemAvailable and the cgroup limit from `sources`.
+// MemAvailable, the cgroup limit and this process's VmRSS from `sources`. Call it when the
+// launcher holds what it will hold while the workers run (after it has loaded the data: more,
+// which is the safe side).
 MemoryBudget read_memory_budget(const MemorySources& sources = {});
 
 // A job's memory, predicted from its configuration alone (train/memory_plan.h fills it).

@@ -152,4 +152,15 @@ int64_t activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointin
   return 0;
 }
 
+int64_t evaluation_activation_bytes(const ModelSpec& spec, int64_t samples) {
+  if (spec.name == "gpt") {
+    const int64_t t = spec.input_shape[0];
+    const int64_t w = spec.width;
+    const int64_t per_token =
+        std::max({12 * w, 6 * w + 3 * spec.heads * t, 2 * w + 2 * spec.num_classes});
+    return kFloatBytes * samples * t * per_token;
+  }
+  return activation_bytes(spec, samples, false);
+}
+
 }  // namespace krab::models

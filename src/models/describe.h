@@ -65,4 +65,18 @@ std::optional<ModelSpec> reduced_spec(const ModelSpec& spec);
 // describe_parameters accepts.
 int64_t activation_bytes(const ModelSpec& spec, int64_t batch, bool checkpointing);
 
+// Peak bytes of the tensors one forward pass without gradients holds for `samples` examples:
+// what evaluation needs (it runs the test split in batches of up to 512, far larger than a
+// training batch, so for a small model on a large test split this, not training, sets a
+// worker's peak). Nothing is saved for backward, so the peak is the largest single phase:
+//   gpt  per token the largest of a block's MLP (the residual, its layer norm, the 4·width
+//        hidden before and after GELU, the output and the new residual: 12·width, every
+//        temporary of the statement alive until it ends), its attention (the residual, its
+//        norm, qkv and the output, 6·width, with 3·heads·T scores: the product, the masked
+//        copy and the softmax) and the head (the residual, the final norm, 2·vocab logits and
+//        their log-softmax).
+//   cnn, mlp  the training estimate without checkpointing (an upper bound: nothing is saved).
+// 0 for torchscript. Pure; `spec` must be one describe_parameters accepts.
+int64_t evaluation_activation_bytes(const ModelSpec& spec, int64_t samples);
+
 }  // namespace krab::models

@@ -268,8 +268,8 @@ std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Data
                                           int64_t lo, int64_t hi) {
   torch::NoGradGuard no_grad;
   int64_t correct = 0, total = 0;
-  for (int64_t i = lo; i < hi; i += 512) {
-    auto [x, y] = test_batch(test, i, std::min<int64_t>(512, hi - i));
+  for (int64_t i = lo; i < hi; i += kEvaluationBatch) {
+    auto [x, y] = test_batch(test, i, std::min<int64_t>(kEvaluationBatch, hi - i));
     auto [c, t] = model.correct(model.predict(x), y);
     correct += c;
     total += t;
@@ -314,8 +314,8 @@ EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset
     return {static_cast<double>(correct), static_cast<double>(total)};
   }
   torch::NoGradGuard no_grad;
-  for (int64_t i = lo; i < hi; i += 512) {
-    const int64_t len = std::min<int64_t>(512, hi - i);
+  for (int64_t i = lo; i < hi; i += kEvaluationBatch) {
+    const int64_t len = std::min<int64_t>(kEvaluationBatch, hi - i);
     auto [x, y] = test_batch(test, i, len);
     const at::Tensor loss = model.training_loss(x, y);
     s.sum += loss.item<double>() * static_cast<double>(len);

@@ -88,8 +88,12 @@ void check_model_fits_data(models::Model& model, const data::DataSplits& d);
 // made: the launcher's preflight, fl-sim, fl-server (not by every worker).
 void print_model_warnings(const models::Model& model);
 
+// Examples evaluation runs through the model at once (count_correct, evaluate_range); the
+// memory plan sizes evaluation's activations by it (memory_plan.h).
+constexpr int64_t kEvaluationBatch = 512;
+
 // Test accuracy of `model` (its predict()) on examples lo..hi of `test`, in memory or read a
-// batch of 512 at a time: (correct, total).
+// batch of kEvaluationBatch at a time: (correct, total).
 std::pair<int64_t, int64_t> count_correct(models::Model& model, const data::Dataset& test,
                                           int64_t lo, int64_t hi);
 
@@ -121,10 +125,10 @@ struct EvalSums {
   double value() const { return count > 0 ? sum / count : 0; }
 };
 
-// `metric` of `model` on examples lo..hi of `test`, in batches of 512, without gradients and in
-// the mode the model is in (the caller puts it in eval()). The loss is the one training
-// backpropagates (training_loss: train.loss of forward, or the module's own), assumed to be a
-// mean over the batch's examples.
+// `metric` of `model` on examples lo..hi of `test`, in batches of kEvaluationBatch, without
+// gradients and in the mode the model is in (the caller puts it in eval()). The loss is the one
+// training backpropagates (training_loss: train.loss of forward, or the module's own), assumed to
+// be a mean over the batch's examples.
 EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset& test, int64_t lo,
                         int64_t hi);
 

@@ -18,6 +18,7 @@
 #include "core/config.h"
 #include "data/dataset.h"
 #include "engine/shard_layout.h"
+#include "models/model.h"
 #include "parallel/zero/memory_model.h"
 
 namespace krab::train {
@@ -54,6 +55,11 @@ parallel::zero::MemoryInputs memory_inputs(const core::Config& config, int world
 // parameter count read from the zip directory without loading the module. InvalidArgument
 // naming model.path when the file cannot be read; CorruptData when it is no zip archive.
 int64_t archive_values(const std::string& path);
+
+// The activation bytes evaluation's forward pass peaks at on one rank of a `world`-rank group:
+// no gradients, over the rank's share of a test split of `test_size` examples, at most
+// kEvaluationBatch at a time (models/describe.h); 0 without a test split. Pure.
+int64_t evaluation_activation_bytes(const models::ModelSpec& spec, int64_t test_size, int world);
 
 // The value of an int / bool / string key when the registry has it, else `fallback`.
 int64_t int_key_or(const core::Config& c, const std::string& key, int64_t fallback);

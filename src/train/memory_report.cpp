@@ -14,16 +14,23 @@ namespace {
 // Columns of the gathered table.
 enum Column { kKnown, kParams, kGrads, kOptimizer, kWorkingSet, kOffloaded, kPeakRss, kColumns };
 
-nlohmann::json predicted_json(const parallel::zero::MemoryPrediction& p) {
+// `total` is the model's part (resident()); `peak` adds the process and the data, as the
+// launcher's check does: the number to hold against the measured peak_rss_bytes.
+nlohmann::json predicted_json(const parallel::zero::MemoryPrediction& p, int64_t data_bytes) {
   return {{"params", p.params},
           {"grads", p.grads},
           {"optimizer", p.optimizer},
           {"working_set", p.working_set},
+          {"comm_buffers", p.comm_buffers},
           {"low_precision", p.low_precision},
           {"compression", p.compression},
           {"activations", p.activations},
+          {"evaluation", p.evaluation},
           {"offloaded", p.offloaded},
-          {"total", p.resident()}};
+          {"total", p.resident()},
+          {"process", parallel::zero::kWorkerProcessBytes},
+          {"data", parallel::zero::kDataCopies * data_bytes},
+          {"peak", parallel::zero::worker_peak_bytes(p, data_bytes)}};
 }
 
 }  // namespace
@@ -59,14 +66,16 @@ at::Tensor gather_rank_memory(const engine::Engine& engine, comm::Communicator& 
 }
 
 nlohmann::json memory_report(const core::Config& config, models::Model& model,
-                             const at::Tensor& table, int64_t activation_bytes) {
+                             const at::Tensor& table, int64_t activation_bytes,
+                             int64_t evaluation_bytes, int64_t data_bytes) {
   std::vector<engine::ParamShape> params;
   for (const auto& item : model.named_parameters())
     if (item.value().requires_grad()) params.push_back({item.key(), item.value().sizes().vec()});
   const int world = static_cast<int>(table.size(0));
   parallel::zero::MemoryInputs in = memory_inputs(config, world, params, model.unit_candidates());
   in.activation_bytes = activation_bytes;
-  const nlohmann::json predicted = predicted_json(parallel::zero::predict_memory(in));
+  in.evaluation_activation_bytes = evaluation_bytes;
+  const nlohmann::json predicted = predicted_json(parallel::zero::predict_memory(in), data_bytes);
   auto bytes = [](const at::Tensor& row, Column c, bool known) -> nlohmann::json {
     if (!known) return nullptr;
     return static_cast<int64_t>(row[c].item<double>());

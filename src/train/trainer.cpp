@@ -443,7 +443,10 @@ nlohmann::json Trainer::Loop::finish_group() {
   out.memory = memory_report(
       c, model, memory,
       models::activation_bytes(model_spec(c, d), o.batch,
-                               bool_key_or(c, "model.activation_checkpointing", false)));
+                               bool_key_or(c, "model.activation_checkpointing", false)),
+      evaluation_activation_bytes(model_spec(c, d), d.testing() ? d.testing()->size() : 0,
+                                  world.size),
+      d.training().resident_bytes() + (d.testing() ? d.testing()->resident_bytes() : 0));
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
     progress->finish();

@@ -169,22 +169,22 @@ TEST(JobAgreement, NodeOneLearnsWhereNodeZeroWritesAndAMissingNodeIsNamed) {
 
 TEST(Resources, EstimateAddsFixedDataAndModelTerms) {
   const WorkerFootprint f = estimate_worker_memory(100 << 20, 1000000);
-  EXPECT_EQ(f.fixed_bytes, int64_t{160} << 20);
+  EXPECT_EQ(f.fixed_bytes, int64_t{192} << 20);
   EXPECT_EQ(f.data_bytes, int64_t{200} << 20);
   EXPECT_EQ(f.model_bytes, 20000000);
   EXPECT_EQ(f.total(), f.fixed_bytes + f.data_bytes + f.model_bytes);
 }
 
 TEST(Resources, TooManyWorkersAreRefusedNamingKeyAndBothNumbers) {
-  const WorkerFootprint f = estimate_worker_memory(0, 0);  // 160 MiB each
+  const WorkerFootprint f = estimate_worker_memory(0, 0);  // 192 MiB each
   EXPECT_NO_THROW(check_memory(4, f, int64_t{1} << 30, "parallel.workers"));
   try {
     check_memory(500, f, int64_t{24} << 30, "parallel.workers");
-    ADD_FAILURE() << "500 x 160 MiB fit in 24 GiB?";
+    ADD_FAILURE() << "500 x 192 MiB fit in 24 GiB?";
   } catch (const InvalidArgument& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("parallel.workers: 500 worker processes"), std::string::npos) << what;
-    EXPECT_NE(what.find("78 GiB"), std::string::npos) << what;
+    EXPECT_NE(what.find("94 GiB"), std::string::npos) << what;
     EXPECT_NE(what.find("24 GiB available"), std::string::npos) << what;
   }
   EXPECT_NO_THROW(check_memory(500, f, -1, "parallel.workers"));  // unknown: not refused

@@ -29,6 +29,7 @@ class FakeSystem : public ::testing::Test {
     sources_.meminfo = (root_ / "meminfo").string();
     sources_.self_cgroup = (root_ / "cgroup").string();
     sources_.cgroup_root = (root_ / "sys").string();
+    sources_.self_status = (root_ / "status").string();  // none: a launcher of 0 bytes
   }
   void TearDown() override { fs::remove_all(root_); }
 
@@ -86,6 +87,30 @@ TEST_F(FakeSystem, BudgetIsTheSmallerOfMemAvailableAndTheCgroupLimit) {
   EXPECT_EQ(read_memory_budget(sources_).bytes(), -1);  // nothing known: nothing refused
 }
 
+// The launcher stays resident, in the workers' cgroup, while they run: its VmRSS comes off the
+// cgroup limit (MemAvailable already leaves it out), and the source says so.
+TEST_F(FakeSystem, TheLaunchersOwnMemoryComesOffTheCgroupLimit) {
+  write("meminfo", "MemAvailable: 8388608 kB\n");  // 8 GiB
+  write("cgroup", "4:memory:/cap\n");
+  write("sys/memory/cap/memory.limit_in_bytes", std::to_string(2 * kGiB));
+  write("status", "Name:\tkrab\nVmHWM:\t 400000 kB\nVmRSS:\t  307200 kB\n");  // 300 MiB
+  MemoryBudget b = read_memory_budget(sources_);
+  EXPECT_EQ(b.launcher_bytes, 300 * (int64_t{1} << 20));
+  EXPECT_EQ(b.bytes(), 2 * kGiB - 300 * (int64_t{1} << 20));
+  EXPECT_NE(b.source().find(", 2.0 GiB less 300 MiB for the launcher itself, leaves"),
+            std::string::npos)
+      << b.source();
+  // A limit above MemAvailable, whose figure already counts the launcher as used: MemAvailable.
+  write("sys/memory/cap/memory.limit_in_bytes", std::to_string(16 * kGiB));
+  b = read_memory_budget(sources_);
+  EXPECT_EQ(b.bytes(), 8 * kGiB);
+  // A launcher larger than the limit leaves no room at all (not a negative budget).
+  write("sys/memory/cap/memory.limit_in_bytes", std::to_string(100 << 20));
+  EXPECT_EQ(read_memory_budget(sources_).bytes(), 0);
+  fs::remove(root_ / "status");  // unreadable: nothing comes off
+  EXPECT_EQ(read_memory_budget(sources_).bytes(), 100 << 20);
+}
+
 // A GPT-like job on 4 workers: a root unit and 8 units of 2^26 parameters, Adam.
 JobMemory gpt_like() {
   JobMemory job;
@@ -106,7 +131,7 @@ int64_t worker_bytes(const JobMemory& job, int stage, bool checkpointing) {
   in.stage = stage;
   in.activation_checkpointing = checkpointing;
   in.activation_bytes = checkpointing ? job.activations_checkpointed : job.activations_plain;
-  return (int64_t{160} << 20) + zero::predict_memory(in).resident();
+  return (int64_t{192} << 20) + zero::predict_memory(in).resident();
 }
 
 MemoryBudget budget_of(int64_t bytes) {
@@ -127,18 +152,20 @@ std::string refusal(const JobMemory& job, int64_t per_worker) {
 TEST(JobMemory, StageZeroNeedsTheClosedFormAndFitsWhenTheBudgetHoldsIt) {
   const JobMemory job = gpt_like();
   const int64_t psi = (int64_t{1} << 24) + 8 * (int64_t{1} << 26);
-  // Stage 0, Adam: 4Ψ params + 4Ψ grads + 8Ψ optimizer + 4Ψ bucket mirror, plus activations
-  // and the process.
-  const int64_t stage0 = 20 * psi + 6 * kGiB + (int64_t{160} << 20);
+  // Stage 0, Adam: 4Ψ params + 4Ψ grads + 8Ψ optimizer + 4Ψ bucket mirror, Gloo's all-reduce
+  // scratch (under one bucket: here a unit of 2^26, over the 25 MiB cap), plus activations and
+  // the process.
+  const int64_t stage0 = 20 * psi + 4 * (int64_t{1} << 26) + 6 * kGiB + (int64_t{192} << 20);
   EXPECT_EQ(worker_bytes(job, 0, false), stage0);
   EXPECT_NO_THROW(check_job_memory(4, job, budget_of(4 * stage0), "parallel.workers"));
   const std::string what = refusal(job, stage0 - 1);
-  EXPECT_NE(what.find("parallel.zero_stage 0: a gpt of 0.5 B parameters needs about 16 GiB per "
+  EXPECT_NE(what.find("parallel.zero_stage 0: a gpt of 0.5 B parameters needs about 17 GiB per "
                       "worker (parallel.workers 4: 2.1 GiB params, 2.1 GiB grads, 4.1 GiB "
-                      "optimizer, 2.1 GiB working set, 6.0 GiB activations, 160 MiB process"),
+                      "optimizer, 2.1 GiB working set, 256 MiB comm buffers, 6.0 GiB "
+                      "activations, 192 MiB process"),
             std::string::npos)
       << what;
-  EXPECT_NE(what.find("but each has 16 GiB (MemAvailable in /proc/meminfo 66 GiB / 4)"),
+  EXPECT_NE(what.find("but each has 17 GiB (MemAvailable in /proc/meminfo 67 GiB / 4)"),
             std::string::npos)
       << what;
 }

@@ -52,8 +52,9 @@ parallel: {workers: 2}
     EXPECT_EQ(p["total"].get<int64_t>(),
               p["params"].get<int64_t>() + p["grads"].get<int64_t>() +
                   p["optimizer"].get<int64_t>() + p["working_set"].get<int64_t>() +
-                  p["low_precision"].get<int64_t>() + p["compression"].get<int64_t>() +
-                  p["activations"].get<int64_t>());
+                  p["comm_buffers"].get<int64_t>() + p["low_precision"].get<int64_t>() +
+                  p["compression"].get<int64_t>() + p["activations"].get<int64_t>() +
+                  p["evaluation"].get<int64_t>());
   }
 }
 
@@ -100,6 +101,57 @@ parallel: {workers: 2}
           (p["params"].get<double>() + p["grads"].get<double>() + p["optimizer"].get<double>()) /
               (params + grads + optimizer),
           1.0, 0.10);
+    }
+  }
+}
+
+// The launcher's prediction against the workers' own measure: for a small gpt on 2 workers at
+// stages 0, 2 and 3 (3 with checkpointing and bf16), each rank's peak resident memory (VmHWM,
+// read by the worker from /proc/self/status) against the report's predicted `peak`, the number
+// the launcher holds against the budget (process + data + model state + working set + comm
+// buffers + activations + evaluation). The margin is the residual the model does not explain:
+// on this job (process-dominated, 3.3 M parameters) VmHWM was up to 7% above the prediction
+// at stage 0 and 4% at stage 3 (glibc's per-thread arenas each keep their own freed blocks
+// under the worker's keep-freed policy, which is not modelled), so up to 10% above fails; the
+// other side bounds how generous it may be: more than 35% above VmHWM fails (a term counted
+// twice, or the 192 MiB process doubled, would exceed it).
+TEST_F(Cli, ReportPeakRssStaysUnderThePredictedPeak) {
+  if (krab::core::find_key("parallel.zero_stage") == nullptr)
+    GTEST_SKIP() << "parallel.zero_stage is not registered in this build";
+  std::string text;
+  for (int i = 0; i < 4000; ++i)
+    text += "line " + std::to_string(i * 7919 % 1000) + ": the quick brown fox " +
+            std::string(1 + i % 5, "jumps"[i % 5]) + "\n";
+  write("corpus.txt", text);
+  write("job.yaml", R"(
+model: {name: gpt, layers: 4, width: 256, heads: 4, context: 64}
+data: {name: text, path: corpus.txt, batch_size: 8}
+train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+parallel: {workers: 2}
+comm: {timeout_s: 30}
+)");
+  const std::vector<std::string> runs = {
+      "--set parallel.zero_stage=0", "--set parallel.zero_stage=2",
+      "--set parallel.zero_stage=3 --set model.activation_checkpointing=true "
+      "--set train.precision=bf16"};
+  for (size_t i = 0; i < runs.size(); ++i) {
+    SCOPED_TRACE(runs[i]);
+    const std::string report = krab::str_cat("r", i, ".json");
+    const Result r = run(krab(krab::str_cat("train job.yaml --report ", report, " ", runs[i],
+                                            " --set checkpoint.dir=ck", i)));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto rep = nlohmann::json::parse(krab::core::read_file((dir_ / report).string()));
+    for (const auto& m : rep["memory"]["ranks"]) {
+      SCOPED_TRACE(m.dump());
+      const auto& p = m["predicted"];
+      const double rss = m["peak_rss_bytes"].get<double>();
+      const double peak = p["peak"].get<double>();
+      EXPECT_EQ(p["peak"].get<int64_t>(),
+                p["total"].get<int64_t>() + p["process"].get<int64_t>() + p["data"].get<int64_t>());
+      EXPECT_GT(p["comm_buffers"].get<int64_t>(), 0);
+      EXPECT_GT(rss, 0);
+      EXPECT_LE(rss, 1.10 * peak);
+      EXPECT_LE(peak, 1.35 * rss);
     }
   }
 }

@@ -217,6 +217,48 @@ TEST(ZeroMemoryModel, Bf16ErrorFeedbackOffloadAndActivations) {
   EXPECT_THROW(predict_memory(in), InvalidArgument);
 }
 
+// The terms beyond the issue's model state are lines of their own, computed by hand here from
+// what the collectives allocate (memory_model.h): the model state stays the closed form.
+TEST(ZeroMemoryModel, CommBuffersAndEvaluationAreLinesOfTheirOwn) {
+  MemoryInputs in = equal_units(2, 4096, 2, 0);  // root empty, two units of 4096 (no padding)
+  in.bucket_bytes = 1024;                        // under one unit: a bucket is one unit
+  const int64_t psi = 2 * 4096, unit = 4 * 4096;
+  const int64_t expected[4] = {
+      unit,                               // stage 0: ring scratch, under one bucket
+      3 * unit,                           // stages 1-2: 3 buckets > shard copies + a unit
+      3 * unit,                           //
+      2 * (unit + unit / 2) + 3 * unit};  // stage 3: 2 buckets in and out, 2 staging, 1 gather
+  const double n = 2;
+  for (int stage = 0; stage <= 3; ++stage) {
+    in.stage = stage;
+    const MemoryPrediction m = predict_memory(in);
+    EXPECT_EQ(m.comm_buffers, expected[stage]) << "stage " << stage;
+    EXPECT_EQ(static_cast<double>(m.model_state()), issue_bytes(stage, psi, n, 2))
+        << "stage " << stage;
+    EXPECT_EQ(m.evaluation, 0) << "no evaluation asked for";
+    EXPECT_EQ(m.resident(), m.model_state() + m.working_set + m.comm_buffers);
+  }
+  // Every stage keeps freed blocks in the heap (stage 3's flats are pooled apart): evaluation's
+  // activations add whole.
+  in.evaluation_activation_bytes = 5000;
+  in.activation_bytes = 1000;
+  for (int stage : {0, 3}) {
+    in.stage = stage;
+    const MemoryPrediction m = predict_memory(in);
+    EXPECT_EQ(m.evaluation, 5000) << "stage " << stage;
+    EXPECT_EQ(m.resident(), m.model_state() + m.working_set + m.comm_buffers + 1000 + 5000);
+  }
+  in.evaluation_activation_bytes = -1;
+  EXPECT_THROW(predict_memory(in), InvalidArgument);
+}
+
+// What a worker's peak adds to the prediction: the LibTorch process and two copies of its data.
+TEST(ZeroMemoryModel, WorkerPeakAddsProcessAndData) {
+  const MemoryPrediction m = predict_memory(equal_units(3, 1000, 2, 2));
+  EXPECT_EQ(worker_peak_bytes(m, 0), m.resident() + (int64_t{192} << 20));
+  EXPECT_EQ(worker_peak_bytes(m, 7) - worker_peak_bytes(m, 0), 14);
+}
+
 TEST(ZeroMemoryModel, RefusesBadInputs) {
   MemoryInputs ok = equal_units(2, 64, 2, 1);
   EXPECT_NO_THROW(predict_memory(ok));

@@ -27,6 +27,9 @@ void validate(const MemoryInputs& in) {
                  in.bucket_bytes);
   KRAB_CHECK_ARG(in.activation_bytes >= 0, "memory model: activation_bytes must be >= 0, got ",
                  in.activation_bytes);
+  KRAB_CHECK_ARG(in.evaluation_activation_bytes >= 0,
+                 "memory model: evaluation_activation_bytes must be >= 0, got ",
+                 in.evaluation_activation_bytes);
   KRAB_CHECK_ARG(in.micro_batches >= 1, "memory model: micro_batches must be >= 1, got ",
                  in.micro_batches);
   KRAB_CHECK_ARG(in.offload == Offload::kNone || in.stage >= 1,
@@ -84,6 +87,36 @@ int64_t stage3_working_set(const MemoryInputs& in, const Sizes& s) {
   const int64_t root_reduce = root_flat + root_grad + kFloat * s.root_p;
   return std::max(during_backward, root_reduce);
 }
+
+// Buffers that live inside a collective or between a bucket's fill and its fold, beyond the
+// working set (memory_model.h, comm_buffers). `bucket` is one bucket's bytes, `unit` the
+// largest padded unit's.
+int64_t comm_buffer_bytes(const MemoryInputs& in, const Sizes& s) {
+  const int64_t unit = kFloat * s.max_any_p;
+  const int64_t bucket = std::max(in.bucket_bytes, unit);
+  switch (in.stage) {
+    case 0:
+      // Gloo's ring all-reduce scratch: under one bucket (and under the model).
+      return std::min(bucket, kFloat * s.psi);
+    case 1:
+    case 2:
+      // Backward: a third bucket filling while two are in flight, and the staging buffer of
+      // each reduce-scatter in flight. After the step: the shard copies every all-gather sends
+      // from, and c10d's output temporary of the one gather running.
+      return std::max(3 * bucket, kFloat * s.psi_p / in.world_size + unit);
+    default:
+      // Buckets are one unit each: two more in flight than the working set counts (input and
+      // output), their staging buffers, and c10d's temporary of the running all-gather.
+      return 2 * (unit + unit / in.world_size) + 2 * unit + unit;
+  }
+}
+
+// Evaluation's bytes beyond the training step's (memory_model.h, evaluation). Every stage's
+// workers keep freed blocks in the heap (mmap threshold 32 MiB, trim threshold 1 GiB; stage 3's
+// flats are mapped apart by its FlatPool), where evaluation's larger tensors rarely fit the
+// holes the step's left, so the phases add (measured, gpt 12.8 M on 2 workers: the larger of
+// the two missed stages 0-2's VmHWM by 90-120 MiB, their sum held it within 1-7%).
+int64_t evaluation_bytes(const MemoryInputs& in) { return in.evaluation_activation_bytes; }
 
 // The four columns of the table.
 void fill_stage(const MemoryInputs& in, const Sizes& s, MemoryPrediction& m) {
@@ -159,6 +192,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   const Sizes s = sizes(in);
   MemoryPrediction m;
   fill_stage(in, s, m);
+  m.comm_buffers = comm_buffer_bytes(in, s);
   if (in.precision == Precision::kBf16) {
     // Autocast's bf16 weight copies are saved by the ops that use them until their backward;
     // checkpointing under stage 3 re-creates them unit by unit (the root is not checkpointed).
@@ -167,6 +201,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   }
   if (in.error_feedback) m.compression = kFloat * s.psi + kFloat * s.psi_p / in.world_size;
   m.activations = in.activation_bytes;
+  m.evaluation = evaluation_bytes(in);
   apply_offload(in, s, m);
   return m;
 }

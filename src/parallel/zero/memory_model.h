@@ -38,11 +38,28 @@
 //                  activation checkpointing confines them to the root and one unit (§6.1).
 //   compression    a compressor with error feedback: its full-size first-level residual 4Ψ and
 //                  the second-level one, 4Ψ/N (§2.2).
+//   comm_buffers   temporaries of the collectives, which no engine tensor shows: stage 0,
+//                  Gloo's ring all-reduce scratch (under one bucket); stages 1-2, the larger
+//                  of the backward's (a third bucket filling while two are in flight, and the
+//                  staging buffer krab's Gloo reduce-scatter (an all-to-all) receives each
+//                  bucket into: 3 buckets) and the all-gathers' after the step (the shard
+//                  copies they send from, 4Ψp/N, and c10d's output temporary of the one gather
+//                  running, a padded unit: ProcessGroupGloo allgathers into a flat tensor and
+//                  copies out, on krab's single progress thread); stage 3, two more one-unit
+//                  buckets in flight than the working set counts, their staging buffers and
+//                  the running gather's temporary (5 units and 2 shards).
 //   activations    passed through: the caller's estimate for its model and batch.
+//   evaluation     evaluation runs without gradients and with its own batches
+//                  (evaluation_activation_bytes). Workers of every stage keep freed memory
+//                  in the heap (krab's heap settings; stage 3's unit flats come from a pool
+//                  of their own, parallel/zero/flat_pool.h, already in the working set),
+//                  where evaluation's tensors rarely fit the holes the step left: the whole
+//                  estimate adds. This term follows the workers' allocator policy
+//                  (train/engines.cpp, cli/main.cpp): if that changes, so must it.
 //   offloaded      parallel.offload: disk moves the optimizer state (and stage 3's master
 //                  shards) into a file; RAM keeps a window of two units of it (§6.2).
 // Not counted: buffers (replicated, small), Adam's per-tensor step counters, LibTorch's process
-// overhead and the data set (the launcher adds those, cli/resources.h).
+// overhead and the data set (worker_peak_bytes below adds those).
 //
 // Traffic per step (zero_traffic), with M micro-batches, P_u = 4·padded_u bytes and the wire
 // bytes of comm/traffic.h (AR = all-reduce, RS = reduce-scatter, AG = all-gather):
@@ -89,7 +106,10 @@ struct MemoryInputs {
   int64_t bucket_bytes = 25 << 20;  // the bucket cap, > 0
   bool error_feedback = false;      // a compressor with error feedback residuals
   int64_t activation_bytes = 0;     // the caller's activation estimate, >= 0
-  int micro_batches = 1;            // gradient accumulation steps, >= 1 (traffic only)
+  // The caller's estimate of evaluation's forward pass (no gradients, larger batches), >= 0;
+  // 0 when the job evaluates nothing.
+  int64_t evaluation_activation_bytes = 0;
+  int micro_batches = 1;  // gradient accumulation steps, >= 1 (traffic only)
 };
 
 // Bytes one rank holds, by kind. Plain value.
@@ -98,17 +118,38 @@ struct MemoryPrediction {
   int64_t grads = 0;
   int64_t optimizer = 0;  // resident part: all of it, or the offload window
   int64_t working_set = 0;
+  int64_t comm_buffers = 0;  // temporaries of the collectives, see above
   int64_t low_precision = 0;
   int64_t compression = 0;
   int64_t activations = 0;
-  int64_t offloaded = 0;  // on disk, not in RAM
+  int64_t evaluation = 0;  // evaluation's bytes beyond the training step's, see above
+  int64_t offloaded = 0;   // on disk, not in RAM
   // params + grads + optimizer: the "model state".
   int64_t model_state() const { return params + grads + optimizer; }
   // Everything in RAM: all fields but `offloaded`.
   int64_t resident() const {
-    return model_state() + working_set + low_precision + compression + activations;
+    return model_state() + working_set + comm_buffers + low_precision + compression + activations +
+           evaluation;
   }
 };
+
+// What a worker holds besides the prediction, for the launcher's check (cli/resources.h) and the
+// report, which compare worker_peak_bytes with the budget and with the measured VmHWM:
+//   kWorkerProcessBytes  LibTorch's process (libraries, allocator arenas, thread pools, the
+//                        communicator): a worker with nearly no data and model peaked at
+//                        172 MiB (an mlp; VmHWM, Debian 12's LibTorch 1.13) and a 2-worker gpt
+//                        of width 32 at 191-198 MiB, of which 15-17 MiB was its predicted
+//                        model part: 176-181 MiB, rounded up.
+//   kDataCopies          every worker loads the whole data set and holds about twice its
+//                        tensors while loading (the raw file and its float copy).
+constexpr int64_t kWorkerProcessBytes = int64_t{192} << 20;
+constexpr int64_t kDataCopies = 2;
+
+// A worker's predicted peak resident bytes: the process, kDataCopies of its data tensors
+// (`data_bytes`) and everything `m` keeps in RAM. Pure.
+inline int64_t worker_peak_bytes(const MemoryPrediction& m, int64_t data_bytes) {
+  return kWorkerProcessBytes + kDataCopies * data_bytes + m.resident();
+}
 
 // fp32 values the optimizer keeps per parameter: 0, 1, 2 or 3 (the k above).
 int optimizer_values_per_param(OptimizerKind kind, bool amsgrad);
