@@ -131,7 +131,7 @@ int64_t worker_bytes(const JobMemory& job, int stage, bool checkpointing) {
   in.stage = stage;
   in.activation_checkpointing = checkpointing;
   in.activation_bytes = checkpointing ? job.activations_checkpointed : job.activations_plain;
-  return (int64_t{192} << 20) + zero::predict_memory(in).resident();
+  return zero::worker_peak_bytes(zero::predict_memory(in), job.data_bytes);
 }
 
 MemoryBudget budget_of(int64_t bytes) {
@@ -217,7 +217,7 @@ TEST(JobMemory, StageThreeWithDiskOffloadNeedsOnlyTheGradientShardAndTheWindow) 
   job.inputs.stage = 3;
   job.inputs.activation_checkpointing = true;
   job.inputs.activation_bytes = job.activations_checkpointed;
-  const int64_t in_ram = (int64_t{160} << 20) + zero::predict_memory(job.inputs).resident();
+  const int64_t in_ram = zero::worker_peak_bytes(zero::predict_memory(job.inputs), job.data_bytes);
   job.inputs.offload = zero::Offload::kDisk;
   const zero::MemoryPrediction off = zero::predict_memory(job.inputs);
   const int64_t psi = (int64_t{1} << 24) + 8 * (int64_t{1} << 26), n = 4;
@@ -226,7 +226,7 @@ TEST(JobMemory, StageThreeWithDiskOffloadNeedsOnlyTheGradientShardAndTheWindow) 
   EXPECT_EQ(off.params, 4 * window);
   EXPECT_EQ(off.optimizer, 4 * 2 * window);
   EXPECT_EQ(off.offloaded, 12 * psi / n);
-  const int64_t with_offload = (int64_t{160} << 20) + off.resident();
+  const int64_t with_offload = zero::worker_peak_bytes(off, job.data_bytes);
   ASSERT_LT(with_offload, in_ram);
   EXPECT_NO_THROW(check_job_memory(4, job, budget_of(4 * with_offload), "parallel.workers"));
   job.inputs.offload = zero::Offload::kNone;
