@@ -17,21 +17,9 @@
 #include "parallel/zero/stage3_build.h"
 #include "parallel/zero/stage3_engine.h"
 #include "support/gloo_ranks.h"
+#include "support/sanitizer.h"
 #include "support/script_modules.h"
 #include "zero_test_support.h"
-
-// gcc defines __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__; clang (the ASan build's compiler)
-// answers __has_feature instead.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define KRAB_UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define KRAB_UNDER_SANITIZER 1
-#endif
-#endif
-#ifndef KRAB_UNDER_SANITIZER
-#define KRAB_UNDER_SANITIZER 0
-#endif
 
 namespace krab::parallel::zero {
 namespace {
