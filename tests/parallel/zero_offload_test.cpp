@@ -16,6 +16,7 @@
 #include <mutex>
 
 #include "core/errors.h"
+#include "offload_test_support.h"
 #include "parallel/zero/offload.h"
 #include "parallel/zero/zero_engine.h"
 #include "support/gloo_ranks.h"
@@ -27,21 +28,10 @@ namespace {
 namespace fs = std::filesystem;
 
 using zero_test::optimizer_of;
+using zero_test::resident_kb;
+using zero_test::TempDir;
 
 std::shared_ptr<models::Model> make_mlp() { return zero_test::small_model("mlp", 5); }
-
-// A fresh directory for one test, removed afterwards.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("krab-offload-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::unique_ptr<ZeroEngine> make_engine(int stage, const std::string& optimizer,
                                         const std::string& offload_dir,
@@ -96,24 +86,6 @@ std::vector<const void*> state_pointers(torch::optim::Optimizer& o) {
     }
   }
   return out;
-}
-
-// Kilobytes of the mapping that starts at `begin` resident in this process (/proc/self/smaps's
-// Rss); -1 when no mapping starts there.
-int64_t resident_kb(const void* begin) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    if (line.find('-') != std::string::npos && std::isxdigit(static_cast<unsigned char>(line[0])) &&
-        line.find(':') > line.find(' ')) {
-      inside = std::stoull(line.substr(0, line.find('-')), nullptr, 16) ==
-               reinterpret_cast<uintptr_t>(begin);
-    } else if (inside && line.rfind("Rss:", 0) == 0) {
-      return std::stoll(line.substr(4));
-    }
-  }
-  return -1;
 }
 
 TEST(ZeroOffload, EqualsStateInRamBitForBitAndLivesInTheMapping) {

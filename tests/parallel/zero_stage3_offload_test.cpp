@@ -18,6 +18,7 @@
 
 #include "core/errors.h"
 #include "models/describe.h"
+#include "offload_test_support.h"
 #include "parallel/zero/offload.h"
 #include "parallel/zero/stage3_build.h"
 #include "parallel/zero/stage3_engine.h"
@@ -30,35 +31,8 @@ namespace {
 namespace fs = std::filesystem;
 
 using zero_test::optimizer_of;
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("krab-s3off-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
-
-// Kilobytes of the mapping that starts at `begin` resident in this process (smaps's Rss).
-int64_t resident_kb(const void* begin) {
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool inside = false;
-  while (std::getline(smaps, line)) {
-    if (line.find('-') != std::string::npos && std::isxdigit(static_cast<unsigned char>(line[0])) &&
-        line.find(':') > line.find(' ')) {
-      inside = std::stoull(line.substr(0, line.find('-')), nullptr, 16) ==
-               reinterpret_cast<uintptr_t>(begin);
-    } else if (inside && line.rfind("Rss:", 0) == 0) {
-      return std::stoll(line.substr(4));
-    }
-  }
-  return -1;
-}
+using zero_test::resident_kb;
+using zero_test::TempDir;
 
 // `n` floats of the file at `offset`, read with pread (not through the engine's mapping).
 at::Tensor read_file(const std::string& path, int64_t offset, int64_t n) {

@@ -50,6 +50,34 @@ class PreflightTest : public ::testing::Test {
                                        (dir_ / "runs").string(), "'}\n", more),
                                "gpt.yaml");
   }
+
+  // 1.03 T parameters on 4 ranks with Adam: every unit's numel is a multiple of 4 · 16 and of
+  // 512, so each rank's file is `fields` · 4 bytes · Ψ / 4 = `fields` · Ψ bytes, no padding,
+  // every region a whole number of pages. The launcher refuses it naming both numbers, and no
+  // file is made.
+  void expect_offload_room_refused(int stage, int64_t fields) const {
+    const int64_t layers = 20, w = 65536;
+    const core::Config c = gpt(layers, w,
+                               str_cat("parallel: {zero_stage: ", stage,
+                                       ", offload: disk}\ntrain: {optimizer: {name: adam}}\n"));
+    std::string what;
+    try {
+      preflight(c, 4);
+    } catch (const InvalidArgument& e) {
+      what = e.what();
+    }
+    const int64_t vocab = model_spec(c, load_data(c)).num_classes, context = 16;
+    const int64_t psi = layers * (12 * w * w + 13 * w) + w * (2 * vocab + context + 2);
+    const std::string dir = (dir_ / "runs" / "offload").string();
+    EXPECT_NE(
+        what.find(str_cat("parallel.offload: disk needs ",
+                          static_cast<int64_t>(std::ceil(4.0 * (fields * psi) * 1.05)),
+                          " bytes in '", dir, "' (4 ranks x ", fields * psi, " bytes, + 5%)")),
+        std::string::npos)
+        << what;
+    EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));
+  }
+
   fs::path dir_;
 };
 
@@ -135,52 +163,15 @@ TEST_F(PreflightTest, AHugeMlpOnFloat64DataIsRefusedWithTheSmallMlpsLine) {
   EXPECT_NE(said.find("an mlp of hidden width 8"), std::string::npos) << said;
 }
 
-// 1.03 T parameters at stage 2 on 4 ranks with Adam: every unit's numel is a multiple of 4 · 16
-// and of 512, so each rank's file is 2 fields · 4 bytes · Ψ / 4 = 2Ψ bytes, no padding, every
-// region a whole number of pages.
+// Stage 2: Adam's exp_avg and exp_avg_sq, 2Ψ per rank.
 TEST_F(PreflightTest, DiskOffloadRoomOfAModelNoMachineCouldBuildIsRefusedBeforeAnyWorker) {
-  const int64_t layers = 20, w = 65536;
-  const core::Config c = gpt(
-      layers, w, "parallel: {zero_stage: 2, offload: disk}\ntrain: {optimizer: {name: adam}}\n");
-  std::string what;
-  try {
-    preflight(c, 4);
-  } catch (const InvalidArgument& e) {
-    what = e.what();
-  }
-  const int64_t vocab = model_spec(c, load_data(c)).num_classes, context = 16;
-  const int64_t psi = layers * (12 * w * w + 13 * w) + w * (2 * vocab + context + 2);
-  const std::string dir = (dir_ / "runs" / "offload").string();
-  EXPECT_NE(what.find(str_cat("parallel.offload: disk needs ",
-                              static_cast<int64_t>(std::ceil(4.0 * (2 * psi) * 1.05)),
-                              " bytes in '", dir, "' (4 ranks x ", 2 * psi, " bytes, + 5%)")),
-            std::string::npos)
-      << what;
-  EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));
+  expect_offload_room_refused(2, 2);
 }
 
 // Stage 3 keeps its fp32 master shards in the offload file beside the optimizer state: the same
-// model needs 3Ψ per rank with Adam (master, exp_avg, exp_avg_sq, each Ψ/4 floats) where stage
-// 2 needs 2Ψ.
+// model needs 3Ψ per rank with Adam (master, exp_avg, exp_avg_sq).
 TEST_F(PreflightTest, DiskOffloadRoomAtStageThreeCountsTheMasterShards) {
-  const int64_t layers = 20, w = 65536;
-  const core::Config c = gpt(
-      layers, w, "parallel: {zero_stage: 3, offload: disk}\ntrain: {optimizer: {name: adam}}\n");
-  std::string what;
-  try {
-    preflight(c, 4);
-  } catch (const InvalidArgument& e) {
-    what = e.what();
-  }
-  const int64_t vocab = model_spec(c, load_data(c)).num_classes, context = 16;
-  const int64_t psi = layers * (12 * w * w + 13 * w) + w * (2 * vocab + context + 2);
-  const std::string dir = (dir_ / "runs" / "offload").string();
-  EXPECT_NE(what.find(str_cat("parallel.offload: disk needs ",
-                              static_cast<int64_t>(std::ceil(4.0 * (3 * psi) * 1.05)),
-                              " bytes in '", dir, "' (4 ranks x ", 3 * psi, " bytes, + 5%)")),
-            std::string::npos)
-      << what;
-  EXPECT_FALSE(fs::exists(dir_ / "runs" / "offload" / "rank-0.bin"));
+  expect_offload_room_refused(3, 3);
 }
 
 std::string refused(const core::Config& c) {
