@@ -38,8 +38,10 @@ Run from the repository root with Debian's python, as root:
   /usr/bin/python3 bench/zero_largest.py               # every run kind
   /usr/bin/python3 bench/zero_largest.py --quick       # DDP, stages 0, 2, 3, one rung lower
   /usr/bin/python3 bench/zero_largest.py --runs ddp,s0 --cap-gib 3
+  /usr/bin/python3 bench/zero_largest.py --runs s3cbo --start s3cbo=24x2048 --max-m 1300
 Options: --runs  --cap-gib 5  --workers 4  --timeout-s 1800 (one run)  --krab build/bin/krab
---json FILE. How long: each size is a real run, 0.5-5 min on the 2-core machine while others
+--json FILE  --start RUN=LxW,... (where a search starts; default the estimate)  --max-m M (no
+rung above M million parameters: with disk offload, time, not memory, bounds the size here). How long: each size is a real run, 0.5-5 min on the 2-core machine while others
 compile (longer the larger the model); at --cap-gib 3 the rows ddp, s0, s1, s2 took about 25 min
 in all (stage 3 not built: seconds). A larger cap means larger models: expect 1-2 h for every
 row at 5 GiB once stage 3 is built (one stage-3 run of a 926 M GPT with checkpointing and bf16
@@ -423,16 +425,19 @@ def search(a, run, tmp, job, log):
             f"{r['cgroup_max_usage'] / GIB:.2f} GiB")
         return r["status"]
 
-    i = start_rung(run, a.cap_bytes)
+    i = a.start[run] if run in a.start else start_rung(run, a.cap_bytes)
     if a.quick:
         i = max(0, i - 1)
+    top = max([k for k, (l, w) in enumerate(LADDER) if gpt_parameters(l, w) <= a.max_m * 1e6],
+              default=0)
+    i = min(i, top)
     status = attempt(i)
     if status in ("not built", "error"):
         return row(run, tried, None, i, status)
     if status in TRAINS:
-        while i + 1 < len(LADDER) and (status := attempt(i + 1)) in TRAINS:
+        while i + 1 <= top and (status := attempt(i + 1)) in TRAINS:
             i += 1
-        best, above = i, (i + 1 if i + 1 < len(LADDER) else None)
+        best, above = i, (i + 1 if i + 1 <= top else None)
     else:
         while i > 0 and (status := attempt(i - 1)) not in TRAINS + ("error",):
             i -= 1
@@ -445,7 +450,9 @@ def search(a, run, tmp, job, log):
         low -= 1
         if attempt(low) == "error":
             break
-    return row(run, tried, best, above, status if status == "error" else None)
+    r = row(run, tried, best, above, status if status == "error" else None)
+    r["capped"] = best == top < len(LADDER) - 1
+    return r
 
 
 def row(run, tried, best, above, status):
@@ -486,7 +493,8 @@ def print_table(rows, cap_bytes):
                  f"{b['parameters'] / base:.2f}x" if b and base else "—",
                  gib(b.get("rss_sampled")), gib(b.get("peak_rss")), gib(b.get("model_state")),
                  gib(b.get("predicted")),
-                 f"{size(up)} ({up['parameters'] / 1e6:,.1f} M)" if up else "top of the ladder",
+                 f"{size(up)} ({up['parameters'] / 1e6:,.1f} M)" if up else
+                 "not tried (above --max-m)" if r.get("capped") else "top of the ladder",
                  f"{up['status']}: {up['detail']}" if up else "—",
                  f"{r['clean']['parameters'] / 1e6:,.1f} ({size(r['clean'])})" if r["clean"]
                  else "none"]
@@ -512,7 +520,20 @@ def main():
     p.add_argument("--timeout-s", type=float, default=1800)
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json", help="write every run's numbers to this file")
+    p.add_argument("--start", default="",
+                   help="RUN=LAYERSxWIDTH,...: where a run's search starts (default: the estimate)")
+    p.add_argument("--max-m", type=float, default=float("inf"),
+                   help="no rung above this many million parameters is tried (its row then has "
+                        "no size above the largest; each rung is a 20-step run: time bounds it)")
     a = p.parse_args()
+    starts, a.start = a.start, {}
+    for item in filter(None, starts.split(",")):
+        run, _, rung = item.partition("=")
+        try:
+            a.start[run] = LADDER.index(tuple(int(x) for x in rung.split("x")))
+        except ValueError:
+            p.error(f"--start {item}: RUN=LAYERSxWIDTH of the ladder "
+                    f"({', '.join(f'{l}x{w}' for l, w in LADDER)})")
     runs = (a.runs or (QUICK_RUNS if a.quick else DEFAULT_RUNS)).split(",")
     bad = [r for r in runs if r not in RUNS]
     if bad:
