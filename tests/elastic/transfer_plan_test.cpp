@@ -151,6 +151,7 @@ TEST(TransferPlan, EveryElementHasExactlyOneLiveSourceAcrossWorldChanges) {
     expect_plans({8, 7, {0}, true, alignment});
     expect_plans({5, 3, {1, 3}, true, alignment});  // two deaths, not adjacent
     expect_plans({4, 4, {}, true, alignment});
+    expect_plans({1, 2, {}, true, alignment});   // one rank had no buddy; a joiner gets a ward
     expect_plans({4, 6, {}, false, alignment});  // no wards before, two joiners
   }
 }
