@@ -297,6 +297,23 @@ std::vector<KeySpec> parallel_keys() {
                "the children of a TorchScript module krab could split); a model without any: "
                "one unit per top-level child holding parameters. The report's `zero.units` "
                "and `zero.wrap` say which were chosen."),
+      string_key("parallel.balance", "off",
+                 "`sync.mode: sync`: `auto` sizes each worker's slice of the global batch by its "
+                 "measured speed (forward and backward time, re-measured every "
+                 "`parallel.balance_every` steps), so unequal workers finish their steps "
+                 "together; each slice's loss is weighted by its size, so every step is still "
+                 "the global batch's mean gradient (equal within float order to `off`; "
+                 "bit-identical while the slices stay equal). The report's `balance.changes` "
+                 "lists each new split. `off`: equal slices.",
+                 {"off", "auto"}),
+      int_key("parallel.balance_every", "10",
+              "`parallel.balance: auto`: steps between two measurements of the workers' speed "
+              "(each one small all-reduce).",
+              1),
+      float_key("parallel.balance_max_change", "0.25",
+                "`parallel.balance: auto`: the most a slice moves at one rebalance, as a "
+                "fraction of an equal slice (global batch / workers).",
+                0.01, 1),
   };
 }
 

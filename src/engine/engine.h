@@ -52,9 +52,18 @@ namespace krab::engine {
 // micro-batches, numbered step · micro_batches + m for the sampler) and this rank's `slice`
 // of each. The global batch sequence depends only on the seed (data/sampler.h); the engine
 // only decides which part of it this rank computes.
+//
+// `weight`: how much this rank's gradient weighs in the group's average, W · n / B for a slice
+// of n of the B examples of a global micro-batch on W ranks. Every reduction averages over
+// ranks (ReduceOp::kAvg, the compressors, ZeRO's reduce-scatter), so with unequal slices (the
+// load balancer, parallel.balance) the loop multiplies each micro-batch's loss by it before
+// backward, and the average the reductions take is the global batch's mean gradient. Exactly
+// 1.0 when the slices are equal: the loop then multiplies nothing, so a run with equal slices
+// is bit-identical to one without a balancer (docs/design/elastic.md §5.2).
 struct StepPlan {
   int64_t step = 0;
   data::BatchSlice slice;
+  double weight = 1.0;
 };
 
 // What a checkpoint holds of this rank.
@@ -127,6 +136,10 @@ class Engine {
   virtual void reduce_gradients() = 0;
   // The update at learning rate `lr`; gradients cleared.
   virtual void apply(double lr) = 0;
+  // After the step's forward and backward on this rank (before reduce_gradients): the seconds
+  // they took, the artificial straggler's delay included (train.slow_rank). What the load
+  // balancer weighs ranks by; an engine without one ignores it.
+  virtual void after_compute(double seconds) {}
   // After the update of `plan`'s step.
   virtual void after_step(const StepPlan& plan) {}
   // Called between long pieces of work outside the loop (deferred evaluations), so that a

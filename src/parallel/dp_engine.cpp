@@ -16,15 +16,9 @@ DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
       options_(options),
       dp_(*model_, *comm_, options.data_parallel, std::move(hook)),
       optimizer_(make_optimizer(model_->parameters())),
-      steps_(options.total_steps, options.global_micro_batch) {}
+      steps_(options.total_steps, options.global_micro_batch, options.balance) {}
 
 DataParallelEngine::~DataParallelEngine() = default;
-
-std::optional<engine::StepPlan> DataParallelSteps::next(const comm::Communicator& group) {
-  if (next_ >= total_) return std::nullopt;
-  return engine::StepPlan{next_++,
-                          data::equal_slice(global_micro_batch_, group.rank(), group.size())};
-}
 
 std::optional<engine::StepPlan> DataParallelEngine::next_step() { return steps_.next(*comm_); }
 
@@ -52,9 +46,11 @@ engine::MemoryStats DataParallelEngine::memory() const {
 }
 
 nlohmann::json DataParallelEngine::describe() const {
-  return {{"backend", comm_->backend()},
-          {"buckets", dp_.plan().buckets.size()},
-          {"compression", dp_.hook().name()}};
+  nlohmann::json out = {{"backend", comm_->backend()},
+                        {"buckets", dp_.plan().buckets.size()},
+                        {"compression", dp_.hook().name()}};
+  if (auto balance = steps_.describe(); !balance.is_null()) out["balance"] = balance;
+  return out;
 }
 
 }  // namespace krab::parallel

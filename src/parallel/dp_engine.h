@@ -1,7 +1,8 @@
 // The data-parallel engine: every rank holds a full replica; DataParallel averages the
 // gradients through its comm hook (plain all-reduce or a compressor) during backward, and each
 // rank applies the same update with its own optimizer. Steps are handed out in order from the
-// resume point; rank r computes slice r of W equal slices of every global micro-batch.
+// resume point; rank r computes slice r of every global micro-batch: W equal slices, or slices
+// sized by each rank's speed with parallel.balance: auto (parallel/steps.h).
 #pragma once
 
 #include <functional>
@@ -11,6 +12,7 @@
 #include "engine/engine.h"
 #include "models/model.h"
 #include "parallel/data_parallel.h"
+#include "parallel/steps.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -21,22 +23,6 @@ namespace krab::parallel {
 using OptimizerFactory =
     std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<at::Tensor>)>;
 
-// The steps of every data-parallel engine (this one, ZeRO's): handed out in order from the
-// resume point until total_steps; rank r computes slice r of W equal slices of every global
-// micro-batch of `global_micro_batch` examples.
-class DataParallelSteps {
- public:
-  DataParallelSteps(int64_t total_steps, int64_t global_micro_batch)
-      : total_(total_steps), global_micro_batch_(global_micro_batch) {}
-  void start_at(int64_t step) { next_ = step; }
-  std::optional<engine::StepPlan> next(const comm::Communicator& group);
-
- private:
-  int64_t total_ = 0;
-  int64_t global_micro_batch_ = 0;
-  int64_t next_ = 0;
-};
-
 struct DataParallelEngineOptions {
   int64_t total_steps = 0;
   int64_t global_micro_batch = 0;  // examples of one global micro-batch (the sampler's batch)
@@ -46,6 +32,8 @@ struct DataParallelEngineOptions {
   // DDP broadcasts before each forward instead; after the step covers the forwards all the
   // same and also what happens between steps. Local SGD averages buffers with the model.
   bool broadcast_buffers = true;
+  // parallel.balance: auto — slices sized by each rank's speed (parallel/steps.h).
+  SliceBalance balance;
 };
 
 class DataParallelEngine : public engine::Engine {
@@ -61,6 +49,7 @@ class DataParallelEngine : public engine::Engine {
   void start_at(int64_t step) override { steps_.start_at(step); }
   std::optional<engine::StepPlan> next_step() override;
   void before_backward(int64_t micro, bool last) override { dp_.set_sync(last); }
+  void after_compute(double seconds) override { steps_.after_compute(seconds); }
   void reduce_gradients() override { dp_.finish(); }
   void apply(double lr) override;
   void after_step(const engine::StepPlan& plan) override;

@@ -7,6 +7,7 @@
 #include "compress/options.h"
 #include "core/errors.h"
 #include "core/fs.h"
+#include "elastic/slices.h"
 #include "parallel/compression_hook.h"
 #include "parallel/dp_engine.h"
 #include "parallel/zero/offload.h"
@@ -96,6 +97,21 @@ void check_compression_options(const core::Config& job) {
   compress::CompressionOptions::from_config(job);
 }
 
+namespace {
+
+// parallel.balance: auto — the pure planner of elastic/slices.h, run by every rank on the same
+// all-reduced times (parallel/steps.h).
+parallel::SliceBalance slice_balance(const core::Config& c) {
+  if (c.get_string("parallel.balance") == "off") return {};
+  const double max_change = c.get_float("parallel.balance_max_change");
+  return {c.get_int("parallel.balance_every"),
+          [max_change](const std::vector<int64_t>& sizes, const std::vector<int64_t>& us) {
+            return elastic::rebalance(sizes, us, max_change).sizes;
+          }};
+}
+
+}  // namespace
+
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& o,
                                             const comm::WorldInfo& world,
                                             const models::ModelSpec& spec, int64_t total_steps) {
@@ -105,6 +121,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   dpo.global_micro_batch = o.batch * world.size;
   dpo.data_parallel.bucket_mb = c.get_float("parallel.bucket_mb");
   dpo.broadcast_buffers = c.get_bool("parallel.broadcast_buffers");
+  dpo.balance = slice_balance(c);
   auto group = connect_group(c, world);
   if (o.zero_stage == 3) return make_stage3_engine(c, o, std::move(group), spec, dpo);
   auto model = models::make_model(spec);

@@ -47,6 +47,7 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
   o.local_sgd_period = c.get_int("sync.period");
   o.local_sgd_warmup = c.get_int("sync.warmup_steps");
   check_zero_options(c);
+  check_balance_options(c);
   o.zero_stage = static_cast<int>(c.get_int("parallel.zero_stage"));
   o.precision = parse_precision(c.get_string("train.precision"));
   o.activation_checkpointing = c.get_bool("model.activation_checkpointing");
@@ -86,6 +87,21 @@ void check_zero_options(const core::Config& c) {
   KRAB_CHECK_ARG(c.get_float("comm.clip_norm") == 0, "parallel.zero_stage ", stage,
                  " cannot be combined with comm.clip_norm (a norm over each worker's full "
                  "gradient): use parallel.zero_stage: 0");
+}
+
+void check_balance_options(const core::Config& c) {
+  if (c.get_string("parallel.balance") == "off") return;
+  const std::string& mode = c.get_string("sync.mode");
+  KRAB_CHECK_ARG(mode == "sync", "parallel.balance: auto needs sync.mode: sync, got ", mode,
+                 mode == "async" ? " (the parameter server already hands a fast worker more "
+                                   "steps: it asks more often)"
+                                 : " (local steps have no per-step average to weight)");
+  // Stage 3's forward waits for every rank's all-gathers, so a rank's forward+backward time
+  // holds the others' delays and cannot tell who is slow.
+  KRAB_CHECK_ARG(c.get_int("parallel.zero_stage") < 3,
+                 "parallel.balance: auto cannot be combined with parallel.zero_stage 3 yet (its "
+                 "compute time includes the all-gathers' waits for the slowest worker); stages "
+                 "0-2 can");
 }
 
 // randomk with error feedback sends each value after 1 / ratio steps on average: in

@@ -47,6 +47,10 @@ struct TrainOptions {
 // runs it; so does the launcher's preflight, before any worker starts.
 void check_zero_options(const core::Config& c);
 
+// InvalidArgument naming both keys for parallel.balance: auto with a sync.mode other than sync
+// or with parallel.zero_stage 3. from_config() runs it.
+void check_balance_options(const core::Config& c);
+
 // sync.mode's name in the report and in messages.
 const char* sync_mode_name(SyncMode mode);
 

@@ -260,7 +260,7 @@ nlohmann::json Trainer::Loop::run() {
 double Trainer::Loop::compute(const engine::StepPlan& plan) {
   models::Model& model = engine->model();
   const int64_t accum = o.micro_batches;
-  double step_loss = 0;
+  double step_loss = 0, compute_seconds = 0;
   for (int64_t m = 0; m < accum; ++m) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
@@ -281,11 +281,19 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
                             plan.step + 1, " (micro-batch ", m,
                             "); training diverged or the "
                             "data holds a NaN (try a smaller train.optimizer.lr)"));
-      (accum > 1 ? loss / static_cast<double>(accum) : loss).backward();
+      // plan.weight (engine.h): unequal slices weigh their share of the global mean gradient;
+      // exactly 1 for equal slices, which then multiply nothing (bit-identical to no weight).
+      if (plan.weight != 1.0)
+        loss = loss * (plan.weight / static_cast<double>(accum));
+      else if (accum > 1)
+        loss = loss / static_cast<double>(accum);
+      loss.backward();
       step_loss += value / accum;
     });
     straggler->after_compute(Clock::now() - t_compute);
+    compute_seconds += seconds_between(t_compute, Clock::now());
   }
+  engine->after_compute(compute_seconds);
   return step_loss;
 }
 

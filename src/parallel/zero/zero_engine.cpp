@@ -15,7 +15,8 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(std::move(options)),
-      steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch) {
+      steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch,
+             options_.data_parallel.balance) {
   KRAB_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
                  "parallel.zero_stage: ZeroEngine runs stages 1 and 2, got ", options_.stage);
   // Every replica starts from rank 0's values, as with the data-parallel engine.
@@ -148,18 +149,21 @@ engine::MemoryStats ZeroEngine::memory() const {
 nlohmann::json ZeroEngine::describe() const {
   nlohmann::json units = nlohmann::json::array();
   for (const auto& u : layout_.units()) units.push_back(u.name);
-  return {{"backend", comm_->backend()},
-          {"buckets", reducer_->plan().buckets.size()},
-          {"compression", reducer_->compression()},
-          {"zero",
-           {{"stage", options_.stage},
-            {"units", units},
-            {"wrap", wrap_source_},
-            {"gather_wait", gather_wait_ ? "per unit, at its forward" : "all, before the forward"},
-            {"recompute", gather_wait_ != nullptr && gather_wait_->recomputes()},
-            {"alignment", layout_.alignment()},
-            {"offload", offload_ ? "disk" : "none"},
-            {"gathered_whole", nlohmann::json::array()}}}};
+  nlohmann::json out = {
+      {"backend", comm_->backend()},
+      {"buckets", reducer_->plan().buckets.size()},
+      {"compression", reducer_->compression()},
+      {"zero",
+       {{"stage", options_.stage},
+        {"units", units},
+        {"wrap", wrap_source_},
+        {"gather_wait", gather_wait_ ? "per unit, at its forward" : "all, before the forward"},
+        {"recompute", gather_wait_ != nullptr && gather_wait_->recomputes()},
+        {"alignment", layout_.alignment()},
+        {"offload", offload_ ? "disk" : "none"},
+        {"gathered_whole", nlohmann::json::array()}}}};
+  if (auto balance = steps_.describe(); !balance.is_null()) out["balance"] = balance;
+  return out;
 }
 
 }  // namespace krab::parallel::zero

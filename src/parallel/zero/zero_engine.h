@@ -110,6 +110,7 @@ class ZeroEngine : public engine::Engine {
   models::Model& model() override { return *model_; }
   void start_at(int64_t step) override { steps_.start_at(step); }
   std::optional<engine::StepPlan> next_step() override { return steps_.next(*comm_); }
+  void after_compute(double seconds) override { steps_.after_compute(seconds); }
   void before_backward(int64_t micro, bool last) override;
   void reduce_gradients() override;
   void apply(double lr) override;
