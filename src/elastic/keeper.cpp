@@ -157,12 +157,10 @@ void Keeper::on_heartbeat_tick(Instant now, Change* change) {
   // A report that found every peer alive: the reporter's group is broken all the same. Give
   // the heartbeats dead_after_ms to name a culprit; if none did and g is still current, rebuild
   // with whoever is alive (at worst the same members).
-  for (const auto& s : suspicions_) {
-    if (s.generation == current_.generation && now.steady_ms - s.at_ms >= options_.dead_after_ms) {
-      change->group_error = true;
-      change->abort = true;
-      change->reason("group error");
-    }
+  if (suspected_at_ms_ && now.steady_ms - *suspected_at_ms_ >= options_.dead_after_ms) {
+    change->group_error = true;
+    change->abort = true;
+    change->reason("group error");
   }
 }
 
@@ -184,7 +182,7 @@ void Keeper::on_suspect(const event::Suspect& e, Instant now, Change* change) {
       found = true;
     }
   }
-  if (!found) suspicions_.push_back({e.generation, now.steady_ms});
+  if (!found && !suspected_at_ms_) suspected_at_ms_ = now.steady_ms;
 }
 
 void Keeper::on_join(const event::JoinRequest& e, Change* change) {
@@ -243,7 +241,7 @@ std::optional<GenerationRecord> Keeper::decide(const Change& change, Instant now
     watch[m.id] = Watch{now.steady_ms, it != watch_.end() && it->second.exited};
   }
   watch_.swap(watch);
-  suspicions_.clear();
+  suspected_at_ms_.reset();
   current_ = next;
   return next;
 }

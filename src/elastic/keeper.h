@@ -163,10 +163,6 @@ class Keeper {
     int64_t last_beat_ms = 0;
     bool exited = false;  // exited with status 0: nothing more to watch
   };
-  struct Suspicion {
-    int64_t generation = 0;
-    int64_t at_ms = 0;
-  };
   struct Change;  // what one batch of events found, keeper.cpp
 
   void apply(const Event& event, Instant now, Change* change);
@@ -183,7 +179,7 @@ class Keeper {
   GenerationRecord current_;
   std::map<MemberId, Watch> watch_;          // the members of current_
   std::set<MemberId> used_;                  // every id that was ever a member
-  std::vector<Suspicion> suspicions_;        // reports that found every peer alive
+  std::optional<int64_t> suspected_at_ms_;   // first report of g that found all peers alive
   std::optional<int64_t> waiting_since_ms_;  // when the run fell below min_workers
   int64_t newest_step_ = 0;
   std::vector<Refusal> refusals_;
