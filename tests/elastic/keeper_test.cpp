@@ -175,7 +175,9 @@ TEST(Keeper, ABrokenGroupWithEveryoneAliveIsRebuiltAfterDeadAfter) {
     beat_all(k, t);
     EXPECT_FALSE(k.on_event(event::HeartbeatTick{}, at(t))) << t;
     // A later report of the same broken group does not put the deadline off.
-    if (t == 2000) EXPECT_FALSE(k.on_event(event::Suspect{id(0, 2), id(0, 1), 0}, at(t)));
+    if (t == 2000) {
+      EXPECT_FALSE(k.on_event(event::Suspect{id(0, 2), id(0, 1), 0}, at(t)));
+    }
   }
   beat_all(k, 4100);
   const auto g1 = k.on_event(event::HeartbeatTick{}, at(4100));  // report + dead_after_ms
