@@ -20,8 +20,8 @@ bool parse_number(std::string_view s, int64_t max, int64_t* out) {
   int64_t v = 0;
   for (char c : s) {
     if (c < '0' || c > '9') return false;
-    v = v * 10 + (c - '0');  // 19 digits cannot overflow int64 before the bound check
-    if (v > max) return false;
+    if (v > (max - (c - '0')) / 10) return false;  // checked before it could overflow
+    v = v * 10 + (c - '0');
   }
   *out = v;
   return true;

@@ -34,8 +34,9 @@
 //     every member is checked): checked at once; Y is lost only when its beats are stale —
 //     none for 3 heartbeat periods (3 x heartbeat_ms, at most dead_after_ms): a single late
 //     beat is not a death. A report whose peers all look alive changes nothing now, but the
-//     reporter's group is broken: if g is still current dead_after_ms after the report, the
-//     next HeartbeatTick writes g+1 with the same live members, reason "group error" (§13).
+//     reporter's group is broken: if g is still current dead_after_ms after the first such
+//     report, the next HeartbeatTick writes g+1 with the same live members, reason
+//     "group error" (§13); later reports do not put that deadline off.
 //     Reports about an older generation are dropped (that group is gone already).
 //   - LeaseExpired: every member on that node ("lease of node 2 expired").
 //   - LeaveRequest: "left" (a proposal: nothing is broken).

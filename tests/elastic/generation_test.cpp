@@ -85,6 +85,8 @@ TEST(Generation, RepresentativeRecordsRoundTrip) {
   stop.kind = RecordKind::kProposal;
   stop.state = RecordState::kStop;
   stop.store = "[::1]:65535";
+  stop.generation = (int64_t{1} << 62) - 1;  // the largest a reader accepts
+  stop.decided_step = stop.generation;
   records.push_back(stop);
   GenerationRecord restore = sample();
   restore.state = RecordState::kRestore;
@@ -133,6 +135,9 @@ TEST(Generation, RefusesEveryMalformedLineByNumber) {
       {sample_with("generation 3", "generation -3"), 1, "generation is not a decimal number"},
       {sample_with("generation 3", "generation +3"), 1, "generation is not a decimal number"},
       {sample_with("generation 3", "generation 99999999999999999999"), 1, "not a decimal"},
+      {sample_with("generation 3", "generation 9999999999999999999"), 1, "not a decimal"},
+      {sample_with("generation 3", "generation 4611686018427387904"), 1, "not a decimal"},
+      {sample_with("decided_step 41", "decided_step 18446744073709551657"), 2, "not a decimal"},
       {sample_with("decided_step 41", "decided_step 4 1"), 2, "decided_step is not a decimal"},
       {sample_with("workers 3", "workers 16385"), 3,
        "workers is not a decimal number in [0, 16384]"},

@@ -132,6 +132,25 @@ TEST(Keeper, AMemberThatNeverBeatsIsLostDeadAfterItsGenerationBegan) {
   EXPECT_TRUE(k.on_event(event::HeartbeatTick{}, at(6000)));
 }
 
+// §6.4 on one machine: a worker cut off stops beating and is dropped; when its link returns, its
+// old id's beats change nothing (it is no longer a member), and it comes back only as a joiner
+// with a new incarnation.
+TEST(Keeper, APartitionedWorkerIsDroppedAndRejoinsAsANewIncarnation) {
+  Keeper k = make({}, workers(3));
+  beat_all(k, 1000);
+  k.on_events({event::Heartbeat{id(0, 0)}, event::Heartbeat{id(0, 1)}}, at(3900));
+  const auto g1 = k.on_event(event::HeartbeatTick{}, at(4000));
+  ASSERT_TRUE(g1);
+  EXPECT_EQ(ids(*g1), (std::vector<MemberId>{id(0, 0), id(0, 1)}));
+  EXPECT_FALSE(k.on_event(event::Heartbeat{id(0, 2)}, at(9000)));
+  EXPECT_FALSE(k.on_event(event::JoinRequest{id(0, 2), 2, 102}, at(9000)));
+  EXPECT_EQ(k.take_refusals().size(), 1u);
+  const auto g2 = k.on_event(event::JoinRequest{id(0, 2, 1), 2, 102}, at(9100));
+  ASSERT_TRUE(g2);
+  EXPECT_EQ(g2->kind, RecordKind::kProposal);
+  EXPECT_EQ(ids(*g2), (std::vector<MemberId>{id(0, 0), id(0, 1), id(0, 2, 1)}));
+}
+
 TEST(Keeper, SuspectOfALivePeerChangesNothingNow) {
   KeeperOptions o;  // heartbeat_ms 200: stale after 600 ms
   Keeper k = make(o, workers(3));
