@@ -299,6 +299,29 @@ void payload_seeds() {
 
 }  // namespace
 
+// fuzz_generation: records as the keeper writes them (elastic/generation.h's text form), spelled
+// out so that this program need not link the elastic layer.
+void generation_seeds() {
+  const Bytes head =
+      "generation 3\ndecided_step 41\nworkers 2\nmember 0 0 0 4121 0.0.0\n"
+      "member 1 1 0 977 1.0.1\n";
+  seed("fuzz_generation", "abort",
+       head +
+           "store file /run/g3.store\nkind abort\nreason death\n"
+           "lost 0.1.0 killed by signal 9\ndecided_at 1765000000.125\nstate run\n");
+  seed("fuzz_generation", "proposal",
+       head +
+           "store 10.0.0.7:29400\nkind proposal\nreason join\n"
+           "decided_at 1765000000.007\nstate run\n");
+  seed("fuzz_generation", "restore",
+       head +
+           "store [::1]:29400\nkind abort\nreason death, leave\nlost 0.1.0 left\n"
+           "lost 0.2.0 exited with status 1\ndecided_at 1.000\nstate restore /r/step-00000040\n");
+  seed("fuzz_generation", "waiting",
+       "generation 9\ndecided_step 0\nworkers 0\nstore file /g9\nkind abort\nreason lease\n"
+       "lost 2.0.0 lease of node 2 expired\ndecided_at 0.000\nstate waiting\n");
+}
+
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::cerr << "usage: fuzz_make_seeds SOURCE_DIR [TARGET...]\n";
@@ -314,6 +337,7 @@ int main(int argc, char** argv) {
   secagg_seeds();
   server_state_seeds();
   payload_seeds();
+  generation_seeds();
   std::cout << "seeds written under " << g_out << "\n";
   return 0;
 }
