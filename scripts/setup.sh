@@ -22,11 +22,25 @@ packages=(
   python3-torch                       # the peer for benchmarks and the torch.load check
   python3-torchvision                 # bench/real_networks.py: ResNet and MobileNet, random init
   iproute2                            # network-namespace tests
+  etcd-server etcd-client             # elastic: the etcd rendezvous and its tests (a private etcd)
+  libcpp-httplib-dev                  # elastic: the etcd v3 JSON gateway client (header-only)
+  slurm-wlm munge                     # elastic: the Slurm autoscale provider and its test
 )
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 
 missing=()
 for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  installed "$p" || missing+=("$p")
+done
+
+# Packages whose install starts and enables a system service (package:service). krab's tests
+# start private instances on free ports in temp dirs and never use the system's, so a service
+# that this run installs is stopped and disabled again; one that was there before is left alone.
+daemons=(etcd-server:etcd munge:munge slurmctld:slurmctld slurmd:slurmd)
+new_services=()
+for d in "${daemons[@]}"; do
+  installed "${d%%:*}" || new_services+=("${d#*:}")
 done
 if ((${#missing[@]} == 0)); then
   echo "setup: all ${#packages[@]} packages present"
@@ -39,3 +53,13 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+for service in "${new_services[@]}"; do
+  if [[ -d /run/systemd/system ]]; then
+    $SUDO systemctl disable --now "$service" >/dev/null 2>&1 || true
+  else  # no systemd (a container): its unit and sysv links, and a daemon an init script started
+    $SUDO systemctl disable "$service" >/dev/null 2>&1 || true
+    $SUDO update-rc.d "$service" disable >/dev/null 2>&1 || true
+    $SUDO service "$service" stop >/dev/null 2>&1 || true
+  fi
+done
