@@ -18,7 +18,8 @@ std::optional<engine::StepPlan> DataParallelSteps::next(comm::Communicator& grou
   if (next_ >= total_) return std::nullopt;
   const int world = group.size();
   if (sizes_.empty())
-    for (int r = 0; r < world; ++r) sizes_.push_back(data::equal_slice(global_micro_batch_, r, world).size());
+    for (int r = 0; r < world; ++r)
+      sizes_.push_back(data::equal_slice(global_micro_batch_, r, world).size());
   if (balance_.every > 0 && window_steps_ == balance_.every) rebalance(group);
   int64_t begin = 0;
   for (int r = 0; r < group.rank(); ++r) begin += sizes_[r];
@@ -41,7 +42,8 @@ void DataParallelSteps::rebalance(comm::Communicator& group) {
   at::Tensor times = torch::zeros({group.size()}, torch::kInt64);
   times[group.rank()] = window_us_ / window_steps_;
   group.allreduce(times)->wait();
-  const std::vector<int64_t> us(times.data_ptr<int64_t>(), times.data_ptr<int64_t>() + group.size());
+  const std::vector<int64_t> us(times.data_ptr<int64_t>(),
+                                times.data_ptr<int64_t>() + group.size());
   window_us_ = window_steps_ = 0;
   std::vector<int64_t> planned = balance_.plan(sizes_, us);
   int64_t sum = 0;

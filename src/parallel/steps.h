@@ -39,7 +39,9 @@ struct SliceBalance {
 class DataParallelSteps {
  public:
   DataParallelSteps(int64_t total_steps, int64_t global_micro_batch, SliceBalance balance = {})
-      : total_(total_steps), global_micro_batch_(global_micro_batch), balance_(std::move(balance)) {}
+      : total_(total_steps),
+        global_micro_batch_(global_micro_batch),
+        balance_(std::move(balance)) {}
   void start_at(int64_t step);
   // The next step, or nullopt at the end. Collective (an all-reduce on `group`) at a rebalance:
   // every rank calls it once per step, as the engines do.

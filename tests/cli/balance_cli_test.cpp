@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_support.h"
@@ -13,11 +12,6 @@
 namespace {
 
 using namespace krab::cli_test;
-
-nlohmann::json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
 
 // 4 workers, rank 3 sleeps 120 ms after each forward+backward (a few ms of compute): the first
 // rebalance (after step 3) must shrink rank 3's slice, every split must tile the global batch
@@ -42,7 +36,8 @@ parallel: {workers: 4, balance_every: 3}
     auto balanced = run(krab("train job.yaml --report r" + s + ".json --set checkpoint.dir=bal" +
                              s + zero + " --set parallel.balance=auto"));
     ASSERT_EQ(balanced.code, 0) << balanced.output;
-    const auto report = read_json(dir_ / ("r" + s + ".json"));
+    const auto report =
+        nlohmann::json::parse(krab::core::read_file((dir_ / ("r" + s + ".json")).string()));
     ASSERT_TRUE(report.contains("balance")) << report.dump();
     EXPECT_EQ(report["balance"]["every"], 3);
     const auto& changes = report["balance"]["changes"];
