@@ -239,6 +239,7 @@ std::string by_kind(const WorkerFootprint& f, bool activations_predicted) {
   s += activations_predicted ? str_cat(size_text(m.activations), " activations, ")
                              : std::string("activations not predicted, ");
   if (m.evaluation > 0) s += str_cat(size_text(m.evaluation), " evaluation, ");
+  if (m.heap > 0) s += str_cat(size_text(m.heap), " heap slack, ");
   return s + str_cat(size_text(f.fixed_bytes), " process, ", size_text(f.data_bytes), " data");
 }
 

@@ -18,8 +18,7 @@ std::vector<int64_t> vote_slots(int rank, int world, const Vote& mine) {
 
 VoteResult read_vote(const std::vector<int64_t>& summed, int world) {
   KRAB_CHECK(summed.size() == 1 + 2 * static_cast<size_t>(world) && summed[0] == world,
-             "a commit vote of ", summed.empty() ? 0 : summed[0], " ranks in a group of ",
-             world);
+             "a commit vote of ", summed.empty() ? 0 : summed[0], " ranks in a group of ", world);
   VoteResult result;
   for (int r = 0; r < world; ++r)
     result.newest_generation = std::max(result.newest_generation, summed[1 + r]);

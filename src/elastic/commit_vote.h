@@ -29,8 +29,8 @@ struct Vote {
 };
 
 struct VoteResult {
-  int64_t newest_generation = 0;     // the largest any rank has seen
-  std::vector<int64_t> compute_us;   // per rank
+  int64_t newest_generation = 0;    // the largest any rank has seen
+  std::vector<int64_t> compute_us;  // per rank
 };
 
 // The pure halves: rank `rank`'s contribution, and the summed vector read back. read_vote

@@ -16,8 +16,8 @@ int64_t parse_generation(const std::string& text) {
   int64_t g = -1;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), g);
   if (ec != std::errc() || end != text.data() + text.size() || g < 0)
-    throw CorruptData(str_cat(kCurrentKey, " holds '", text.substr(0, 32),
-                              "', not a generation number"));
+    throw CorruptData(
+        str_cat(kCurrentKey, " holds '", text.substr(0, 32), "', not a generation number"));
   return g;
 }
 
@@ -104,9 +104,8 @@ void MembershipView::poll() {
 
 GenerationRecord MembershipView::wait_for(int64_t generation, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  const bool ready = changed_.wait_for(lock, timeout, [&] {
-    return error_ != nullptr || records_.count(generation) > 0;
-  });
+  const bool ready = changed_.wait_for(
+      lock, timeout, [&] { return error_ != nullptr || records_.count(generation) > 0; });
   if (error_) std::rethrow_exception(error_);
   if (!ready)
     throw Timeout(str_cat("no record of generation ", generation, " after ", timeout.count(),

@@ -78,8 +78,8 @@ class MembershipView {
   std::mutex mu_;
   std::condition_variable changed_;
   std::map<int64_t, GenerationRecord> records_;  // guarded by mu_
-  std::exception_ptr error_;                      // guarded by mu_
-  bool stop_ = false;                             // guarded by mu_
+  std::exception_ptr error_;                     // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
   std::thread thread_;
 };
 

@@ -26,6 +26,7 @@ nlohmann::json predicted_json(const parallel::zero::MemoryPrediction& p, int64_t
           {"compression", p.compression},
           {"activations", p.activations},
           {"evaluation", p.evaluation},
+          {"heap", p.heap},
           {"offloaded", p.offloaded},
           {"total", p.resident()},
           {"process", parallel::zero::kWorkerProcessBytes},

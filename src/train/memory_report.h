@@ -27,10 +27,10 @@ at::Tensor gather_rank_memory(const engine::Engine& engine, comm::Communicator& 
 // The `memory` field from gather_rank_memory's table: {stage, precision,
 // activation_checkpointing, ranks: [{rank, peak_rss_bytes, params_bytes, grads_bytes,
 // optimizer_bytes, working_set_peak_bytes, offloaded_bytes, predicted: {params, grads,
-// optimizer, working_set, comm_buffers, low_precision, compression, activations, offloaded,
-// total, process, data, peak}}]}. The measured *_bytes are null for an engine that does not
-// measure (MemoryStats::known false); `predicted` comes from the trainable parameters and unit
-// candidates of `model` and the job's keys (train/memory_plan.h), with `activation_bytes` (the
+// optimizer, working_set, comm_buffers, low_precision, compression, activations, evaluation,
+// heap, offloaded, total, process, data, peak}}]}. The measured *_bytes are null for an engine that
+// does not measure (MemoryStats::known false); `predicted` comes from the trainable parameters and
+// unit candidates of `model` and the job's keys (train/memory_plan.h), with `activation_bytes` (the
 // caller's estimate, 0 when none) and `evaluation_bytes` (evaluation's, 0 when none); `total`
 // is its resident() and `peak` adds the LibTorch
 // process and kDataCopies of `data_bytes` (the data tensors a worker holds), which is what the

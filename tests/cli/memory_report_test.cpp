@@ -54,7 +54,9 @@ parallel: {workers: 2}
                   p["optimizer"].get<int64_t>() + p["working_set"].get<int64_t>() +
                   p["comm_buffers"].get<int64_t>() + p["low_precision"].get<int64_t>() +
                   p["compression"].get<int64_t>() + p["activations"].get<int64_t>() +
-                  p["evaluation"].get<int64_t>());
+                  p["evaluation"].get<int64_t>() + p["heap"].get<int64_t>());
+    EXPECT_EQ(p["heap"].get<int64_t>(),
+              (p["total"].get<int64_t>() - p["heap"].get<int64_t>()) / 20);
   }
 }
 

@@ -236,7 +236,9 @@ TEST(ZeroMemoryModel, CommBuffersAndEvaluationAreLinesOfTheirOwn) {
     EXPECT_EQ(static_cast<double>(m.model_state()), issue_bytes(stage, psi, n, 2))
         << "stage " << stage;
     EXPECT_EQ(m.evaluation, 0) << "no evaluation asked for";
-    EXPECT_EQ(m.resident(), m.model_state() + m.working_set + m.comm_buffers);
+    const int64_t rest = m.model_state() + m.working_set + m.comm_buffers;
+    EXPECT_EQ(m.heap, rest / 20) << "stage " << stage;  // 5% slack over the other terms
+    EXPECT_EQ(m.resident(), rest + m.heap);
   }
   // Every stage keeps freed blocks in the heap (stage 3's flats are pooled apart): evaluation's
   // activations add whole.
@@ -246,7 +248,8 @@ TEST(ZeroMemoryModel, CommBuffersAndEvaluationAreLinesOfTheirOwn) {
     in.stage = stage;
     const MemoryPrediction m = predict_memory(in);
     EXPECT_EQ(m.evaluation, 5000) << "stage " << stage;
-    EXPECT_EQ(m.resident(), m.model_state() + m.working_set + m.comm_buffers + 1000 + 5000);
+    const int64_t rest = m.model_state() + m.working_set + m.comm_buffers + 1000 + 5000;
+    EXPECT_EQ(m.resident(), rest + rest / 20);
   }
   in.evaluation_activation_bytes = -1;
   EXPECT_THROW(predict_memory(in), InvalidArgument);

@@ -203,6 +203,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   m.activations = in.activation_bytes;
   m.evaluation = evaluation_bytes(in);
   apply_offload(in, s, m);
+  m.heap = m.resident() / kHeapSlackDivisor;  // resident() so far: heap is still 0
   return m;
 }
 
