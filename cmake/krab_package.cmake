@@ -28,7 +28,7 @@ set(KRAB_PUBLIC_HEADERS
 set(KRAB_SUPPORT_HEADERS
   core/progress.h core/rng.h data/prefetch.h models/script_file.h models/script_units.h
   models/units.h
-  parallel/buckets.h parallel/grad_hooks.h train/job.h
+  parallel/buckets.h parallel/grad_hooks.h parallel/steps.h train/job.h
   train/report.h)
 
 # The libraries behind the public headers: everything krab_train links, found by walking the
