@@ -32,10 +32,11 @@
 //    It takes no sequence number, counts no traffic and reaches no backend; it never throws at
 //    launch, so a gradient bucket launched from an autograd hook does not throw inside
 //    backward — the error surfaces where the step waits. split() throws MembershipChanged.
-//  - a wait() of an op started before: with Options::abortable, the backend waits in short
-//    slices and throws MembershipChanged within one slice (Gloo: 50 ms) of the abort; without
-//    it, a wait that has not begun throws at once and one already blocked throws when its op
-//    ends (completion or Timeout), so an aborted group's results are never returned.
+//  - a wait() of an op started before (Gloo): with Options::abortable, it waits in 50 ms
+//    slices and throws MembershipChanged within one slice of the abort; without it, a wait
+//    that has not begun throws at once and one already blocked throws when its op ends
+//    (completion or Timeout), so an aborted group's results are never returned. The MPI
+//    backend's waits do not see abort() (elastic membership refuses MPI).
 //  - the ops already started may still write into their tensors until the backend gives up on
 //    them (Gloo: at its timeout): an aborted group's tensors must not be the model's state.
 //  - abort() does not touch sub-groups made by split(); abort them too.
@@ -48,11 +49,11 @@
 //
 // For backend authors: the public calls below are not virtual. This class runs the frame every
 // op shares, once for all backends, in this order: the argument checks (InvalidArgument before
-// anything is counted or sent), the backend's own checks (do_check), the sequence number, the
-// backend's notice that the op starts (do_enter), the debug check (do_exchange), the traffic
-// count, the trivial cases (empty tensors, groups of one), and only then the backend's do_*
-// hook, which just starts the op on its library. send/recv skip the sequence number, the
-// debug check and the trivial cases.
+// anything is counted or sent), the refusal of an aborted group (nothing after it runs), the
+// backend's own checks (do_check), the sequence number, the backend's notice that the op
+// starts (do_enter), the debug check (do_exchange), the traffic count, the trivial cases
+// (empty tensors, groups of one), and only then the backend's do_* hook, which just starts the
+// op on its library. send/recv skip the sequence number, the debug check and the trivial cases.
 //
 // Thread safety: a Communicator is used from one thread at a time (the training thread), and
 // the Work handles it returns may be waited on from any thread. abort() and aborted() may be

@@ -276,7 +276,7 @@ TEST(Reaper, ExitGivesUpAtItsBound) {
   }
   const double default_ms = ms_since(t1);
   EXPECT_GE(default_ms, 1290.0);
-  EXPECT_LT(default_ms, 1900.0);
+  EXPECT_LT(default_ms, 2500.0) << "the exit waited past its bound";
 
   // The detached threads finish once the blocked destructors return.
   gate->release();
