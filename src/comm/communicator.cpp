@@ -13,6 +13,18 @@ class DoneWork : public Work {
   bool is_completed() override { return true; }
 };
 
+// What an aborted group hands out instead of starting an op: complete at once (nothing will
+// ever run), failing where the caller waits rather than where it launches.
+class RefusedWork : public Work {
+ public:
+  explicit RefusedWork(std::exception_ptr error) : error_(std::move(error)) {}
+  void wait() override { std::rethrow_exception(error_); }
+  bool is_completed() override { return true; }
+
+ private:
+  std::exception_ptr error_;
+};
+
 std::string describe(const at::Tensor& t) {
   std::ostringstream os;
   os << t.scalar_type() << t.sizes();
@@ -39,6 +51,32 @@ Communicator::Communicator(int rank, int size, int64_t generation, const Options
 }
 
 WorkPtr Communicator::completed() { return std::make_shared<DoneWork>(); }
+
+std::string AbortSignal::reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reason_;
+}
+
+bool AbortSignal::raise(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (raised_.load(std::memory_order_relaxed)) return false;
+  reason_ = reason;
+  // Release after the reason is written: a reader that sees raised() also sees the reason
+  // (it takes the mutex anyway; the ordering keeps raised() itself lock-free).
+  raised_.store(true, std::memory_order_release);
+  return true;
+}
+
+std::exception_ptr AbortSignal::error() const {
+  return std::make_exception_ptr(MembershipChanged(reason()));
+}
+
+void Communicator::abort(const std::string& reason) { abort_->raise(reason); }
+
+WorkPtr Communicator::refused() const {
+  if (!abort_->raised()) return nullptr;
+  return std::make_shared<RefusedWork>(abort_->error());
+}
 
 TrafficStats Communicator::traffic() const {
   std::lock_guard<std::mutex> lock(traffic_mu_);
@@ -84,6 +122,7 @@ WorkPtr Communicator::allreduce(at::Tensor& tensor, ReduceOp op) {
   check_average(op, tensor, "allreduce");
   Call call{OpKind::kAllreduce, &tensor};
   call.reduce = op;
+  if (auto no = refused()) return no;
   const int64_t seq = begin(call, wire_bytes(call.op, tensor.nbytes(), size_));
   if (tensor.numel() == 0 || size_ == 1) return completed();
   return do_allreduce(tensor, op, seq);
@@ -96,6 +135,7 @@ WorkPtr Communicator::allgather(const at::Tensor& input, at::Tensor& output) {
                  input.numel() * size_, " elements (size x input), got ", output.numel());
   check_same_dtype(input, output, "allgather");
   const Call call{OpKind::kAllgather, &input, &output};
+  if (auto no = refused()) return no;
   const int64_t seq = begin(call, wire_bytes(call.op, input.nbytes(), size_));
   if (input.numel() == 0) return completed();
   if (size_ == 1) {
@@ -114,6 +154,7 @@ WorkPtr Communicator::reduce_scatter(const at::Tensor& input, at::Tensor& output
   check_average(op, input, "reduce_scatter");
   Call call{OpKind::kReduceScatter, &input, &output};
   call.reduce = op;
+  if (auto no = refused()) return no;
   const int64_t seq = begin(call, wire_bytes(call.op, input.nbytes(), size_));
   if (output.numel() == 0) return completed();
   if (size_ == 1) {
@@ -132,6 +173,7 @@ WorkPtr Communicator::alltoall(const at::Tensor& input, at::Tensor& output) {
   KRAB_CHECK_ARG(input.numel() % size_ == 0, "alltoall input has ", input.numel(),
                  " elements, not a multiple of the group size ", size_);
   const Call call{OpKind::kAlltoall, &input, &output};
+  if (auto no = refused()) return no;
   const int64_t seq = begin(call, wire_bytes(call.op, input.nbytes(), size_));
   if (input.numel() == 0) return completed();
   if (size_ == 1) {
@@ -146,6 +188,7 @@ WorkPtr Communicator::broadcast(at::Tensor& tensor, int root) {
   KRAB_CHECK_ARG(root >= 0 && root < size_, "broadcast root ", root, " is outside 0..", size_ - 1);
   Call call{OpKind::kBroadcast, &tensor};
   call.peer = root;
+  if (auto no = refused()) return no;
   // Counted at the root only: see wire_bytes().
   const uint64_t bytes = rank_ == root ? wire_bytes(call.op, tensor.nbytes(), size_) : 0;
   const int64_t seq = begin(call, bytes);
@@ -153,13 +196,18 @@ WorkPtr Communicator::broadcast(at::Tensor& tensor, int root) {
   return do_broadcast(tensor, root, seq);
 }
 
-// What send and recv share before the backend: checks and the traffic count.
-void Communicator::enter_point_to_point(OpKind op, const at::Tensor& tensor, int peer, int tag) {
+// The argument checks send and recv share.
+void Communicator::check_point_to_point(OpKind op, const at::Tensor& tensor, int peer) const {
   const bool sending = op == OpKind::kSend;
   check_tensor(tensor, sending ? "send tensor" : "recv tensor");
   KRAB_CHECK_ARG(peer >= 0 && peer < size_ && peer != rank_,
                  sending ? "send destination " : "recv source ", peer,
                  " must be another rank in 0..", size_ - 1);
+}
+
+// What send and recv share before the backend, once the arguments passed: its checks and the
+// traffic count.
+void Communicator::enter_point_to_point(OpKind op, const at::Tensor& tensor, int peer, int tag) {
   Call call{op, &tensor};
   call.peer = peer;
   call.tag = tag;
@@ -168,23 +216,30 @@ void Communicator::enter_point_to_point(OpKind op, const at::Tensor& tensor, int
 }
 
 WorkPtr Communicator::send(const at::Tensor& tensor, int dst, int tag) {
+  check_point_to_point(OpKind::kSend, tensor, dst);
+  if (auto no = refused()) return no;
   enter_point_to_point(OpKind::kSend, tensor, dst, tag);
   return do_send(tensor, dst, tag, seq_);
 }
 
 WorkPtr Communicator::recv(at::Tensor& tensor, int src, int tag) {
+  check_point_to_point(OpKind::kRecv, tensor, src);
+  if (auto no = refused()) return no;
   enter_point_to_point(OpKind::kRecv, tensor, src, tag);
   return do_recv(tensor, src, tag, seq_);
 }
 
 WorkPtr Communicator::barrier() {
   const Call call{OpKind::kBarrier};
+  if (auto no = refused()) return no;
   const int64_t seq = begin(call, wire_bytes(call.op, 0, size_));
   if (size_ == 1) return completed();
   return do_barrier(seq);
 }
 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  // Not a Work: split blocks, and is never called from a hook, so it fails where it is called.
+  if (abort_->raised()) std::rethrow_exception(abort_->error());
   auto group = do_split(color, key);
   KRAB_CHECK(color >= 0 || group == nullptr, "a negative color joined a group");
   return group;

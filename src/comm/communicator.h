@@ -18,6 +18,28 @@
 //    joined it.
 //  * A peer that dies makes wait() throw krab::PeerLost naming the dead rank(s), within the
 //    timeout.
+//  * A group can be abandoned (abort(), below: elastic membership). Every wait() that has not
+//    returned yet then throws krab::MembershipChanged (a PeerLost), and every op started
+//    afterwards returns a Work that fails the same way.
+//
+// Abort (elastic membership, issue 27). Groups never change in place, so when the membership
+// changes the old group is given up: another thread (the one watching membership) calls
+// abort(reason), the training thread's pending wait() throws MembershipChanged(reason), and the
+// group is handed to the comm::Reaper (comm/reaper.h), which destroys it off the training
+// thread while the next generation's group is built beside it. After abort():
+//  - a new op still checks its arguments (a caller's mistake throws InvalidArgument as ever),
+//    then returns at once a Work that is complete and whose wait() throws MembershipChanged.
+//    It takes no sequence number, counts no traffic and reaches no backend; it never throws at
+//    launch, so a gradient bucket launched from an autograd hook does not throw inside
+//    backward — the error surfaces where the step waits. split() throws MembershipChanged.
+//  - a wait() of an op started before (Gloo): with Options::abortable, it waits in 50 ms
+//    slices and throws MembershipChanged within one slice of the abort; without it, a wait
+//    that has not begun throws at once and one already blocked throws when its op ends
+//    (completion or Timeout), so an aborted group's results are never returned. The MPI
+//    backend's waits do not see abort() (elastic membership refuses MPI).
+//  - the ops already started may still write into their tensors until the backend gives up on
+//    them (Gloo: at its timeout): an aborted group's tensors must not be the model's state.
+//  - abort() does not touch sub-groups made by split(); abort them too.
 //
 // Traffic: every payload byte an op puts on the wire is counted in traffic(), per op kind, with
 // the model of comm/traffic.h (wire_bytes()), the same for every backend. Control traffic
@@ -27,21 +49,23 @@
 //
 // For backend authors: the public calls below are not virtual. This class runs the frame every
 // op shares, once for all backends, in this order: the argument checks (InvalidArgument before
-// anything is counted or sent), the backend's own checks (do_check), the sequence number, the
-// backend's notice that the op starts (do_enter), the debug check (do_exchange), the traffic
-// count, the trivial cases (empty tensors, groups of one), and only then the backend's do_*
-// hook, which just starts the op on its library. send/recv skip the sequence number, the
-// debug check and the trivial cases.
+// anything is counted or sent), the refusal of an aborted group (nothing after it runs), the
+// backend's own checks (do_check), the sequence number, the backend's notice that the op
+// starts (do_enter), the debug check (do_exchange), the traffic count, the trivial cases
+// (empty tensors, groups of one), and only then the backend's do_* hook, which just starts the
+// op on its library. send/recv skip the sequence number, the debug check and the trivial cases.
 //
 // Thread safety: a Communicator is used from one thread at a time (the training thread), and
-// the Work handles it returns may be waited on from any thread. Backends run their own
-// progress threads internally.
+// the Work handles it returns may be waited on from any thread. abort() and aborted() may be
+// called from any thread at any time. Backends run their own progress threads internally.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,12 +89,54 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// What a rank knows when one of its ops failed on an abortable group (Options::on_peer_error):
+// its own place and the op, and the backend's words. It does not know which peer is at fault
+// (Gloo names an address, not a rank); the elastic keeper does, from exits and heartbeats.
+struct PeerError {
+  int rank = 0;            // this rank, in the failed group
+  int64_t generation = 0;  // the failed group's generation
+  OpKind op = OpKind::kAllreduce;
+  int64_t seq = 0;         // the op's sequence number
+  bool timed_out = false;  // true: the op ran out of Options::timeout; false: a link broke
+  std::string cause;       // the backend's message, first line
+};
+
 struct Options {
   // Longest any single operation may take before it fails on every live rank.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
   // Check that all ranks issue the same op with the same shapes (one small extra exchange
   // per op through the store; for debugging, not for production runs).
   bool debug_checks = false;
+  // Elastic membership (default off: nothing changes). wait() polls the op in short slices so
+  // abort() ends it within one slice, and a failed op is not diagnosed (the diagnosis that
+  // names dead ranks blocks 0.6-3 s reading heartbeats; the elastic keeper names them
+  // instead): wait() calls on_peer_error, then throws PeerLost (a broken link) or Timeout. Gloo
+  // only; the MPI backend ignores it.
+  bool abortable = false;
+  // With `abortable`: called on the waiting thread, once per failed op, before wait() throws
+  // (so several times when several pending ops fail). Keep it short; it must not throw (an
+  // exception from it is swallowed and named in the error wait() throws). Not called for
+  // MembershipChanged: the group was given up on purpose.
+  std::function<void(const PeerError&)> on_peer_error;
+};
+
+// The abort state of one group, shared with the Work handles it returned (which may outlive
+// it). Backends read it; only Communicator::abort raises it. Thread-safe.
+class AbortSignal {
+ public:
+  // True once raised; never false again.
+  bool raised() const { return raised_.load(std::memory_order_acquire); }
+  // The first raise's reason ("" before any).
+  std::string reason() const;
+  // Raises the signal with `reason`; a later raise keeps the first reason and returns false.
+  bool raise(const std::string& reason);
+  // A MembershipChanged carrying reason(), to hand to a Work.
+  std::exception_ptr error() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::string reason_;
+  std::atomic<bool> raised_{false};
 };
 
 class Communicator {
@@ -120,6 +186,14 @@ class Communicator {
 
   // Payload counted so far by this communicator (sub-groups count on their own).
   TrafficStats traffic() const;
+
+  // Abandons the group (see "Abort" above). Any thread, any time, idempotent: the first
+  // reason is kept. Never blocks on the network.
+  void abort(const std::string& reason);
+  // True once abort() was called.
+  bool aborted() const { return abort_->raised(); }
+  // The longest one op may take (Options::timeout); the reaper's bound.
+  std::chrono::milliseconds timeout() const { return options_.timeout; }
 
  protected:
   // Checks rank, size and generation; throws InvalidArgument naming the bad one.
@@ -172,6 +246,8 @@ class Communicator {
 
   // A handle that is already complete, without error.
   static WorkPtr completed();
+  // This group's abort state, for the backend's Work handles to share.
+  const std::shared_ptr<AbortSignal>& abort_signal() const { return abort_; }
 
  private:
   // The common tensor checks; `name` ("allreduce tensor") starts every message.
@@ -181,7 +257,10 @@ class Communicator {
   int64_t begin(const Call& call, uint64_t bytes);
   void check_same_op(const Call& call, int64_t seq);
   void count(OpKind op, uint64_t bytes);
+  void check_point_to_point(OpKind op, const at::Tensor& tensor, int peer) const;
   void enter_point_to_point(OpKind op, const at::Tensor& tensor, int peer, int tag);
+  // After abort(): a complete Work whose wait() throws MembershipChanged. nullptr before.
+  WorkPtr refused() const;
 
   const int rank_;
   const int size_;
@@ -190,6 +269,7 @@ class Communicator {
   int64_t seq_ = 0;  // the next collective's sequence number
   mutable std::mutex traffic_mu_;
   TrafficStats traffic_;
+  const std::shared_ptr<AbortSignal> abort_ = std::make_shared<AbortSignal>();
 };
 
 }  // namespace krab::comm

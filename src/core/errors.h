@@ -10,6 +10,7 @@
 //   ├─ CorruptData        a file or message failed its checks  -> exit 2
 //   ├─ Timeout            a blocking call ran out of time      -> exit 1
 //   └─ PeerLost           a peer process died or disconnected  -> exit 1
+//       └─ MembershipChanged  the group was abandoned (elastic)  -> exit 1
 //
 // KRAB_CHECK_ARG(cond, msg...) throws InvalidArgument; KRAB_CHECK(cond, msg...) is for internal
 // invariants and throws Error with the file and line (a bug in krab, not in the input).
@@ -54,6 +55,21 @@ class Timeout : public Error {
 class PeerLost : public Error {
  public:
   using Error::Error;
+};
+
+// The group an operation ran on was abandoned on purpose (comm::Communicator::abort): its
+// membership changed and a group of the next generation takes over. Elastic training catches
+// it and recovers; everywhere else it is a PeerLost like any other (code that catches PeerLost,
+// such as the CLI's exit-code mapping, still handles it). `reason()` is the text abort() was
+// given ("death of rank 2", "test"); what() says the group was aborted and carries it.
+class MembershipChanged : public PeerLost {
+ public:
+  explicit MembershipChanged(const std::string& reason)
+      : PeerLost("the group was aborted: " + reason), reason_(reason) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
 };
 
 namespace detail {

@@ -2,7 +2,6 @@
 // TSan-able). Tier 2: ranks as processes (this binary re-executed with --child), for a peer
 // that really dies.
 #include <gtest/gtest.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 
@@ -13,41 +12,19 @@
 #include "comm/factory.h"
 #include "comm/store.h"
 #include "core/errors.h"
+#include "gloo_support.h"
 #ifdef KRAB_HAVE_SUITE
 #include "collective_suite.h"
 #endif
-
-extern char** environ;
 
 namespace krab::comm {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::unique_ptr<Communicator> join(int rank, int size, int port, std::chrono::milliseconds timeout,
-                                   bool debug = false) {
-  WorldInfo w;
-  w.rank = rank;
-  w.size = size;
-  w.rendezvous = {"127.0.0.1", port};
-  Options o;
-  o.timeout = timeout;
-  o.debug_checks = debug;
-  return make_communicator("gloo", w, o);
-}
-
-// Runs fn(rank, comm) on `size` threads, each with its own communicator.
-template <typename Fn>
-void run_ranks(int size, Fn fn, std::chrono::milliseconds timeout = 20s, bool debug = false) {
-  StoreServer server("127.0.0.1", 0, timeout);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r)
-    threads.emplace_back([&, r] {
-      auto comm = join(r, size, server.port(), timeout, debug);
-      fn(r, *comm);
-    });
-  for (auto& t : threads) t.join();
-}
+using test_support::join;
+using test_support::run_ranks;
+using test_support::self_exe;
+using test_support::spawn_child;
 
 #ifdef KRAB_HAVE_SUITE
 class GlooSuite : public ::testing::TestWithParam<int> {};
@@ -155,21 +132,6 @@ TEST(Gloo, SplitFormsIndependentGroups) {
 
 // ---- processes: a peer that dies ----
 
-std::string self_exe() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return std::string(buf, n > 0 ? n : 0);
-}
-
-pid_t spawn_child(const std::vector<std::string>& args) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ), 0);
-  return pid;
-}
-
 TEST(Gloo, DeadPeerIsNamedByTheSurvivors) {
   StoreServer server("127.0.0.1", 0, 20s);
   const int W = 3;
@@ -192,6 +154,10 @@ TEST(Gloo, DeadPeerIsNamedByTheSurvivors) {
     EXPECT_EQ(WEXITSTATUS(status), r == 2 ? 9 : 0) << "rank " << r;
   }
 }
+
+}  // namespace
+
+namespace test_support {
 
 int child_deadpeer(int rank, int size, int port) {
   auto comm = join(rank, size, port, 10s);
@@ -222,12 +188,16 @@ int child_deadpeer(int rank, int size, int port) {
   return 3;
 }
 
-}  // namespace
+}  // namespace test_support
 }  // namespace krab::comm
 
 int main(int argc, char** argv) {
+  using namespace krab::comm::test_support;
   if (argc == 5 && std::string(argv[1]) == "--child-deadpeer")
-    return krab::comm::child_deadpeer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+    return child_deadpeer(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]));
+  if (argc == 7 && std::string(argv[1]) == "--child-rebuild")
+    return child_rebuild(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]),
+                         std::atoi(argv[5]), std::string(argv[6]) == "freeze");
   ::testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }

@@ -11,6 +11,17 @@
 #include "core/errors.h"
 
 namespace krab::comm {
+
+// Everything a GlooWork needs from its group, shared by every Work of the group (and kept alive
+// by them after the group is gone).
+struct WorkContext {
+  int rank = 0;
+  int64_t generation = 0;
+  Options options;
+  std::shared_ptr<PeerMonitor> monitor;
+  std::shared_ptr<AbortSignal> abort;
+};
+
 namespace {
 
 c10d::ReduceOp to_c10d(ReduceOp op) {
@@ -31,31 +42,49 @@ bool is_ipv4(const std::string& s) {
   return ::inet_pton(AF_INET, s.c_str(), &a) == 1;
 }
 
+// The first line of a c10d message (which carries a C++ backtrace after it), bounded.
+std::string first_line(const std::string& cause) {
+  return cause.substr(0, cause.find('\n')).substr(0, 160);
+}
+
+bool looks_timed_out(const std::string& cause) {
+  return cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+}
+
+// What an exception_ptr says (c10d stores a failed op's error as one).
+std::string message_of(const std::exception_ptr& error) {
+  if (!error) return "unknown error";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+  }
+  return "unknown error";
+}
+
+// How long one slice of an abortable wait lasts: the longest an abort() goes unnoticed.
+constexpr std::chrono::milliseconds kWaitSlice{50};
+
 // Wraps a c10d work: waits with the group's timeout, runs the op's finishing step (e.g. the
-// division of an average), and turns Gloo's anonymous errors into ones that name ranks.
+// division of an average), and turns Gloo's anonymous errors into ones that name ranks — or,
+// on an abortable group, waits in slices and reports instead of diagnosing.
 class GlooWork : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, OpKind op, int64_t seq, int rank,
-           std::chrono::milliseconds timeout, std::shared_ptr<PeerMonitor> monitor,
-           std::function<void()> finish)
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, OpKind op, int64_t seq,
+           std::shared_ptr<const WorkContext> context, std::function<void()> finish)
       : work_(std::move(work)),
         op_(op),
         seq_(seq),
-        rank_(rank),
-        timeout_(timeout),
-        monitor_(std::move(monitor)),
+        context_(std::move(context)),
         finish_(std::move(finish)) {}
 
   void wait() override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!done_) {
-      try {
-        if (!work_->wait(timeout_)) throw std::runtime_error("timed out");
-        if (finish_) finish_();
-      } catch (const std::exception& e) {
-        error_ = diagnose(e.what());
-      }
+      error_ = context_->options.abortable ? wait_in_slices() : wait_once();
       done_ = true;
+      // The group's worker thread holds its own reference to a pending op (and its tensors).
       work_.reset();
     }
     if (error_) std::rethrow_exception(error_);
@@ -67,13 +96,92 @@ class GlooWork : public Work {
   }
 
  private:
+  // Today's wait: one blocking wait up to the timeout, then the diagnosis on failure. An
+  // aborted group's result is never returned, whatever the op did.
+  std::exception_ptr wait_once() {
+    const auto& abort = *context_->abort;
+    if (abort.raised()) return abort.error();
+    std::exception_ptr error;
+    try {
+      if (!work_->wait(context_->options.timeout)) throw std::runtime_error("timed out");
+      if (abort.raised()) return abort.error();
+      if (finish_) finish_();
+    } catch (const std::exception& e) {
+      if (abort.raised()) return abort.error();
+      error = diagnose(e.what());
+    }
+    return error;
+  }
+
+  // The abortable wait. c10d's Work::wait(timeout) throws "Operation timed out!" when the slice
+  // ends first and may be called again: the op goes on and completes after such waits (design
+  // elastic §15.3). Whether the op itself ended, and how, is read from the op (isCompleted,
+  // isSuccess, exception) rather than from what a slice threw: an op that completes just after
+  // its slice timed out is a success, not an error.
+  std::exception_ptr wait_in_slices() {
+    const auto& abort = *context_->abort;
+    const auto deadline = std::chrono::steady_clock::now() + context_->options.timeout;
+    for (;;) {
+      if (abort.raised()) return abort.error();
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return report("timed out", true);
+      try {
+        work_->wait(std::min(left, kWaitSlice));
+      } catch (const std::exception&) {
+      }
+      if (!work_->isCompleted()) continue;  // the slice ended, the op goes on
+      if (abort.raised()) return abort.error();
+      if (!work_->isSuccess()) {
+        const std::string cause = first_line(message_of(work_->exception()));
+        return report(cause, looks_timed_out(cause));
+      }
+      try {
+        if (finish_) finish_();
+      } catch (const std::exception& e) {
+        return std::make_exception_ptr(Error(str_cat(what(), " failed: ", e.what())));
+      }
+      return nullptr;
+    }
+  }
+
+  // An abortable op failed: tell the callback what this rank knows, and fail without the
+  // diagnosis (the keeper names the rank at fault).
+  std::exception_ptr report(const std::string& cause, bool timed_out) {
+    const Options& o = context_->options;
+    std::string callback_failed;
+    if (o.on_peer_error) {
+      PeerError e{context_->rank, context_->generation, op_, seq_, timed_out, cause};
+      try {
+        o.on_peer_error(e);
+      } catch (const std::exception& x) {
+        callback_failed = str_cat("; on_peer_error failed: ", x.what());
+      } catch (...) {
+        callback_failed = "; on_peer_error failed";
+      }
+    }
+    if (timed_out)
+      return std::make_exception_ptr(
+          Timeout(str_cat(what(), " timed out after ", o.timeout.count() / 1000.0,
+                          " s; gloo: ", cause, callback_failed)));
+    return std::make_exception_ptr(
+        PeerLost(str_cat(what(), " failed: a peer's link broke; gloo: ", cause, callback_failed)));
+  }
+
+  std::string what() const {
+    return str_cat(op_name(op_), " #", seq_, " on rank ", context_->rank);
+  }
+
   std::exception_ptr diagnose(const std::string& cause) {
-    const std::string what = str_cat(op_name(op_), " #", seq_, " on rank ", rank_);
-    const std::string short_cause = cause.substr(0, cause.find('\n')).substr(0, 160);
-    auto peers = monitor_ ? monitor_->diagnose() : std::vector<PeerMonitor::PeerState>{};
+    const std::string what = this->what();
+    const std::string short_cause = first_line(cause);
+    const int rank = context_->rank;
+    const auto timeout = context_->options.timeout;
+    const auto& monitor = context_->monitor;
+    auto peers = monitor ? monitor->diagnose() : std::vector<PeerMonitor::PeerState>{};
     std::vector<int> dead, absent;
     for (const auto& p : peers) {
-      if (p.rank == rank_) continue;
+      if (p.rank == rank) continue;
       if (!p.alive)
         dead.push_back(p.rank);
       else if (p.seq < seq_)
@@ -84,12 +192,11 @@ class GlooWork : public Work {
                                                       " stopped responding (process died or "
                                                       "froze); gloo: ",
                                                       short_cause)));
-    const bool timed_out =
-        cause.find("imed out") != std::string::npos || cause.find("imeout") != std::string::npos;
+    const bool timed_out = looks_timed_out(cause);
     if (!absent.empty()) {
       std::ostringstream os;
       os << what << (timed_out ? " timed out after " : " failed; ");
-      if (timed_out) os << timeout_.count() / 1000.0 << " s: ";
+      if (timed_out) os << timeout.count() / 1000.0 << " s: ";
       os << describe_ranks(absent) << " never joined it (";
       bool first = true;
       for (const auto& p : peers)
@@ -103,7 +210,7 @@ class GlooWork : public Work {
     }
     if (timed_out)
       return std::make_exception_ptr(
-          Timeout(str_cat(what, " timed out after ", timeout_.count() / 1000.0,
+          Timeout(str_cat(what, " timed out after ", timeout.count() / 1000.0,
                           " s; every rank joined it; gloo: ", short_cause)));
     return std::make_exception_ptr(Error(str_cat(what, " failed: ", short_cause)));
   }
@@ -112,9 +219,7 @@ class GlooWork : public Work {
   c10::intrusive_ptr<c10d::Work> work_;
   OpKind op_;
   int64_t seq_;
-  int rank_;
-  std::chrono::milliseconds timeout_;
-  std::shared_ptr<PeerMonitor> monitor_;
+  std::shared_ptr<const WorkContext> context_;
   std::function<void()> finish_;
   bool done_ = false;
   std::exception_ptr error_;
@@ -166,8 +271,16 @@ void GlooCommunicator::connect_group() {
 
 WorkPtr GlooCommunicator::wrap(c10::intrusive_ptr<c10d::Work> work, OpKind op, int64_t seq,
                                std::function<void()> finish) {
-  return std::make_shared<GlooWork>(std::move(work), op, seq, rank(), options().timeout, monitor_,
-                                    std::move(finish));
+  if (!work_context_) {
+    auto c = std::make_shared<WorkContext>();
+    c->rank = rank();
+    c->generation = generation();
+    c->options = options();
+    c->monitor = monitor_;
+    c->abort = abort_signal();
+    work_context_ = std::move(c);
+  }
+  return std::make_shared<GlooWork>(std::move(work), op, seq, work_context_, std::move(finish));
 }
 
 void GlooCommunicator::do_enter(OpKind op, int64_t seq) { monitor_->enter(seq, op_name(op)); }

@@ -6,6 +6,13 @@
 // reduce-scatter: krab runs an all-to-all of the W chunks and reduces locally, which moves the
 // optimal (W-1)/W of the input. Traffic is counted with comm/traffic.h's model.
 //
+// With Options::abortable (elastic membership) a wait polls its c10d op every 50 ms, so abort()
+// ends it within a slice, and a failed op is reported through Options::on_peer_error instead
+// of diagnosed (no PeerMonitor::diagnose, which blocks 0.6-3 s). Destroying the group blocks
+// until c10d's worker thread has finished the op it is in (at Gloo's timeout when a peer
+// froze): hand an aborted group to comm::Reaper rather than destroying it on the training
+// thread.
+//
 // Debug checks go through the rendezvous store: each rank writes its description of op #seq
 // under "dbg/<seq>/<rank>" and reads everybody else's.
 #pragma once
@@ -26,6 +33,7 @@ class Work;
 namespace krab::comm {
 
 class PeerMonitor;
+struct WorkContext;
 
 class GlooCommunicator : public Communicator {
  public:
@@ -65,6 +73,7 @@ class GlooCommunicator : public Communicator {
   StorePtr store_;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   std::shared_ptr<PeerMonitor> monitor_;
+  std::shared_ptr<const WorkContext> work_context_;  // shared by every Work; made at first op
   int64_t splits_ = 0;
 };
 
