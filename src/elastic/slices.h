@@ -21,7 +21,8 @@
 // skips the multiplication, so an elastic or balanced run with equal slices is bit-identical to
 // a plain one.
 //
-// The balancer (§5.3): see rebalance() below.
+// The balancer (§5.3): see rebalance() below; it fits each rank's step time as a fixed cost plus
+// a cost per example over two windows of different sizes.
 //
 // The slices are not data::BatchSlice (data/sampler.h) because that header pulls in ATen and
 // this layer's plans stay free of torch; the elastic engine copies begin/end into its StepPlan.
@@ -65,11 +66,51 @@ std::vector<RankSlice> plan_slices(int64_t global_batch, int world);
 // that fewer than one unit is left over per quota).
 std::vector<int64_t> largest_remainder(const std::vector<double>& quotas, int64_t total);
 
+// A rank's compute time per step as the balancer models it: t(n) = fixed_us + per_example_us · n
+// for a slice of n examples. fixed_us is what a step costs whatever its slice (an artificial
+// delay such as train.slow_delay_ms, per-step overheads); per_example_us is the work per example.
+struct StepTimeModel {
+  double fixed_us = 0;
+  double per_example_us = 0;
+  double at(double examples) const { return fixed_us + per_example_us * examples; }
+};
+
+// The smallest per-example cost a fit may give a rank, as a share of its measured time per
+// example t / n: a constant. Two noisy windows can make a rank look almost free (the slope of
+// its time in n near 0); the floor keeps such a fit from promising an unbounded gain. It is well
+// below the share of the straggler (~6 ms of compute beside a 150 ms delay: 4%).
+inline constexpr double kMinSlopeShare = 0.01;
+
+// The model of one rank from its latest window (n examples, t µs) and an earlier window
+// (earlier_n, earlier_t) of the same rank:
+//   - when earlier_n == n (one size measured: nothing to fit), or earlier_n < 1 (none), the
+//     proportional model {0, t / n} — the n/t rule: time taken as all per-example work;
+//   - otherwise the line through both points, c = (t − earlier_t) / (n − earlier_n), clamped to
+//     c ≥ kMinSlopeShare · t / n, with a = t − c · n; when that a is negative (time grew faster
+//     than in proportion, which a fixed cost cannot explain) the proportional model instead.
+// Whatever the case the model passes through the latest point: at(n) == t (up to rounding).
+// Times of 0 µs count as 1 µs (a clock too coarse for the slice). n must be >= 1.
+StepTimeModel fit_step_time(int64_t n, int64_t t_us, int64_t earlier_n, int64_t earlier_t_us);
+
+// What the balancer keeps from one rebalance to the next: per rank one earlier window, its slice
+// size and mean compute µs — the latest window measured at a size other than the rank's current
+// one when there was such a window, else the latest window. Both vectors empty before the first
+// rebalance. Plain integers: the caller keeps it (DataParallelSteps does, through the planner
+// train/engines.cpp gives it) and every rank keeps the same one, because every rank computes it
+// from the same all-reduced integers.
+struct BalanceHistory {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> compute_us;
+  bool empty() const { return sizes.empty(); }
+};
+
 // The balancer's decision for one rebalance.
 struct Rebalance {
-  std::vector<int64_t> sizes;  // the new slice sizes (== the old ones when !changed)
-  bool changed = false;        // sizes differ from the input's
-  double predicted_gain = 0;   // (T − T') / T, T' predicted for the new sizes (see below)
+  std::vector<int64_t> sizes;        // the new slice sizes (== the old ones when !changed)
+  bool changed = false;              // sizes differ from the input's
+  double predicted_gain = 0;         // (T − T') / T under `model` (see below)
+  std::vector<StepTimeModel> model;  // per rank, the fitted model the plan used
+  BalanceHistory history;            // to pass to the next rebalance
 };
 
 // The fraction of the step time a rebalance must be predicted to save to be made (§5.3): a
@@ -79,23 +120,31 @@ inline constexpr double kMinGain = 0.05;
 
 // One rebalance of slice sizes `sizes` (n_r ≥ 1, B = Σ n_r) from `compute_us`, each rank's mean
 // compute time per step in microseconds over the last window (forward + backward of its slice,
-// including an artificial delay; excluding communication), and `max_change`
-// (parallel.balance_max_change, a fraction of B / W):
-//   - speed s_r = n_r / t_r (a time of 0 µs counts as 1 µs); target n*_r = B · s_r / Σ s —
-//     the split that would equalise the step times if time were proportional to examples. With
-//     a fixed per-step delay on some rank the estimate is off, but its fixed point is still
-//     equal step times, so repeated rebalances converge to them;
-//   - each size moves toward its target by at most m = floor(max_change · B / W) examples and
-//     stays ≥ 1: the real-valued split is clamp(λ · s_r, max(1, n_r − m), n_r + m) with λ
-//     chosen so that it sums to B (such a λ exists: the old sizes are inside their bounds), then
-//     rounded by largest_remainder (the bounds are integers, so rounding keeps them);
-//   - the step time is predicted as T = max_r t_r now and T' = max_r t_r · n'_r / n_r after; when
-//     the predicted gain (T − T') / T is below kMinGain, or no size moves, `sizes` is returned
-//     unchanged (changed = false).
+// including an artificial delay; excluding communication), `max_change`
+// (parallel.balance_max_change, a fraction of B / W) and `history` (what the previous rebalance
+// returned; empty at the first):
+//   - each rank's time is modelled as t_r(n) = a_r + c_r · n by fit_step_time from its latest
+//     window and its history window: with two sizes measured the fixed cost is separated from
+//     the per-example cost, so a rank with a fixed delay is moved straight to where the step
+//     times meet (the n/t rule alone reads a delay as slow computing, undershoots and needs a
+//     move per fraction of the way); with one size, the n/t rule (a_r = 0);
+//   - each size stays within [max(1, n_r − m), n_r + m], m = floor(max_change · B / W);
+//   - the new sizes minimise the predicted step time max_r t_r(n'_r) over the integer splits of B
+//     within those bounds: the real-valued level T at which Σ clamp((T − a_r) / c_r, lo_r, hi_r)
+//     = B gives quotas; each quota is floored and the examples left over go one at a time to the
+//     rank whose predicted time after taking it is least (ties: the lower rank) — the integer
+//     optimum, where rounding by largest fraction could round up a rank whose examples cost more;
+//   - the predicted gain is (T − T') / T with T = max_r t_r (the measured step time; every model
+//     passes through its latest point) and T' = max_r t_r(n'_r); when it is below kMinGain, or
+//     no size moves, `sizes` is returned unchanged (changed = false).
+// The returned history holds, per rank, the window just measured when the rank's size changes
+// (or when its history window had the same size), else the history window it was given — so a
+// rank whose size settles keeps the two sizes its model was fitted from.
 // Deterministic: the same inputs give the same outputs bit for bit. Throws InvalidArgument when
-// the lengths differ, `sizes` is empty, a size is below 1, a time is negative, max_change is
-// negative or not finite, or B exceeds 2^53.
+// the lengths differ (a non-empty history included: a new world starts with an empty one),
+// `sizes` or a history size is below 1, a time is negative, max_change is negative or not
+// finite, or B exceeds 2^53.
 Rebalance rebalance(const std::vector<int64_t>& sizes, const std::vector<int64_t>& compute_us,
-                    double max_change);
+                    double max_change, const BalanceHistory& history = {});
 
 }  // namespace krab::elastic

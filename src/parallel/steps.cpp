@@ -45,7 +45,9 @@ void DataParallelSteps::rebalance(comm::Communicator& group) {
   const std::vector<int64_t> us(times.data_ptr<int64_t>(),
                                 times.data_ptr<int64_t>() + group.size());
   window_us_ = window_steps_ = 0;
-  std::vector<int64_t> planned = balance_.plan(sizes_, us);
+  SlicePlan plan = balance_.plan(sizes_, us, memory_);
+  memory_ = std::move(plan.memory);
+  std::vector<int64_t> planned = std::move(plan.sizes);
   int64_t sum = 0;
   for (int64_t n : planned) {
     KRAB_CHECK(n >= 1, "a slice of ", n, " examples");

@@ -23,13 +23,28 @@ class Communicator;
 
 namespace krab::parallel {
 
+// What a planner carries from one rebalance to the next (per rank an earlier window: its slice
+// size and mean compute microseconds), opaque to the steps: empty at first, handed to every
+// plan and replaced by what the plan returns. Kept here rather than inside the planner so that
+// the planner stays a pure function of its arguments.
+struct SliceMemory {
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> compute_us;
+};
+
+struct SlicePlan {
+  std::vector<int64_t> sizes;  // the new sizes: same sum, each >= 1
+  SliceMemory memory;          // for the next plan
+};
+
 // The balancer's policy, injected (train/engines.cpp passes elastic/slices.h's planner):
-// given the current slice sizes (one per rank, summing to the global micro-batch) and each
-// rank's mean compute microseconds per step over the last window, the new sizes (same sum,
-// each >= 1). Must be a pure function of its arguments: every rank calls it on the same values
-// and must get the same answer.
-using SlicePlanner = std::function<std::vector<int64_t>(const std::vector<int64_t>& sizes,
-                                                        const std::vector<int64_t>& compute_us)>;
+// given the current slice sizes (one per rank, summing to the global micro-batch), each rank's
+// mean compute microseconds per step over the last window and the memory the previous plan
+// returned, the new sizes and memory. Must be a pure function of its arguments: every rank
+// calls it on the same values and must get the same answer.
+using SlicePlanner =
+    std::function<SlicePlan(const std::vector<int64_t>& sizes,
+                            const std::vector<int64_t>& compute_us, const SliceMemory& memory)>;
 
 struct SliceBalance {
   int64_t every = 0;  // steps between rebalances; 0: equal slices for the whole run
@@ -59,6 +74,7 @@ class DataParallelSteps {
   int64_t next_ = 0;
   SliceBalance balance_;
   std::vector<int64_t> sizes_;  // per rank; empty until the first next() (needs the world)
+  SliceMemory memory_;          // the planner's, between rebalances
   int64_t window_us_ = 0;       // compute time summed over the window's steps
   int64_t window_steps_ = 0;
   std::vector<std::pair<int64_t, std::vector<int64_t>>> changes_;  // (first step, sizes)

@@ -100,13 +100,19 @@ void check_compression_options(const core::Config& job) {
 namespace {
 
 // parallel.balance: auto — the pure planner of elastic/slices.h, run by every rank on the same
-// all-reduced times (parallel/steps.h).
+// all-reduced times (parallel/steps.h); its history of earlier windows (what the step-time fit
+// needs) travels through the steps' SliceMemory.
 parallel::SliceBalance slice_balance(const core::Config& c) {
   if (c.get_string("parallel.balance") == "off") return {};
   const double max_change = c.get_float("parallel.balance_max_change");
   return {c.get_int("parallel.balance_every"),
-          [max_change](const std::vector<int64_t>& sizes, const std::vector<int64_t>& us) {
-            return elastic::rebalance(sizes, us, max_change).sizes;
+          [max_change](const std::vector<int64_t>& sizes, const std::vector<int64_t>& us,
+                       const parallel::SliceMemory& memory) {
+            elastic::Rebalance next =
+                elastic::rebalance(sizes, us, max_change, {memory.sizes, memory.compute_us});
+            return parallel::SlicePlan{
+                std::move(next.sizes),
+                {std::move(next.history.sizes), std::move(next.history.compute_us)}};
           }};
 }
 
