@@ -38,31 +38,14 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/krab-etcd-XXXXXX")
 PIDS=()
 WATCHDOG=""
 
-stop_members() {
-  local p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  # One member stops in under 1 s on SIGTERM; the last members of a cluster may wait for a
-  # quorum that is going away, so after 1 s they are killed (their data is thrown away anyway).
-  for _ in $(seq 10); do
-    local alive=0
-    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.1
-  done
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+# One member stops in under 1 s on SIGTERM; the last members of a cluster may wait for a quorum
+# that is going away, so after 1 s they are killed (their data is thrown away anyway).
+stop_all() {
+  stop_pids 10
   PIDS=()
 }
-cleanup() {
-  local rc=$?
-  [[ -n $WATCHDOG ]] && kill "$WATCHDOG" 2>/dev/null
-  stop_members
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-trap 'exit 129' HUP
+# shellcheck source=tests/elastic/support/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
 
 # Ports: bound to port 0 by the kernel, then released; a port taken again in between makes a
 # member fail to start, and the whole start is retried with new ports (3 tries).
@@ -107,7 +90,7 @@ start_members() {  # -> 0 when every member is healthy
 started=0
 for _ in 1 2 3; do
   if start_members; then started=1; break; fi
-  stop_members
+  stop_all
 done
 if ((!started)); then
   echo "start_etcd.sh: etcd did not become healthy; last log lines:" >&2

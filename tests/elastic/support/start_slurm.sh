@@ -72,28 +72,12 @@ stop_all() {
     [[ -z $(timeout 2 squeue -h -o %i 2>/dev/null) ]] && break
     sleep 0.1
   done
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for _ in $(seq 30); do  # the daemons stop in ~1.8 s on SIGTERM; a stuck slurmd does not
-    local alive=0
-    for p in "${PIDS[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
-    ((alive)) || break
-    sleep 0.1
-  done
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  stop_pids 30  # the daemons stop in ~1.8 s on SIGTERM; a stuck slurmd does not
   for p in $(job_pids); do kill -KILL "$p" 2>/dev/null; done
   PIDS=()
 }
-cleanup() {
-  local rc=$?
-  [[ -n $WATCHDOG ]] && kill "$WATCHDOG" 2>/dev/null
-  stop_all
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 143' TERM
-trap 'exit 130' INT
-trap 'exit 129' HUP
+# shellcheck source=tests/elastic/support/daemons.sh
+source "$(dirname "${BASH_SOURCE[0]}")/daemons.sh"
 
 read -r CTLD_PORT SLURMD_PORT < <(python3 -c 'import socket
 ss=[socket.socket() for _ in range(2)]
