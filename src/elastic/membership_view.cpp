@@ -41,6 +41,10 @@ int64_t current_generation(c10d::Store& store) {
   return parse_generation(text_of(store.get(kCurrentKey)));
 }
 
+void publish_progress(c10d::Store& store, int64_t steps) {
+  store.set(kProgressKey, bytes_of(std::to_string(steps)));
+}
+
 GenerationRecord read_record(c10d::Store& store, int64_t generation) {
   const std::string key = record_key(generation);
   try {

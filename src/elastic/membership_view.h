@@ -44,6 +44,11 @@ void publish_record(c10d::Store& store, const GenerationRecord& record);
 // The newest generation published, or -1 when none is (non-blocking).
 int64_t current_generation(c10d::Store& store);
 
+// Rank 0 of the running generation writes the steps the group completed after each step
+// (`elastic/progress`, decimal); the keeper reads it for the records' decided_step.
+inline constexpr const char* kProgressKey = "elastic/progress";
+void publish_progress(c10d::Store& store, int64_t steps);
+
 // Record `generation`, which must have been published (blocking up to the store's timeout).
 GenerationRecord read_record(c10d::Store& store, int64_t generation);
 

@@ -179,6 +179,17 @@ class Engine {
 
   // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
   virtual nlohmann::json describe() const = 0;
+
+  // Elastic membership (docs/design/elastic.md §2.3). A step in flight can be abandoned: any
+  // call above may throw comm::MembershipChanged (the group of this generation was aborted),
+  // PeerLost or Timeout. When can_recover(), the loop then calls recover(cause), which returns
+  // once the engine runs on the group of the next generation, holding the last committed
+  // step's state; next_step() then hands out the first step not committed, sliced for the new
+  // world. recover() returns the change for the report's `membership` (generation, workers,
+  // reason, lost, step: the committed steps, lost_steps, detect_seconds, decided_at). Engines
+  // with a fixed world cannot recover: the loop lets the error end the run, as before.
+  virtual bool can_recover() const { return false; }
+  virtual nlohmann::json recover(const std::string& cause) { return nullptr; }
 };
 
 }  // namespace krab::engine

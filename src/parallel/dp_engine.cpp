@@ -10,12 +10,13 @@ DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
                                        std::unique_ptr<comm::Communicator> comm,
                                        DataParallelEngineOptions options,
                                        std::unique_ptr<CommHook> hook,
-                                       const OptimizerFactory& make_optimizer)
+                                       const OptimizerFactory& make_optimizer,
+                                       std::unique_ptr<torch::optim::Optimizer> adopted)
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(options),
       dp_(*model_, *comm_, options.data_parallel, std::move(hook)),
-      optimizer_(make_optimizer(model_->parameters())),
+      optimizer_(adopted ? std::move(adopted) : make_optimizer(model_->parameters())),
       steps_(options.total_steps, options.global_micro_batch, options.balance) {}
 
 DataParallelEngine::~DataParallelEngine() = default;

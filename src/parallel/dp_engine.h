@@ -38,10 +38,15 @@ struct DataParallelEngineOptions {
 
 class DataParallelEngine : public engine::Engine {
  public:
-  // Broadcasts rank 0's parameters and buffers (DataParallel), then builds the optimizer.
+  // Broadcasts rank 0's parameters and buffers (DataParallel, unless
+  // options.data_parallel.broadcast_initial_state is off), then builds the optimizer — or
+  // adopts `adopted` when given: the optimizer of an earlier engine over the same model's
+  // parameters (an elastic run's next generation keeps its momentum and moments that way,
+  // without a copy).
   DataParallelEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
                      DataParallelEngineOptions options, std::unique_ptr<CommHook> hook,
-                     const OptimizerFactory& make_optimizer);
+                     const OptimizerFactory& make_optimizer,
+                     std::unique_ptr<torch::optim::Optimizer> adopted = nullptr);
   ~DataParallelEngine() override;
 
   std::string name() const override { return "sync"; }
@@ -59,6 +64,15 @@ class DataParallelEngine : public engine::Engine {
   // buffers (a second copy of every gradient, alive all run) as the working set.
   engine::MemoryStats memory() const override;
   nlohmann::json describe() const override;
+
+  // For an elastic run's change of generation (elastic/elastic_engine.h): the optimizer and the
+  // group leave this engine, which must then only be destroyed. The group is handed to the
+  // reaper, off the training thread; the optimizer goes to the next generation's engine.
+  std::unique_ptr<torch::optim::Optimizer> take_optimizer() { return std::move(optimizer_); }
+  std::unique_ptr<comm::Communicator> take_group() { return std::move(comm_); }
+  // Rank 0's buffers to every rank (a broadcast of an aborted generation may have reached only
+  // some). Collective.
+  void broadcast_buffers() { dp_.broadcast_buffers(); }
 
  protected:
   DataParallel& data_parallel() { return dp_; }

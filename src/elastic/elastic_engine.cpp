@@ -1,0 +1,215 @@
+#include "elastic/elastic_engine.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "comm/reaper.h"
+#include "core/errors.h"
+#include "elastic/commit_vote.h"
+
+namespace krab::elastic {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+}
+
+// This process's rank in `record`, or -1 when it is not a member.
+int rank_in(const GenerationRecord& record, const MemberId& self) {
+  for (const Member& m : record.members)
+    if (m.id == self) return m.rank;
+  return -1;
+}
+
+std::string lost_text(const GenerationRecord& record) {
+  std::string out;
+  for (const LostMember& l : record.lost)
+    out += str_cat(out.empty() ? "" : "; ", "member ", l.id.str(), " ", l.cause);
+  return out;
+}
+
+}  // namespace
+
+ElasticEngine::ElasticEngine(ElasticEngineOptions options, InnerEngineFactory make_inner,
+                             std::unique_ptr<comm::Communicator> group, int64_t generation)
+    : options_(std::move(options)), make_inner_(std::move(make_inner)), generation_(generation) {
+  KRAB_CHECK(options_.control != nullptr, "ElasticEngine: no control store");
+  comm::Communicator* raw = group.get();
+  workers_ = group->size();
+  inner_ = make_inner_(std::move(group), nullptr);
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    live_group_ = raw;
+  }
+  // The view starts after the first group exists, so an abort it reads always has a group to
+  // abort (a record newer than `generation` that arrived meanwhile is read on its first poll).
+  view_ = std::make_unique<MembershipView>(options_.control, generation, options_.view_period,
+                                           [this](const GenerationRecord& r) { on_abort(r); });
+}
+
+ElasticEngine::~ElasticEngine() {
+  view_.reset();  // joins the view's thread before the group it may abort goes away
+}
+
+// On the view's thread: an abort record newer than the generation this rank runs breaks its
+// group now; every pending and future wait of it throws MembershipChanged.
+void ElasticEngine::on_abort(const GenerationRecord& record) {
+  std::lock_guard<std::mutex> lock(group_mu_);
+  if (record.generation <= generation_.load() || live_group_ == nullptr) return;
+  live_group_->abort(str_cat("generation ", record.generation, ": ", record.reason));
+}
+
+void ElasticEngine::start_at(int64_t step) {
+  applied_ = step;
+  inner_->start_at(step);
+}
+
+std::optional<engine::StepPlan> ElasticEngine::next_step() {
+  auto plan = inner_->next_step();
+  if (plan) step_ = plan->step;
+  compute_us_ = 0;
+  return plan;
+}
+
+void ElasticEngine::after_compute(double seconds) {
+  compute_us_ += static_cast<int64_t>(seconds * 1e6);
+  inner_->after_compute(seconds);
+}
+
+// The vote completes on some rank only when every rank held its reduced gradient of this step
+// (commit_vote.h); the update follows it. A failure of the vote leaves the step unapplied here,
+// with its gradient and learning rate kept for recover()'s reconcile.
+void ElasticEngine::apply(double lr) {
+  pending_lr_ = lr;
+  commit_vote(*inner_->group(), Vote{view_->newest(), compute_us_});
+  inner_->apply(lr);
+  applied_ = step_ + 1;
+}
+
+void ElasticEngine::after_step(const engine::StepPlan& plan) {
+  inner_->after_step(plan);
+  if (inner_->group()->rank() == 0)
+    publish_progress(*options_.control, applied_);
+}
+
+nlohmann::json ElasticEngine::describe() const {
+  nlohmann::json out = inner_->describe();
+  out["elastic"] = {
+      {"generation", generation_.load()}, {"workers", workers_}, {"changes", changes_}};
+  return out;
+}
+
+// The next record this rank acts on: the newest published after `after`, waiting for one up to
+// elastic.wait_s. A `waiting` record (fewer than elastic.min_workers) is waited out; `stop`
+// ends the run naming the key.
+GenerationRecord ElasticEngine::next_record(int64_t after) {
+  const auto deadline = Clock::now() + millis(options_.wait_s);
+  for (int64_t want = after + 1;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw Timeout(str_cat("elastic: no usable membership generation after ", after, " within ",
+                            options_.wait_s, " s (elastic.wait_s)"));
+    GenerationRecord record = view_->wait_for(want, left);
+    if (view_->newest() > record.generation) {  // skip to the newest: the keeper moved on
+      want = view_->newest();
+      continue;
+    }
+    if (record.state == RecordState::kStop)
+      throw Error(str_cat("elastic: generation ", record.generation, " stops the run: ",
+                          record.workers(), " worker(s) left, fewer than elastic.min_workers (",
+                          lost_text(record), ")"));
+    if (record.state == RecordState::kWaiting) {
+      want = record.generation + 1;
+      continue;
+    }
+    return record;
+  }
+}
+
+std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecord& record) {
+  const int rank = rank_in(record, options_.self);
+  if (rank < 0)
+    throw PeerLost(str_cat("elastic: member ", options_.self.str(), " is not in generation ",
+                           record.generation, " (", record.reason, "): the keeper dropped it"));
+  KRAB_CHECK(record.store.rfind("file ", 0) == 0, "generation ", record.generation,
+             ": store '", record.store, "' is not a file (only one-machine runs are built)");
+  comm::WorldInfo world;
+  world.rank = rank;
+  world.size = record.workers();
+  world.rendezvous = comm::Endpoint{"127.0.0.1", 0, record.store.substr(5), options_.secret};
+  world.iface = options_.iface;
+  world.generation = record.generation;
+  comm::Options copts = options_.comm;
+  copts.abortable = true;
+  return comm::make_communicator(options_.backend, world, copts);
+}
+
+// The survivors are at most one step apart (the commit vote): the one behind held the reduced
+// gradient of the step the others applied, and applies it now with the learning rate it kept.
+void ElasticEngine::reconcile(comm::Communicator& group, torch::optim::Optimizer& optimizer) {
+  auto steps = torch::tensor({applied_}, torch::kInt64);
+  group.allreduce(steps, comm::ReduceOp::kMax)->wait();
+  const int64_t committed = steps.item<int64_t>();
+  KRAB_CHECK(committed - applied_ <= 1 && committed >= applied_, "elastic: rank ", group.rank(),
+             " applied ", applied_, " steps, the group committed ", committed);
+  if (committed > applied_) {
+    for (auto& g : optimizer.param_groups()) g.options().set_lr(pending_lr_);
+    optimizer.step();
+    applied_ = committed;
+  }
+}
+
+nlohmann::json ElasticEngine::recover(const std::string& cause) {
+  const auto t_start = Clock::now();
+  const int64_t before = applied_;
+  const int old_world = inner_->group()->size();
+  const GenerationRecord record = next_record(generation_.load());
+  // Leave the old generation: the optimizer goes on, the group goes to the reaper (never
+  // destroyed here: a frozen peer's op may hold it until comm.timeout_s).
+  std::unique_ptr<torch::optim::Optimizer> optimizer = inner_->take_optimizer();
+  std::unique_ptr<comm::Communicator> old_group = inner_->take_group();
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    live_group_ = nullptr;
+    generation_ = record.generation;
+  }
+  old_group->abort(str_cat("generation ", record.generation, " replaces it"));
+  inner_.reset();
+  comm::Reaper::process().bury(std::move(old_group));
+
+  std::unique_ptr<comm::Communicator> group = connect(record);
+  reconcile(*group, *optimizer);
+  // A backward cut by the failure leaves partial gradients behind (§15.2).
+  for (auto& g : optimizer->param_groups())
+    for (const at::Tensor& p : g.params())
+      if (p.grad().defined()) p.grad().zero_();
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    live_group_ = group.get();
+  }
+  inner_ = make_inner_(std::move(group), std::move(optimizer));
+  inner_->start_at(applied_);
+  inner_->broadcast_buffers();
+  ++changes_;
+  workers_ = record.workers();
+  // The step in flight is lost when it was handed out and not committed (the vote completed
+  // nowhere); a failure after its vote completed somewhere loses nothing.
+  const int64_t lost = step_ >= applied_ ? 1 : 0;
+  return {{"generation", record.generation},
+          {"workers", record.workers()},
+          {"previous_workers", old_world},
+          {"reason", record.reason},
+          {"lost", lost_text(record)},
+          {"cause", cause},
+          {"step", applied_},
+          {"lost_steps", lost},
+          {"caught_up", applied_ > before},
+          {"rebuild_seconds", std::chrono::duration<double>(Clock::now() - t_start).count()},
+          {"decided_at", record.decided_at_ms / 1000.0}};
+}
+
+}  // namespace krab::elastic

@@ -1,0 +1,118 @@
+// ElasticEngine: data parallel on a membership that changes during training
+// (docs/design/elastic.md §2). It wraps the data-parallel engine of the current generation and
+// adds three things to the engine calls the loop already makes:
+//
+//   apply(lr)      the commit vote first (elastic/commit_vote.h): one small all-reduce that
+//                  completes on some rank only if every rank held its reduced gradient; then
+//                  the inner engine's update. So after a failure the survivors are at most one
+//                  step apart, and the one behind holds the gradient to catch up.
+//   after_step     rank 0 writes the completed step to `elastic/progress` for the keeper.
+//   recover(cause) after any call threw because the group broke (MembershipChanged from an
+//                  abort, PeerLost, Timeout): waits for the keeper's next generation record,
+//                  hands the old group to the reaper, builds the new group in this process,
+//                  reconciles the committed step (an all-reduce of each survivor's applied
+//                  steps: the one behind applies the gradient it holds with the learning rate
+//                  it kept), builds the next inner engine on the same model adopting the same
+//                  optimizer (no copy, no initial broadcast: every survivor holds the same
+//                  parameters), has rank 0 broadcast its buffers, clears the gradients, and
+//                  resumes the step counter at the committed step. next_step() then hands out
+//                  the first uncommitted step, sliced for the new world: the global batch is
+//                  fixed (the inner engine's global micro-batch), only its split changes.
+//
+// Who decides: never this engine. The keeper (the launcher on one machine) publishes the
+// records (elastic/membership_view.h); the engine's MembershipView thread aborts the group the
+// moment an abort record newer than the running generation appears, so every pending wait of
+// the broken generation throws within one slice (comm::Options::abortable).
+//
+// Not yet: joins and graceful leaves (proposal records: the vote carries them, §2.4), ZeRO
+// (buddies, §4.2), waiting for joiners below min_workers (a `waiting` record is waited out;
+// `stop` ends the run with an error naming elastic.min_workers).
+//
+// Thread safety: one training thread calls the Engine methods; the view's thread only aborts.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/communicator.h"
+#include "comm/factory.h"
+#include "comm/store.h"
+#include "elastic/generation.h"
+#include "elastic/membership_view.h"
+#include "engine/engine.h"
+#include "parallel/dp_engine.h"
+
+namespace krab::elastic {
+
+struct ElasticEngineOptions {
+  MemberId self;            // this process (KRAB_MEMBER_ID)
+  comm::StorePtr control;   // the job's control store: records, progress
+  std::string backend;      // comm.backend (gloo)
+  comm::Options comm;       // options of every generation's group (abortable is forced on)
+  std::string secret;       // the job secret of every generation's store
+  std::string iface;        // comm.iface
+  double wait_s = 60;       // elastic.wait_s: longest wait for a record and for a rendezvous
+  std::chrono::milliseconds view_period{50};
+};
+
+// Builds generation g's inner engine on `group`. `adopted` is null for the first generation
+// (the engine broadcasts rank 0's state and makes its optimizer), else the previous
+// generation's optimizer, which the new engine must adopt without broadcasting anything.
+using InnerEngineFactory = std::function<std::unique_ptr<parallel::DataParallelEngine>(
+    std::unique_ptr<comm::Communicator> group, std::unique_ptr<torch::optim::Optimizer> adopted)>;
+
+class ElasticEngine : public engine::Engine {
+ public:
+  // `group`: generation `generation`'s communicator, already built (the trainer's first group).
+  ElasticEngine(ElasticEngineOptions options, InnerEngineFactory make_inner,
+                std::unique_ptr<comm::Communicator> group, int64_t generation);
+  ~ElasticEngine() override;
+
+  std::string name() const override { return "sync"; }
+  models::Model& model() override { return inner_->model(); }
+  void start_at(int64_t step) override;
+  std::optional<engine::StepPlan> next_step() override;
+  void before_backward(int64_t micro, bool last) override { inner_->before_backward(micro, last); }
+  void after_compute(double seconds) override;
+  void reduce_gradients() override { inner_->reduce_gradients(); }
+  void apply(double lr) override;
+  void after_step(const engine::StepPlan& plan) override;
+  comm::Communicator* group() override { return inner_->group(); }
+  engine::TrainState state() override { return inner_->state(); }
+  engine::MemoryStats memory() const override { return inner_->memory(); }
+  nlohmann::json describe() const override;
+
+  bool can_recover() const override { return true; }
+  nlohmann::json recover(const std::string& cause) override;
+
+  int64_t generation() const { return generation_.load(); }
+  // Steps whose update this rank applied (the committed steps once recover() returned).
+  int64_t applied_steps() const { return applied_; }
+
+ private:
+  GenerationRecord next_record(int64_t after);
+  std::unique_ptr<comm::Communicator> connect(const GenerationRecord& record);
+  void reconcile(comm::Communicator& group, torch::optim::Optimizer& optimizer);
+  void on_abort(const GenerationRecord& record);
+
+  ElasticEngineOptions options_;
+  InnerEngineFactory make_inner_;
+  std::unique_ptr<parallel::DataParallelEngine> inner_;
+  std::atomic<int64_t> generation_;
+  std::mutex group_mu_;  // the view's thread aborts the group the training thread replaces
+  comm::Communicator* live_group_ = nullptr;  // guarded by group_mu_
+  std::unique_ptr<MembershipView> view_;
+
+  int64_t applied_ = 0;        // steps applied on this rank
+  int64_t step_ = -1;          // the step handed out last
+  double pending_lr_ = 0;      // the learning rate of the step being voted on
+  int64_t compute_us_ = 0;     // this step's forward and backward, for the vote
+  int64_t changes_ = 0;
+  int workers_ = 0;            // the current generation's
+};
+
+}  // namespace krab::elastic

@@ -1,0 +1,240 @@
+// The elastic engine (elastic/elastic_engine.h) on thread-ranks joined by loopback Gloo over
+// FileStores, as one machine's launcher hosts them; the test plays the keeper, publishing the
+// generation records itself. A rank "dies" by leaving its loop and destroying its engine (its
+// sockets close, as a killed process's do); the survivors must recover in place and end where
+// one process training on the whole global batch ends (the determinism contract, §5.2).
+#include "elastic/elastic_engine.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "core/errors.h"
+#include "core/flat.h"
+#include "elastic/membership_view.h"
+#include "models/model.h"
+#include "../parallel/zero_test_support.h"
+
+namespace krab::elastic {
+namespace {
+
+using namespace std::chrono_literals;
+using parallel::zero::zero_test::optimizer_of;
+using parallel::zero::zero_test::small_model;
+
+constexpr int64_t kSteps = 10;
+constexpr int64_t kBatch = 12;  // the global batch: 3 per rank on 4, 4 per rank on 3
+constexpr double kLr = 0.05;
+
+// A directory of FileStores: the control store (also generation 0's group) and one file per
+// later generation, as the launcher's private directory holds them.
+struct Stores {
+  std::filesystem::path dir;
+  std::vector<std::unique_ptr<comm::StoreServer>> servers;  // one per generation, as the keeper's
+  comm::StorePtr control;
+  Stores() {
+    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir = std::filesystem::temp_directory_path() /
+          ("krab-elastic-" + std::to_string(::getpid()) + "-" + test->name());
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    host(0);
+    control = comm::connect_store(endpoint(0), 10s);
+  }
+  ~Stores() {
+    control.reset();
+    servers.clear();
+    std::filesystem::remove_all(dir);
+  }
+  void host(int64_t g) { servers.push_back(std::make_unique<comm::StoreServer>(endpoint(g))); }
+  std::string file(int64_t g) const { return (dir / ("g" + std::to_string(g) + ".store")).string(); }
+  comm::Endpoint endpoint(int64_t g) const { return {"127.0.0.1", 0, file(g), ""}; }
+};
+
+GenerationRecord record_of(Stores& stores, int64_t g, int workers, RecordState state,
+                           const std::vector<LostMember>& lost) {
+  GenerationRecord r;
+  r.generation = g;
+  if (g > 0) stores.host(g);
+  for (int i = 0; i < workers; ++i) r.members.push_back({i, 0, i, 0, {0, i, 0}});
+  r.store = "file " + (g == 0 ? stores.file(0) : stores.file(g));
+  r.kind = g == 0 ? RecordKind::kProposal : RecordKind::kAbort;
+  r.reason = g == 0 ? "start" : "death";
+  r.lost = lost;
+  r.decided_at_ms = 1765000000000 + g;
+  r.state = state;
+  return r;
+}
+
+// The data of every step: kBatch examples of the small MLP (13 inputs, 5 classes).
+struct Data {
+  std::vector<at::Tensor> x, y;
+  Data() {
+    torch::manual_seed(7);
+    for (int64_t s = 0; s < kSteps; ++s) {
+      x.push_back(torch::randn({kBatch, 13}));
+      y.push_back(torch::randint(0, 5, {kBatch}, torch::kLong));
+    }
+  }
+};
+
+std::unique_ptr<comm::Communicator> join_first(const Stores& stores, int rank, int size) {
+  comm::WorldInfo w;
+  w.rank = rank;
+  w.size = size;
+  w.rendezvous = stores.endpoint(0);
+  comm::Options o;
+  o.timeout = 20s;
+  o.abortable = true;
+  return comm::make_communicator("gloo", w, o);
+}
+
+std::unique_ptr<ElasticEngine> make_engine(const Stores& stores, int rank, int size,
+                                           std::shared_ptr<models::Model> model) {
+  ElasticEngineOptions o;
+  o.self = MemberId{0, rank, 0};
+  o.control = comm::connect_store(stores.endpoint(0), 10s);
+  o.backend = "gloo";
+  o.comm.timeout = 20s;
+  o.wait_s = 20;
+  auto inner = [model](std::unique_ptr<comm::Communicator> group,
+                       std::unique_ptr<torch::optim::Optimizer> adopted) {
+    parallel::DataParallelEngineOptions dpo;
+    dpo.total_steps = kSteps;
+    dpo.global_micro_batch = kBatch;
+    dpo.data_parallel.broadcast_initial_state = adopted == nullptr;
+    return std::make_unique<parallel::DataParallelEngine>(model, std::move(group), dpo, nullptr,
+                                                          optimizer_of("sgd"), std::move(adopted));
+  };
+  return std::make_unique<ElasticEngine>(o, inner, join_first(stores, rank, size), 0);
+}
+
+struct Outcome {
+  at::Tensor params;
+  std::vector<nlohmann::json> changes;
+  std::string error;
+};
+
+// The loop of train/trainer.cpp, reduced to what the engine sees: recover() after a broken
+// group, then on from the first uncommitted step. Returns early (a "death") at `leave_at`.
+Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1) {
+  Outcome out;
+  models::Model& model = engine.model();
+  for (;;) {
+    std::string cause;
+    try {
+      while (auto plan = engine.next_step()) {
+        if (plan->step == leave_at) return out;
+        const auto x = data.x[plan->step].slice(0, plan->slice.begin, plan->slice.end);
+        const auto y = data.y[plan->step].slice(0, plan->slice.begin, plan->slice.end);
+        engine.before_backward(0, true);
+        at::Tensor loss = model.training_loss(x, y);
+        if (plan->weight != 1.0) loss = loss * plan->weight;
+        loss.backward();
+        engine.after_compute(0.001);
+        engine.reduce_gradients();
+        engine.apply(kLr);
+        engine.after_step(*plan);
+      }
+      out.params = core::flatten(model.parameters()).clone();
+      return out;
+    } catch (const PeerLost& e) {
+      cause = e.what();
+    }
+    try {
+      out.changes.push_back(engine.recover(cause));
+    } catch (const Error& e) {
+      out.error = e.what();
+      return out;
+    }
+  }
+}
+
+// One process on the whole global batch: what every elastic run must end at.
+at::Tensor reference(const Data& data) {
+  auto model = small_model("mlp", 3);
+  auto opt = optimizer_of("sgd")(model->parameters());
+  for (int64_t s = 0; s < kSteps; ++s) {
+    model->training_loss(data.x[s], data.y[s]).backward();
+    for (auto& g : opt->param_groups()) g.options().set_lr(kLr);
+    opt->step();
+    opt->zero_grad();
+  }
+  return core::flatten(model->parameters());
+}
+
+// Rank 3 of 4 leaves before step 5; the keeper publishes generation 1 with ranks 0-2. The
+// survivors rebuild their group in place, lose step 5's work at most, re-split the same global
+// batch 4-4-4 and end within float order of one process on the whole batch — and bit-equal to
+// each other.
+TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
+  Stores stores;
+  const Data data;
+  publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
+  std::vector<Outcome> outcomes(4);
+  std::atomic<bool> gone{false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      auto engine = make_engine(stores, r, 4, small_model("mlp", 3));
+      outcomes[r] = train(*engine, data, r == 3 ? 5 : -1);
+      if (r == 3) {
+        engine.reset();  // its sockets close, as a killed process's do
+        gone = true;
+      }
+    });
+  while (!gone) std::this_thread::sleep_for(5ms);
+  publish_record(*stores.control,
+                 record_of(stores, 1, 3, RecordState::kRun, {{{0, 3, 0}, "killed by signal 9"}}));
+  for (auto& t : ranks) t.join();
+
+  const at::Tensor expected = reference(data);
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(outcomes[r].error, "");
+    ASSERT_EQ(outcomes[r].changes.size(), 1u);
+    const nlohmann::json& change = outcomes[r].changes[0];
+    EXPECT_EQ(change["generation"], 1);
+    EXPECT_EQ(change["workers"], 3);
+    EXPECT_EQ(change["previous_workers"], 4);
+    EXPECT_EQ(change["step"], 5);  // steps 0-4 committed everywhere
+    EXPECT_EQ(change["lost_steps"], 1);  // step 5 was in flight
+    ASSERT_TRUE(outcomes[r].params.defined());
+    EXPECT_TRUE(torch::allclose(outcomes[r].params, expected, 1e-5, 1e-6))
+        << "max abs diff " << (outcomes[r].params - expected).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(outcomes[r].params, outcomes[0].params));
+  }
+}
+
+// A record that drops this rank ends its run by name; one whose state is `stop` (fewer than
+// elastic.min_workers and nobody joined in time) ends every survivor's, naming the key.
+TEST(ElasticEngine, AStopRecordEndsTheRunNamingMinWorkers) {
+  Stores stores;
+  const Data data;
+  publish_record(*stores.control, record_of(stores, 0, 2, RecordState::kRun, {}));
+  std::vector<Outcome> outcomes(2);
+  std::atomic<bool> gone{false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      auto engine = make_engine(stores, r, 2, small_model("mlp", 3));
+      outcomes[r] = train(*engine, data, r == 1 ? 2 : -1);
+      if (r == 1) {
+        engine.reset();
+        gone = true;
+      }
+    });
+  while (!gone) std::this_thread::sleep_for(5ms);
+  publish_record(*stores.control,
+                 record_of(stores, 1, 1, RecordState::kStop, {{{0, 1, 0}, "killed by signal 9"}}));
+  for (auto& t : ranks) t.join();
+  EXPECT_NE(outcomes[0].error.find("elastic.min_workers"), std::string::npos) << outcomes[0].error;
+  EXPECT_NE(outcomes[0].error.find("member 0.1.0 killed by signal 9"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace krab::elastic
