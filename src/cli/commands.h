@@ -44,6 +44,7 @@ struct TrainArgs {
   std::string job;                // the job file
   std::vector<std::string> sets;  // --set key=value, in order (later ones win)
   std::string report;             // --report FILE; "" = no report
+  std::string progress_file;      // --progress-file FILE; "" = not written
   LaunchFlags launch;             // --nnodes, --node-rank, --nproc-per-node, --rdzv, ...
 };
 

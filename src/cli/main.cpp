@@ -372,7 +372,9 @@ int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::
     server = std::make_unique<comm::StoreServer>(plan.rendezvous.host, plan.rendezvous.port,
                                                  keys.timeout, plan.rendezvous.secret);
   auto report = train::run_worker(config, world, options);
-  if (plan.rank == 0 && report.contains("metric")) say_test_metric(report);
+  // Rank 0 of the group at the end returns the report (in an elastic run, not always the
+  // process that started as rank 0).
+  if (report.contains("metric")) say_test_metric(report);
   return 0;
 }
 
@@ -407,6 +409,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   keep_freed_memory();
   train::WorkerOptions options;
   options.report_path = args.report;
+  options.progress_file = args.progress_file;
+  if (auto member = env.find("KRAB_MEMBER_ID"); member != env.end())
+    options.member_id = member->second;
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
 }

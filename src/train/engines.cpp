@@ -7,6 +7,7 @@
 #include "compress/options.h"
 #include "core/errors.h"
 #include "core/fs.h"
+#include "elastic/elastic_engine.h"
 #include "elastic/slices.h"
 #include "parallel/compression_hook.h"
 #include "parallel/dp_engine.h"
@@ -25,11 +26,19 @@ std::chrono::milliseconds comm_timeout(const core::Config& c) {
   return std::chrono::milliseconds(static_cast<int64_t>(c.get_float("comm.timeout_s") * 1000));
 }
 
-std::unique_ptr<comm::Communicator> connect_group(const core::Config& c,
-                                                  const comm::WorldInfo& world) {
+comm::Options comm_options(const core::Config& c) {
   comm::Options copts;
   copts.timeout = comm_timeout(c);
   copts.debug_checks = c.get_bool("comm.debug_checks");
+  // An elastic group fails its waits when the keeper aborts it, and skips the diagnosis (the
+  // keeper names the lost rank): comm/communicator.h, Options::abortable.
+  copts.abortable = c.get_bool("elastic.enabled");
+  return copts;
+}
+
+std::unique_ptr<comm::Communicator> connect_group(const core::Config& c,
+                                                  const comm::WorldInfo& world) {
+  const comm::Options copts = comm_options(c);
   std::unique_ptr<comm::Communicator> comm;
   try {
     comm = comm::make_communicator(c.get_string("comm.backend"), world, copts);
@@ -116,11 +125,46 @@ parallel::SliceBalance slice_balance(const core::Config& c) {
           }};
 }
 
+// Data parallel on a changing membership: every generation's inner engine is built here on
+// the same model, the first one broadcasting rank 0's state, the later ones adopting the
+// previous generation's optimizer (elastic/elastic_engine.h).
+std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c,
+                                                    const comm::WorldInfo& world,
+                                                    const models::ModelSpec& spec,
+                                                    const parallel::DataParallelEngineOptions& dpo,
+                                                    const std::string& member) {
+  KRAB_CHECK_ARG(!member.empty(),
+                 "elastic.enabled needs krab's own launcher (`krab train JOB.yaml`): it keeps the "
+                 "membership; under torchrun, mpirun or Slurm the world is fixed");
+  elastic::ElasticEngineOptions eo;
+  eo.self = elastic::MemberId::parse(member);
+  eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
+  eo.backend = c.get_string("comm.backend");
+  eo.comm = comm_options(c);
+  eo.secret = world.rendezvous.secret;
+  eo.iface = world.iface;
+  eo.wait_s = c.get_float("elastic.wait_s");
+  auto group = connect_group(c, world);
+  std::shared_ptr<models::Model> model = models::make_model(spec);
+  auto inner = [&c, model, dpo](std::unique_ptr<comm::Communicator> g,
+                                std::unique_ptr<torch::optim::Optimizer> adopted) {
+    parallel::DataParallelEngineOptions options = dpo;
+    options.data_parallel.broadcast_initial_state = adopted == nullptr;
+    return std::make_unique<parallel::DataParallelEngine>(
+        model, std::move(g), options,
+        parallel::make_compression_hook(compress::CompressionOptions::from_config(c)),
+        [&c](std::vector<at::Tensor> params) { return make_optimizer(c, std::move(params)); },
+        std::move(adopted));
+  };
+  return std::make_unique<elastic::ElasticEngine>(eo, inner, std::move(group), world.generation);
+}
+
 }  // namespace
 
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& o,
                                             const comm::WorldInfo& world,
-                                            const models::ModelSpec& spec, int64_t total_steps) {
+                                            const models::ModelSpec& spec, int64_t total_steps,
+                                            const std::string& member) {
   if (o.sync_mode == SyncMode::kAsync) return make_ps_worker(c, o, world, models::make_model(spec));
   parallel::DataParallelEngineOptions dpo;
   dpo.total_steps = total_steps;
@@ -128,6 +172,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   dpo.data_parallel.bucket_mb = c.get_float("parallel.bucket_mb");
   dpo.broadcast_buffers = c.get_bool("parallel.broadcast_buffers");
   dpo.balance = slice_balance(c);
+  if (c.get_bool("elastic.enabled")) return make_elastic_engine(c, world, spec, dpo, member);
   auto group = connect_group(c, world);
   if (o.zero_stage == 3) return make_stage3_engine(c, o, std::move(group), spec, dpo);
   auto model = models::make_model(spec);

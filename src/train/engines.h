@@ -21,9 +21,13 @@ namespace krab::train {
 // comm.timeout_s); the parameter-server worker waits for its servers' addresses. ZeRO stage 3
 // connects first and builds the model sharded as it is constructed (a model larger than one
 // worker never exists whole: parallel/zero/stage3_build.h); the others build it whole.
+// With elastic.enabled, data parallel runs inside elastic::ElasticEngine (elastic/
+// elastic_engine.h), which rebuilds the group when the membership changes: `member` is this
+// process's member id (KRAB_MEMBER_ID from krab's launcher; InvalidArgument when empty).
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& options,
                                             const comm::WorldInfo& world,
-                                            const models::ModelSpec& spec, int64_t total_steps);
+                                            const models::ModelSpec& spec, int64_t total_steps,
+                                            const std::string& member = "");
 
 // parallel.offload: disk, before any worker is spawned: the offload directory
 // (RUN_DIR/offload) must be writable and its file system must have room for every rank's file

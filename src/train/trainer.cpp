@@ -42,6 +42,11 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 // Rank 0's bytes reach every rank (checkpoint resume without a shared file system).
 std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
   auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
@@ -85,6 +90,8 @@ struct Trainer::Loop {
   void resume();
   void attach_sinks();
   nlohmann::json run();
+  void train_steps();
+  void recover(const std::string& cause);
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
   void end_of_step(int64_t step, double loss, int64_t examples);
@@ -94,12 +101,18 @@ struct Trainer::Loop {
   void maybe_evaluate(int64_t done);
   void maybe_snapshot(const engine::StepPlan& plan);
   void report_progress(int64_t step, int64_t done);
+  void write_progress_file(int64_t done);
   nlohmann::json finish_group();
   nlohmann::json finish_alone();
   nlohmann::json write_final_state(RunOutcome& outcome);
   std::string write_final_shards();
   CheckpointMeta meta(int64_t step) const;
-  bool rank0() const { return world.rank == 0; }
+  // Rank 0 of the group now: an elastic run's changes renumber the ranks.
+  bool rank0() const { return group != nullptr ? group->rank() == 0 : world.rank == 0; }
+  int workers() const { return group != nullptr ? group->size() : world.size; }
+  // Examples per global micro-batch: fixed for the run (train.batch × the workers it started
+  // with); an elastic run's changes re-split it among the workers of the day (§5.1).
+  int64_t global_batch() const { return o.batch * world.size; }
 
   const core::Config job;  // as written: the report keeps it
   const core::Config c;    // as it runs (randomk's momentum folded, see options.h)
@@ -138,6 +151,15 @@ struct Trainer::Loop {
   int64_t computed = 0;                // steps this rank computed
   int64_t next_eval = 0;
   std::vector<Snapshot> snapshots;
+
+  // Elastic membership (engine.h, Engine::recover): the changes for the report, and where the
+  // loop stands across one.
+  nlohmann::json membership = nlohmann::json::array();
+  int64_t ended = 0;             // steps whose end_of_step() ran
+  int64_t committed = 0;         // steps committed when the last change was recovered
+  double step_loss = 0;          // the last step computed: its loss and examples, for an
+  int64_t step_examples = 0;     // end_of_step() a change cut short
+  bool awaiting_resume = false;  // a change was recovered; its first step has not completed
 };
 
 Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
@@ -150,13 +172,14 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   torch::set_num_threads(o.threads);
   straggler.emplace(c, world.rank);
   d = load_data(c, DataResidency::kLazy, world.rank == 0 ? LoadNotes::kSay : LoadNotes::kQuiet);
-  sampler = std::make_unique<data::GlobalBatchSampler>(d.training().size(), o.batch * world.size,
+  sampler = std::make_unique<data::GlobalBatchSampler>(d.training().size(), global_batch(),
                                                        static_cast<uint64_t>(o.seed),
                                                        d.training().layout());
   steps = total_steps(c, *sampler, o.micro_batches);
   batches = image_batches(c, d, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
-  engine = make_engine(c, o, world, model_spec(c, d), steps);  // builds the model
+  engine = make_engine(c, o, world, model_spec(c, d), steps,
+                       options.member_id);  // builds the model
   model_name = c.get_string("model.name");
   signature = model_signature(engine->model());
   if (const auto* ts = models::as_torchscript(engine->model()))
@@ -186,7 +209,7 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
 }
 
 CheckpointMeta Trainer::Loop::meta(int64_t step) const {
-  CheckpointMeta m{step, model_name, signature, o.batch * world.size * o.micro_batches, o.seed};
+  CheckpointMeta m{step, model_name, signature, global_batch() * o.micro_batches, o.seed};
   m.model_file = script_file.path;
   m.model_sha256 = script_file.sha256;
   return m;
@@ -240,6 +263,33 @@ nlohmann::json Trainer::Loop::run() {
   if (group != nullptr) setup_bytes = group->traffic().total_bytes_sent();
   next_eval = o.eval_every > 0 ? (start_step / o.eval_every + 1) * o.eval_every : 0;
   engine->model().train();
+  ended = committed = start_step;
+  // An elastic engine's group can break in any step (a worker died): the engine recovers on
+  // the next generation's group and the loop goes on from the first step not committed.
+  for (;;) {
+    std::string cause;
+    try {
+      train_steps();
+      break;
+    } catch (const PeerLost& e) {
+      if (!engine->can_recover()) throw;
+      cause = e.what();
+    } catch (const Timeout& e) {
+      if (!engine->can_recover()) throw;
+      cause = e.what();
+    }
+    recover(cause);
+  }
+  return group != nullptr ? finish_group() : finish_alone();
+}
+
+void Trainer::Loop::train_steps() {
+  // A step committed whose end_of_step() the change cut short (its checkpoint, evaluation or
+  // shared loss) ends now, on the new group.
+  if (ended < committed) {
+    end_of_step(committed - 1, step_loss, step_examples);
+    ended = committed;
+  }
   while (const auto plan = engine->next_step()) {
     maybe_snapshot(*plan);
     if (plan->step == start_step + warmup) {
@@ -249,11 +299,39 @@ nlohmann::json Trainer::Loop::run() {
     const double loss = compute(*plan);
     engine->reduce_gradients();
     engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
+    step_loss = loss;
+    step_examples = plan->slice.size();
     engine->after_step(*plan);
     ++computed;
     end_of_step(plan->step, loss, plan->slice.size());
+    ended = plan->step + 1;
+    if (awaiting_resume) {  // the first step of the new generation is complete
+      awaiting_resume = false;
+      nlohmann::json& change = membership.back();
+      change["resumed_at"] = unix_seconds_now();
+      change["recovery_seconds"] =
+          change["resumed_at"].get<double>() - change["decided_at"].get<double>();
+    }
   }
-  return group != nullptr ? finish_group() : finish_alone();
+}
+
+// The engine is on the next generation's group when recover() returns; what it says goes to
+// the report's `membership` and, on rank 0, to the terminal.
+void Trainer::Loop::recover(const std::string& cause) {
+  nlohmann::json change = engine->recover(cause);
+  group = engine->group();
+  committed = change["step"].get<int64_t>();
+  awaiting_resume = true;
+  if (rank0())
+    std::fprintf(stderr,
+                 "krab: generation %lld: %s (%s); %d workers go on from step %lld, %lld step(s) "
+                 "lost\n",
+                 static_cast<long long>(change["generation"].get<int64_t>()),
+                 change["reason"].get<std::string>().c_str(),
+                 change["lost"].get<std::string>().c_str(), workers(),
+                 static_cast<long long>(committed),
+                 static_cast<long long>(change["lost_steps"].get<int64_t>()));
+  membership.push_back(std::move(change));
 }
 
 // Forward and backward of the step's micro-batches on this rank's slice; the mean loss.
@@ -317,6 +395,11 @@ void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples) {
   maybe_checkpoint(done);
   maybe_evaluate(done);
   if (progress) report_progress(step, done);
+  if (!options.progress_file.empty() && rank0()) write_progress_file(done);
+}
+
+void Trainer::Loop::write_progress_file(int64_t done) {
+  core::write_file_atomic(options.progress_file, str_cat(done, "\n"), core::FileAccess::kShared);
 }
 
 // "The loss" of a step, wherever krab shows it (progress bar, step lines, summary, report's
@@ -391,7 +474,7 @@ void Trainer::Loop::report_progress(int64_t step, int64_t done) {
   const double secs = seconds_between(t_warm, Clock::now()) - (eval_secs - eval_before_warm);
   const int64_t measured = step - (start_step + warmup) + 1;
   const double rate =
-      measured > 0 && secs > 0 ? measured * o.batch * world.size * o.micro_batches / secs : 0;
+      measured > 0 && secs > 0 ? measured * global_batch() * o.micro_batches / secs : 0;
   events.gauge("samples_per_sec", rate, done);
   events.step(done, steps);
 }
@@ -403,7 +486,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   out.measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
   out.samples_per_sec =
       train_secs > 0 && out.measured_steps > 0
-          ? out.measured_steps * o.batch * world.size * o.micro_batches / train_secs
+          ? out.measured_steps * global_batch() * o.micro_batches / train_secs
           : 0;
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
@@ -447,13 +530,13 @@ nlohmann::json Trainer::Loop::finish_group() {
   if (!rank0()) return nlohmann::json();
   // The last step's shared loss; the mean of the ranks' last losses when this run computed no
   // step (resumed at its end).
-  out.final_loss = shared_loss ? *shared_loss : totals[0].item<double>() / world.size;
+  out.final_loss = shared_loss ? *shared_loss : totals[0].item<double>() / workers();
   out.memory = memory_report(
       c, model, memory,
       models::activation_bytes(model_spec(c, d), o.batch,
                                bool_key_or(c, "model.activation_checkpointing", false)),
       evaluation_activation_bytes(model_spec(c, d), d.testing() ? d.testing()->size() : 0,
-                                  world.size),
+                                  workers()),
       d.training().resident_bytes() + (d.testing() ? d.testing()->resident_bytes() : 0));
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
@@ -480,8 +563,8 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
   if (state.sharded == nullptr)
     out.state = save_checkpoint(run_dir, meta(steps), *state.model, *state.optimizer, seal_key,
                                 seal_job, o.checkpoint_keep);
-  out.workers = world.size;
-  out.global_batch = o.batch * world.size * o.micro_batches;
+  out.workers = workers();
+  out.global_batch = global_batch() * o.micro_batches;
   out.steps = steps;
   out.start_step = start_step;
   out.epochs = static_cast<double>(steps * o.micro_batches) / sampler->steps_per_epoch();
@@ -500,6 +583,7 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
     const double train = record->total("data_wait_train_seconds");
     report["data_wait_fraction"] = train > 0 ? record->total("data_wait_seconds") / train : 0.0;
   }
+  if (!membership.empty()) report["membership"] = membership;
   if (c != job)
     report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
                                  {"lr", c.get_float("train.optimizer.lr")}};

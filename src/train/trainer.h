@@ -26,6 +26,11 @@ namespace krab::train {
 struct WorkerOptions {
   std::string report_path;  // "" = no report
   bool show_progress = true;
+  // Rank 0 rewrites it with the number of completed steps after every step; "" = not written.
+  std::string progress_file;
+  // This process as a member of an elastic run (`<node>.<slot>.<incarnation>`, from the
+  // launcher's KRAB_MEMBER_ID); "" outside elastic runs.
+  std::string member_id;
 };
 
 class Trainer {
