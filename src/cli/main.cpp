@@ -13,6 +13,7 @@
 #include <c10/util/Exception.h>
 #include <glog/logging.h>
 #include <malloc.h>
+#include <signal.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -405,13 +406,16 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     return run_launcher(args, config, keys, plan, argv);
   }
 
-  // Worker (or parameter server).
+  // Worker (or parameter server). A peer that dies mid-op must fail the op (EPIPE, then the
+  // error naming it, or an elastic recovery), not end this process with SIGPIPE.
   keep_freed_memory();
+  ::signal(SIGPIPE, SIG_IGN);
   train::WorkerOptions options;
   options.report_path = args.report;
   options.progress_file = args.progress_file;
   if (auto member = env.find("KRAB_MEMBER_ID"); member != env.end())
     options.member_id = member->second;
+  options.joining = env.count("KRAB_ELASTIC_JOIN") > 0 && env.at("KRAB_ELASTIC_JOIN") == "1";
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
 }

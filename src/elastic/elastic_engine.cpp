@@ -1,7 +1,10 @@
 #include "elastic/elastic_engine.h"
 
+#include <signal.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -25,6 +28,8 @@ int rank_in(const GenerationRecord& record, const MemberId& self) {
   return -1;
 }
 
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
 std::string lost_text(const GenerationRecord& record) {
   std::string out;
   for (const LostMember& l : record.lost)
@@ -32,15 +37,43 @@ std::string lost_text(const GenerationRecord& record) {
   return out;
 }
 
+volatile sig_atomic_t g_leave = 0;
+
+void on_sigterm(int) {
+  if (g_leave) {  // asked twice: the user means it
+    ::signal(SIGTERM, SIG_DFL);
+    ::raise(SIGTERM);
+  }
+  g_leave = 1;
+}
+
 }  // namespace
+
+std::function<bool()> leave_on_sigterm() {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigterm;
+    ::sigaction(SIGTERM, &sa, nullptr);
+    return true;
+  }();
+  (void)installed;
+  return [] { return g_leave != 0; };
+}
 
 ElasticEngine::ElasticEngine(ElasticEngineOptions options, InnerEngineFactory make_inner,
                              std::unique_ptr<comm::Communicator> group, int64_t generation)
     : options_(std::move(options)), make_inner_(std::move(make_inner)), generation_(generation) {
   KRAB_CHECK(options_.control != nullptr, "ElasticEngine: no control store");
+  // Gloo writes to its peers' sockets with plain writev: a peer that died mid-op would end this
+  // process with SIGPIPE instead of failing the op (EPIPE), which is what recovery needs.
+  ::signal(SIGPIPE, SIG_IGN);
+  if (group == nullptr) {
+    join();
+    return;
+  }
   comm::Communicator* raw = group.get();
   workers_ = group->size();
-  inner_ = make_inner_(std::move(group), nullptr);
+  inner_ = make_inner_(std::move(group), nullptr, /*initial=*/true);
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     live_group_ = raw;
@@ -55,6 +88,33 @@ ElasticEngine::~ElasticEngine() {
   view_.reset();  // joins the view's thread before the group it may abort goes away
 }
 
+// A joiner: asks the keeper (`elastic/join/<member>` = its pid), waits for the record that
+// admits it, and enters that generation with the others (§2.4), receiving the state.
+void ElasticEngine::join() {
+  joined_ = true;
+  generation_ = -1;
+  const int64_t seen = current_generation(*options_.control);
+  options_.control->set(str_cat(kJoinPrefix, options_.self.str()),
+                        bytes_of(std::to_string(::getpid())));
+  view_ = std::make_unique<MembershipView>(options_.control, seen, options_.view_period,
+                                           [this](const GenerationRecord& r) { on_abort(r); });
+  const auto deadline = Clock::now() + millis(options_.wait_s);
+  for (int64_t want = seen + 1;; ++want) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0)
+      throw Timeout(str_cat("elastic: member ", options_.self.str(),
+                            " was not admitted to the run within ", options_.wait_s,
+                            " s (elastic.wait_s)"));
+    const GenerationRecord record = view_->wait_for(want, left);
+    if (rank_in(record, options_.self) < 0) continue;
+    std::unique_ptr<comm::Communicator> group = connect(record);
+    reconcile(*group, nullptr);
+    enter(record, std::move(group), nullptr, /*joining=*/true);
+    return;
+  }
+}
+
 // On the view's thread: an abort record newer than the generation this rank runs breaks its
 // group now; every pending and future wait of it throws MembershipChanged.
 void ElasticEngine::on_abort(const GenerationRecord& record) {
@@ -64,11 +124,15 @@ void ElasticEngine::on_abort(const GenerationRecord& record) {
 }
 
 void ElasticEngine::start_at(int64_t step) {
+  if (joined_) return;  // it starts from the step it received
   applied_ = step;
   inner_->start_at(step);
 }
 
 std::optional<engine::StepPlan> ElasticEngine::next_step() {
+  // The last vote carried a proposal: every rank leaves its generation here, at the same step.
+  if (proposed_ > generation_.load())
+    throw MembershipChanged(str_cat("generation ", proposed_, " was proposed"));
   auto plan = inner_->next_step();
   if (plan) step_ = plan->step;
   compute_us_ = 0;
@@ -85,15 +149,19 @@ void ElasticEngine::after_compute(double seconds) {
 // with its gradient and learning rate kept for recover()'s reconcile.
 void ElasticEngine::apply(double lr) {
   pending_lr_ = lr;
-  commit_vote(*inner_->group(), Vote{view_->newest(), compute_us_});
+  const VoteResult vote = commit_vote(*inner_->group(), Vote{view_->newest(), compute_us_});
   inner_->apply(lr);
   applied_ = step_ + 1;
+  if (vote.newest_generation > generation_.load()) proposed_ = vote.newest_generation;
 }
 
 void ElasticEngine::after_step(const engine::StepPlan& plan) {
   inner_->after_step(plan);
-  if (inner_->group()->rank() == 0)
-    publish_progress(*options_.control, applied_);
+  if (inner_->group()->rank() == 0) publish_progress(*options_.control, applied_);
+  if (!leave_asked_ && options_.leave_requested && options_.leave_requested()) {
+    options_.control->set(str_cat(kLeavePrefix, options_.self.str()), bytes_of("1"));
+    leave_asked_ = true;
+  }
 }
 
 nlohmann::json ElasticEngine::describe() const {
@@ -103,27 +171,30 @@ nlohmann::json ElasticEngine::describe() const {
   return out;
 }
 
-// The next record this rank acts on: the newest published after `after`, waiting for one up to
-// elastic.wait_s. A `waiting` record (fewer than elastic.min_workers) is waited out; `stop`
-// ends the run naming the key.
-GenerationRecord ElasticEngine::next_record(int64_t after) {
+// The next record this rank acts on. After a failure: the newest published after `after`,
+// waiting for one up to elastic.wait_s. After a proposal the vote carried (`exact`): that very
+// generation, which every rank of the group agreed on. A `waiting` record (fewer than
+// elastic.min_workers) is waited out; `stop` ends the run naming the key.
+GenerationRecord ElasticEngine::next_record(int64_t want, bool exact) {
   const auto deadline = Clock::now() + millis(options_.wait_s);
-  for (int64_t want = after + 1;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0)
-      throw Timeout(str_cat("elastic: no usable membership generation after ", after, " within ",
+      throw Timeout(str_cat("elastic: no usable membership generation from ", want, " within ",
                             options_.wait_s, " s (elastic.wait_s)"));
     GenerationRecord record = view_->wait_for(want, left);
-    if (view_->newest() > record.generation) {  // skip to the newest: the keeper moved on
+    if (!exact && view_->newest() > record.generation) {  // the keeper moved on: skip ahead
       want = view_->newest();
       continue;
     }
     if (record.state == RecordState::kStop)
-      throw Error(str_cat("elastic: generation ", record.generation, " stops the run: ",
-                          record.workers(), " worker(s) left, fewer than elastic.min_workers (",
-                          lost_text(record), ")"));
+      throw Error(
+          str_cat("elastic: generation ", record.generation, " stops the run: ", record.workers(),
+                  " worker(s) left, fewer than elastic.min_workers (", lost_text(record), ")"));
     if (record.state == RecordState::kWaiting) {
       want = record.generation + 1;
+      exact = false;
       continue;
     }
     return record;
@@ -135,8 +206,8 @@ std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecor
   if (rank < 0)
     throw PeerLost(str_cat("elastic: member ", options_.self.str(), " is not in generation ",
                            record.generation, " (", record.reason, "): the keeper dropped it"));
-  KRAB_CHECK(record.store.rfind("file ", 0) == 0, "generation ", record.generation,
-             ": store '", record.store, "' is not a file (only one-machine runs are built)");
+  KRAB_CHECK(record.store.rfind("file ", 0) == 0, "generation ", record.generation, ": store '",
+             record.store, "' is not a file (only one-machine runs are built)");
   comm::WorldInfo world;
   world.rank = rank;
   world.size = record.workers();
@@ -150,24 +221,64 @@ std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecor
 
 // The survivors are at most one step apart (the commit vote): the one behind held the reduced
 // gradient of the step the others applied, and applies it now with the learning rate it kept.
-void ElasticEngine::reconcile(comm::Communicator& group, torch::optim::Optimizer& optimizer) {
-  auto steps = torch::tensor({applied_}, torch::kInt64);
+// A joiner (no optimizer yet) takes part and adopts the committed step; the transfer brings it
+// the state of that step.
+void ElasticEngine::reconcile(comm::Communicator& group, torch::optim::Optimizer* optimizer) {
+  auto steps = torch::tensor({optimizer != nullptr ? applied_ : int64_t{0}}, torch::kInt64);
   group.allreduce(steps, comm::ReduceOp::kMax)->wait();
   const int64_t committed = steps.item<int64_t>();
+  if (optimizer == nullptr) {
+    applied_ = committed;
+    return;
+  }
   KRAB_CHECK(committed - applied_ <= 1 && committed >= applied_, "elastic: rank ", group.rank(),
              " applied ", applied_, " steps, the group committed ", committed);
   if (committed > applied_) {
-    for (auto& g : optimizer.param_groups()) g.options().set_lr(pending_lr_);
-    optimizer.step();
+    for (auto& g : optimizer->param_groups()) g.options().set_lr(pending_lr_);
+    optimizer->step();
     applied_ = committed;
   }
+  // A backward cut by the failure leaves partial gradients behind (§15.2).
+  for (auto& g : optimizer->param_groups())
+    for (const at::Tensor& p : g.params())
+      if (p.grad().defined()) p.grad().zero_();
+}
+
+// Builds the inner engine of `record`'s generation on `group` and brings every member to the
+// committed step: joiners receive it from rank 0 (`transfer`), the buffers come from rank 0.
+void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
+                          std::unique_ptr<torch::optim::Optimizer> adopted, bool joining) {
+  bool joiners = joining;
+  for (const Member& m : record.members)
+    if (std::find(members_.begin(), members_.end(), m.id) == members_.end()) joiners = true;
+  {
+    std::lock_guard<std::mutex> lock(group_mu_);
+    live_group_ = group.get();
+    generation_ = record.generation;
+  }
+  inner_ = make_inner_(std::move(group), std::move(adopted), /*initial=*/false);
+  members_.clear();
+  for (const Member& m : record.members) members_.push_back(m.id);
+  workers_ = record.workers();
+  if (joiners) {
+    KRAB_CHECK(static_cast<bool>(options_.transfer), "elastic: generation ", record.generation,
+               " has joiners and the engine has no state transfer");
+    applied_ = options_.transfer(*inner_->group(), inner_->state(), applied_, joining);
+  }
+  inner_->start_at(applied_);
+  inner_->broadcast_buffers();
 }
 
 nlohmann::json ElasticEngine::recover(const std::string& cause) {
   const auto t_start = Clock::now();
   const int64_t before = applied_;
   const int old_world = inner_->group()->size();
-  const GenerationRecord record = next_record(generation_.load());
+  const bool planned = proposed_ > generation_.load();
+  if (members_.empty())  // generation 0's members, which this worker did not need until now
+    for (const Member& m : read_record(*options_.control, generation_.load()).members)
+      members_.push_back(m.id);
+  const GenerationRecord record =
+      next_record(planned ? proposed_ : generation_.load() + 1, planned);
   // Leave the old generation: the optimizer goes on, the group goes to the reaper (never
   // destroyed here: a frozen peer's op may hold it until comm.timeout_s).
   std::unique_ptr<torch::optim::Optimizer> optimizer = inner_->take_optimizer();
@@ -175,33 +286,26 @@ nlohmann::json ElasticEngine::recover(const std::string& cause) {
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     live_group_ = nullptr;
-    generation_ = record.generation;
   }
   old_group->abort(str_cat("generation ", record.generation, " replaces it"));
   inner_.reset();
   comm::Reaper::process().bury(std::move(old_group));
+  if (planned && rank_in(record, options_.self) < 0) {  // this worker asked to leave
+    generation_ = record.generation;
+    return {{"left", true}, {"generation", record.generation}, {"step", applied_}};
+  }
 
   std::unique_ptr<comm::Communicator> group = connect(record);
-  reconcile(*group, *optimizer);
-  // A backward cut by the failure leaves partial gradients behind (§15.2).
-  for (auto& g : optimizer->param_groups())
-    for (const at::Tensor& p : g.params())
-      if (p.grad().defined()) p.grad().zero_();
-  {
-    std::lock_guard<std::mutex> lock(group_mu_);
-    live_group_ = group.get();
-  }
-  inner_ = make_inner_(std::move(group), std::move(optimizer));
-  inner_->start_at(applied_);
-  inner_->broadcast_buffers();
+  reconcile(*group, optimizer.get());
+  enter(record, std::move(group), std::move(optimizer), /*joining=*/false);
   ++changes_;
-  workers_ = record.workers();
   // The step in flight is lost when it was handed out and not committed (the vote completed
-  // nowhere); a failure after its vote completed somewhere loses nothing.
+  // nowhere); a failure after its vote completed somewhere, or a proposal, loses nothing.
   const int64_t lost = step_ >= applied_ ? 1 : 0;
   return {{"generation", record.generation},
           {"workers", record.workers()},
           {"previous_workers", old_world},
+          {"kind", std::string(kind_name(record.kind))},
           {"reason", record.reason},
           {"lost", lost_text(record)},
           {"cause", cause},

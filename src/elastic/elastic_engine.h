@@ -24,9 +24,22 @@
 // moment an abort record newer than the running generation appears, so every pending wait of
 // the broken generation throws within one slice (comm::Options::abortable).
 //
-// Not yet: joins and graceful leaves (proposal records: the vote carries them, §2.4), ZeRO
-// (buddies, §4.2), waiting for joiners below min_workers (a `waiting` record is waited out;
-// `stop` ends the run with an error naming elastic.min_workers).
+// Planned changes (§2.4): a proposal record (a join, a graceful leave) interrupts nothing. The
+// commit vote carries the newest generation each rank has seen, so every rank learns of it at
+// the same step; the step completes, and the next next_step() throws MembershipChanged so the
+// loop calls recover(), which moves to exactly that generation (no step lost, nothing to
+// reconcile). A member the record leaves out (a leaver) gets {"left": true} back and ends its
+// run. When the new generation has members the old one did not (joiners), rank 0 sends its
+// state to every rank through `transfer` (a full replica's encoded checkpoint), and a joiner
+// starts from the step it receives. A joiner is an engine built without a group: its
+// constructor announces it (`elastic/join/<member>`), waits for the record that admits it,
+// joins that group and receives the state.
+//
+// Not yet: ZeRO (buddies, §4.2); waiting for joiners below min_workers (a `waiting` record is
+// waited out; `stop` ends the run with an error naming elastic.min_workers).
+//
+// Process-wide effect: the constructor ignores SIGPIPE (a write to a dead peer's socket must
+// fail the op, not end the process).
 //
 // Thread safety: one training thread calls the Engine methods; the view's thread only aborts.
 #pragma once
@@ -49,31 +62,50 @@
 namespace krab::elastic {
 
 struct ElasticEngineOptions {
-  MemberId self;            // this process (KRAB_MEMBER_ID)
-  comm::StorePtr control;   // the job's control store: records, progress
-  std::string backend;      // comm.backend (gloo)
-  comm::Options comm;       // options of every generation's group (abortable is forced on)
-  std::string secret;       // the job secret of every generation's store
-  std::string iface;        // comm.iface
-  double wait_s = 60;       // elastic.wait_s: longest wait for a record and for a rendezvous
+  MemberId self;           // this process (KRAB_MEMBER_ID)
+  comm::StorePtr control;  // the job's control store: records, progress
+  std::string backend;     // comm.backend (gloo)
+  comm::Options comm;      // options of every generation's group (abortable is forced on)
+  std::string secret;      // the job secret of every generation's store
+  std::string iface;       // comm.iface
+  double wait_s = 60;      // elastic.wait_s: longest wait for a record and for a rendezvous
   std::chrono::milliseconds view_period{50};
+  // Moves the committed state to joiners, on the new generation's group; collective. Rank 0
+  // sends `state` at `step` to every rank; a rank with `receiving` set loads it into `state`
+  // and returns the step it holds (the others return `step`).
+  std::function<int64_t(comm::Communicator& group, const engine::TrainState& state, int64_t step,
+                        bool receiving)>
+      transfer;
+  // True once this worker was asked to leave (SIGTERM): at the next step boundary the engine
+  // asks the keeper (`elastic/leave/<member>`), and leaves at the step its proposal takes effect.
+  std::function<bool()> leave_requested;
 };
 
-// Builds generation g's inner engine on `group`. `adopted` is null for the first generation
-// (the engine broadcasts rank 0's state and makes its optimizer), else the previous
-// generation's optimizer, which the new engine must adopt without broadcasting anything.
+// Builds generation g's inner engine on `group`. `initial`: the run's first group — the engine
+// broadcasts rank 0's state and makes its optimizer. Otherwise nothing is broadcast, and
+// `adopted` is the previous generation's optimizer to keep (null for a joiner: it makes its
+// own, and the state transfer fills it).
 using InnerEngineFactory = std::function<std::unique_ptr<parallel::DataParallelEngine>(
-    std::unique_ptr<comm::Communicator> group, std::unique_ptr<torch::optim::Optimizer> adopted)>;
+    std::unique_ptr<comm::Communicator> group, std::unique_ptr<torch::optim::Optimizer> adopted,
+    bool initial)>;
+
+// The worker's graceful leave (§2.4): installs a SIGTERM handler that only sets a flag (the
+// first call does; later calls return the same reader), and returns the reader of that flag for
+// ElasticEngineOptions::leave_requested. A second SIGTERM while leaving still ends the process.
+std::function<bool()> leave_on_sigterm();
 
 class ElasticEngine : public engine::Engine {
  public:
   // `group`: generation `generation`'s communicator, already built (the trainer's first group).
+  // A null group makes a joiner: it waits (up to elastic.wait_s) for a record that has it as a
+  // member, joins that generation and receives the committed state (applied_steps()).
   ElasticEngine(ElasticEngineOptions options, InnerEngineFactory make_inner,
                 std::unique_ptr<comm::Communicator> group, int64_t generation);
   ~ElasticEngine() override;
 
   std::string name() const override { return "sync"; }
   models::Model& model() override { return inner_->model(); }
+  // Ignored by a joiner: it starts from the step it received.
   void start_at(int64_t step) override;
   std::optional<engine::StepPlan> next_step() override;
   void before_backward(int64_t micro, bool last) override { inner_->before_backward(micro, last); }
@@ -90,13 +122,18 @@ class ElasticEngine : public engine::Engine {
   nlohmann::json recover(const std::string& cause) override;
 
   int64_t generation() const { return generation_.load(); }
+  // The newest generation this worker's view has read (a proposal not yet in force included).
+  int64_t newest_seen() const { return view_->newest(); }
   // Steps whose update this rank applied (the committed steps once recover() returned).
   int64_t applied_steps() const { return applied_; }
 
  private:
-  GenerationRecord next_record(int64_t after);
+  void join();
+  GenerationRecord next_record(int64_t want, bool exact);
   std::unique_ptr<comm::Communicator> connect(const GenerationRecord& record);
-  void reconcile(comm::Communicator& group, torch::optim::Optimizer& optimizer);
+  void enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
+             std::unique_ptr<torch::optim::Optimizer> adopted, bool joining);
+  void reconcile(comm::Communicator& group, torch::optim::Optimizer* optimizer);
   void on_abort(const GenerationRecord& record);
 
   ElasticEngineOptions options_;
@@ -107,12 +144,16 @@ class ElasticEngine : public engine::Engine {
   comm::Communicator* live_group_ = nullptr;  // guarded by group_mu_
   std::unique_ptr<MembershipView> view_;
 
-  int64_t applied_ = 0;        // steps applied on this rank
-  int64_t step_ = -1;          // the step handed out last
-  double pending_lr_ = 0;      // the learning rate of the step being voted on
-  int64_t compute_us_ = 0;     // this step's forward and backward, for the vote
+  int64_t applied_ = 0;     // steps applied on this rank
+  int64_t step_ = -1;       // the step handed out last
+  double pending_lr_ = 0;   // the learning rate of the step being voted on
+  int64_t compute_us_ = 0;  // this step's forward and backward, for the vote
   int64_t changes_ = 0;
-  int workers_ = 0;            // the current generation's
+  int workers_ = 0;                // the current generation's
+  std::vector<MemberId> members_;  // the current generation's, in rank order ({} at the start)
+  int64_t proposed_ = -1;          // a proposal the last vote carried: the generation to move to
+  bool joined_ = false;            // built as a joiner
+  bool leave_asked_ = false;       // elastic/leave/<member> written
 };
 
 }  // namespace krab::elastic

@@ -47,6 +47,10 @@ int64_t current_generation(c10d::Store& store);
 // Rank 0 of the running generation writes the steps the group completed after each step
 // (`elastic/progress`, decimal); the keeper reads it for the records' decided_step.
 inline constexpr const char* kProgressKey = "elastic/progress";
+// A worker's requests to the keeper, under its member id: `elastic/join/<member>` = its pid (a
+// joiner, before it is a member), `elastic/leave/<member>` = "1" (a graceful leave, §2.4).
+inline constexpr const char* kJoinPrefix = "elastic/join/";
+inline constexpr const char* kLeavePrefix = "elastic/leave/";
 void publish_progress(c10d::Store& store, int64_t steps);
 
 // Record `generation`, which must have been published (blocking up to the store's timeout).

@@ -17,7 +17,9 @@
 #include "parallel/zero/zero_engine.h"
 #include "sync/local_sgd.h"
 #include "sync/ps_worker.h"
+#include "train/checkpoint.h"
 #include "train/job.h"
+#include "train/peer_state.h"
 
 namespace krab::train {
 namespace {
@@ -128,28 +130,40 @@ parallel::SliceBalance slice_balance(const core::Config& c) {
 // Data parallel on a changing membership: every generation's inner engine is built here on
 // the same model, the first one broadcasting rank 0's state, the later ones adopting the
 // previous generation's optimizer (elastic/elastic_engine.h).
-std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c,
+std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const TrainOptions& o,
                                                     const comm::WorldInfo& world,
                                                     const models::ModelSpec& spec,
                                                     const parallel::DataParallelEngineOptions& dpo,
-                                                    const std::string& member) {
-  KRAB_CHECK_ARG(!member.empty(),
+                                                    const ElasticPlace& place) {
+  KRAB_CHECK_ARG(!place.member.empty(),
                  "elastic.enabled needs krab's own launcher (`krab train JOB.yaml`): it keeps the "
                  "membership; under torchrun, mpirun or Slurm the world is fixed");
   elastic::ElasticEngineOptions eo;
-  eo.self = elastic::MemberId::parse(member);
+  eo.self = elastic::MemberId::parse(place.member);
   eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
   eo.backend = c.get_string("comm.backend");
   eo.comm = comm_options(c);
   eo.secret = world.rendezvous.secret;
   eo.iface = world.iface;
   eo.wait_s = c.get_float("elastic.wait_s");
-  auto group = connect_group(c, world);
+  // A joiner receives rank 0's replica as a resume would read it: the same checks of model,
+  // signature and global batch (train/peer_state.h).
+  const CheckpointMeta meta{0, c.get_string("model.name"), "",
+                            dpo.global_micro_batch * o.micro_batches, o.seed};
+  eo.transfer = [meta](comm::Communicator& g, const engine::TrainState& state, int64_t step,
+                       bool receiving) {
+    CheckpointMeta m = meta;
+    m.step = step;
+    m.signature = model_signature(*state.model);
+    return transfer_replica(g, state, m, receiving);
+  };
+  eo.leave_requested = elastic::leave_on_sigterm();
+  auto group = place.joining ? nullptr : connect_group(c, world);
   std::shared_ptr<models::Model> model = models::make_model(spec);
   auto inner = [&c, model, dpo](std::unique_ptr<comm::Communicator> g,
-                                std::unique_ptr<torch::optim::Optimizer> adopted) {
+                                std::unique_ptr<torch::optim::Optimizer> adopted, bool initial) {
     parallel::DataParallelEngineOptions options = dpo;
-    options.data_parallel.broadcast_initial_state = adopted == nullptr;
+    options.data_parallel.broadcast_initial_state = initial;
     return std::make_unique<parallel::DataParallelEngine>(
         model, std::move(g), options,
         parallel::make_compression_hook(compress::CompressionOptions::from_config(c)),
@@ -164,7 +178,7 @@ std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c,
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& o,
                                             const comm::WorldInfo& world,
                                             const models::ModelSpec& spec, int64_t total_steps,
-                                            const std::string& member) {
+                                            const ElasticPlace& place) {
   if (o.sync_mode == SyncMode::kAsync) return make_ps_worker(c, o, world, models::make_model(spec));
   parallel::DataParallelEngineOptions dpo;
   dpo.total_steps = total_steps;
@@ -172,7 +186,7 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   dpo.data_parallel.bucket_mb = c.get_float("parallel.bucket_mb");
   dpo.broadcast_buffers = c.get_bool("parallel.broadcast_buffers");
   dpo.balance = slice_balance(c);
-  if (c.get_bool("elastic.enabled")) return make_elastic_engine(c, world, spec, dpo, member);
+  if (c.get_bool("elastic.enabled")) return make_elastic_engine(c, o, world, spec, dpo, place);
   auto group = connect_group(c, world);
   if (o.zero_stage == 3) return make_stage3_engine(c, o, std::move(group), spec, dpo);
   auto model = models::make_model(spec);

@@ -23,11 +23,16 @@ namespace krab::train {
 // worker never exists whole: parallel/zero/stage3_build.h); the others build it whole.
 // With elastic.enabled, data parallel runs inside elastic::ElasticEngine (elastic/
 // elastic_engine.h), which rebuilds the group when the membership changes: `member` is this
-// process's member id (KRAB_MEMBER_ID from krab's launcher; InvalidArgument when empty).
+// process's member id (KRAB_MEMBER_ID from krab's launcher; InvalidArgument when empty), and a
+// `joining` member enters a running job: no group of its own at first, the state from rank 0.
+struct ElasticPlace {
+  std::string member;
+  bool joining = false;
+};
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& options,
                                             const comm::WorldInfo& world,
                                             const models::ModelSpec& spec, int64_t total_steps,
-                                            const std::string& member = "");
+                                            const ElasticPlace& place = {});
 
 // parallel.offload: disk, before any worker is spawned: the offload directory
 // (RUN_DIR/offload) must be writable and its file system must have room for every rank's file

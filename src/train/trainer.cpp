@@ -16,6 +16,7 @@
 #include "core/seal.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "elastic/elastic_engine.h"
 #include "engine/engine.h"
 #include "models/describe.h"
 #include "models/model.h"
@@ -28,6 +29,7 @@
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
 #include "train/options.h"
+#include "train/peer_state.h"
 #include "train/precision.h"
 #include "train/schedule.h"
 #include "train/sharded_checkpoint.h"
@@ -43,18 +45,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 }
 
 double unix_seconds_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-// Rank 0's bytes reach every rank (checkpoint resume without a shared file system).
-std::string broadcast_bytes(comm::Communicator& comm, std::string bytes) {
-  auto len = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
-  comm.broadcast(len, 0)->wait();
-  auto buf = torch::empty({len.item<int64_t>()}, torch::kUInt8);
-  if (comm.rank() == 0) std::memcpy(buf.data_ptr(), bytes.data(), bytes.size());
-  comm.broadcast(buf, 0)->wait();
-  return std::string(static_cast<const char*>(buf.data_ptr()), buf.numel());
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 // The metric on the whole test split: each rank evaluates its share, the sums add up over the
@@ -91,7 +82,7 @@ struct Trainer::Loop {
   void attach_sinks();
   nlohmann::json run();
   void train_steps();
-  void recover(const std::string& cause);
+  bool recover(const std::string& cause);
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
   void end_of_step(int64_t step, double loss, int64_t examples);
@@ -147,6 +138,7 @@ struct Trainer::Loop {
   double last_loss = 0;
   std::optional<double> shared_loss;   // share_loss() of the last step shared
   comm::TrafficStats loss_traffic;     // what share_loss() sent: not training traffic
+  comm::TrafficStats retired_traffic;  // what the groups of earlier generations sent
   std::optional<Straggler> straggler;  // train.slow_rank's artificial delay
   int64_t computed = 0;                // steps this rank computed
   int64_t next_eval = 0;
@@ -172,14 +164,13 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   torch::set_num_threads(o.threads);
   straggler.emplace(c, world.rank);
   d = load_data(c, DataResidency::kLazy, world.rank == 0 ? LoadNotes::kSay : LoadNotes::kQuiet);
-  sampler = std::make_unique<data::GlobalBatchSampler>(d.training().size(), global_batch(),
-                                                       static_cast<uint64_t>(o.seed),
-                                                       d.training().layout());
+  sampler = std::make_unique<data::GlobalBatchSampler>(
+      d.training().size(), global_batch(), static_cast<uint64_t>(o.seed), d.training().layout());
   steps = total_steps(c, *sampler, o.micro_batches);
   batches = image_batches(c, d, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   engine = make_engine(c, o, world, model_spec(c, d), steps,
-                       options.member_id);  // builds the model
+                       {options.member_id, options.joining});  // builds the model
   model_name = c.get_string("model.name");
   signature = model_signature(engine->model());
   if (const auto* ts = models::as_torchscript(engine->model()))
@@ -204,7 +195,10 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
                    model_name.c_str());
     }
   }
-  if (o.resume && group != nullptr) resume();
+  if (options.joining)  // it entered a running job at the step it received (no resume)
+    start_step = dynamic_cast<elastic::ElasticEngine&>(*engine).applied_steps();
+  else if (o.resume && group != nullptr)
+    resume();
   engine->start_at(start_step);
 }
 
@@ -278,7 +272,10 @@ nlohmann::json Trainer::Loop::run() {
       if (!engine->can_recover()) throw;
       cause = e.what();
     }
-    recover(cause);
+    if (!recover(cause)) {  // this worker left the run (SIGTERM): the others go on without it
+      events.note(str_cat("left the run after step ", committed));
+      return nlohmann::json();
+    }
   }
   return group != nullptr ? finish_group() : finish_alone();
 }
@@ -316,9 +313,19 @@ void Trainer::Loop::train_steps() {
 }
 
 // The engine is on the next generation's group when recover() returns; what it says goes to
-// the report's `membership` and, on rank 0, to the terminal.
-void Trainer::Loop::recover(const std::string& cause) {
+// the report's `membership` and, on rank 0, to the terminal. False when this worker is not in
+// the next generation because it asked to leave.
+bool Trainer::Loop::recover(const std::string& cause) {
+  const comm::TrafficStats sent = group->traffic();  // the old group leaves with recover()
+  for (size_t k = 0; k < sent.bytes_sent.size(); ++k) {
+    retired_traffic.bytes_sent[k] += sent.bytes_sent[k];
+    retired_traffic.ops[k] += sent.ops[k];
+  }
   nlohmann::json change = engine->recover(cause);
+  if (change.value("left", false)) {
+    committed = change["step"].get<int64_t>();
+    return false;
+  }
   group = engine->group();
   committed = change["step"].get<int64_t>();
   awaiting_resume = true;
@@ -332,6 +339,7 @@ void Trainer::Loop::recover(const std::string& cause) {
                  static_cast<long long>(committed),
                  static_cast<long long>(change["lost_steps"].get<int64_t>()));
   membership.push_back(std::move(change));
+  return true;
 }
 
 // Forward and backward of the step's micro-batches on this rank's slice; the mean loss.
@@ -484,15 +492,14 @@ nlohmann::json Trainer::Loop::finish_group() {
   const double train_secs = seconds_between(t_warm, t_end) - (eval_secs - eval_before_warm);
   RunOutcome out;
   out.measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
-  out.samples_per_sec =
-      train_secs > 0 && out.measured_steps > 0
-          ? out.measured_steps * global_batch() * o.micro_batches / train_secs
-          : 0;
+  out.samples_per_sec = train_secs > 0 && out.measured_steps > 0
+                            ? out.measured_steps * global_batch() * o.micro_batches / train_secs
+                            : 0;
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
   comm::TrafficStats traffic = group->traffic();
   for (size_t k = 0; k < traffic.bytes_sent.size(); ++k)
-    traffic.bytes_sent[k] -= loss_traffic.bytes_sent[k];
+    traffic.bytes_sent[k] += retired_traffic.bytes_sent[k] - loss_traffic.bytes_sent[k];
   out.train_seconds = seconds_between(t_loop, t_end) - eval_secs;
   engine->settle();  // every rank: evaluation and the final state read the parameters
   models::Model& model = engine->model();

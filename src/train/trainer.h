@@ -31,6 +31,9 @@ struct WorkerOptions {
   // This process as a member of an elastic run (`<node>.<slot>.<incarnation>`, from the
   // launcher's KRAB_MEMBER_ID); "" outside elastic runs.
   std::string member_id;
+  // A member entering a running elastic job (a replacement, KRAB_ELASTIC_JOIN=1): it receives
+  // the state from rank 0 instead of starting or resuming.
+  bool joining = false;
 };
 
 class Trainer {

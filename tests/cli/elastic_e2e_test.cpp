@@ -40,10 +40,10 @@ class Elastic : public Cli {
   // Starts the elastic run in the background, kills rank `rank` once `step` steps are done,
   // waits for the launcher; returns its exit status and the killed PID.
   std::pair<int, pid_t> run_and_kill(const std::string& run, int rank, int64_t step) {
-    const pid_t launcher = start_krab(
-        dir_, (dir_ / (run + ".log")).string(),
-        {"train", "job.yaml", "--report", run + ".json", "--progress-file", "progress", "--set",
-         "checkpoint.dir=" + run, "--set", "elastic.enabled=true"});
+    const pid_t launcher =
+        start_krab(dir_, (dir_ / (run + ".log")).string(),
+                   {"train", "job.yaml", "--report", run + ".json", "--progress-file", "progress",
+                    "--set", "checkpoint.dir=" + run, "--set", "elastic.enabled=true"});
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
     while (progress() < step && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));

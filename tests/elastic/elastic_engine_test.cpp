@@ -13,11 +13,13 @@
 #include <filesystem>
 #include <thread>
 
+#include "../parallel/zero_test_support.h"
 #include "core/errors.h"
 #include "core/flat.h"
 #include "elastic/membership_view.h"
 #include "models/model.h"
-#include "../parallel/zero_test_support.h"
+#include "train/checkpoint.h"
+#include "train/peer_state.h"
 
 namespace krab::elastic {
 namespace {
@@ -51,16 +53,21 @@ struct Stores {
     std::filesystem::remove_all(dir);
   }
   void host(int64_t g) { servers.push_back(std::make_unique<comm::StoreServer>(endpoint(g))); }
-  std::string file(int64_t g) const { return (dir / ("g" + std::to_string(g) + ".store")).string(); }
+  std::string file(int64_t g) const {
+    return (dir / ("g" + std::to_string(g) + ".store")).string();
+  }
   comm::Endpoint endpoint(int64_t g) const { return {"127.0.0.1", 0, file(g), ""}; }
 };
 
+// Generation g of `slots` (by default 0..workers-1), ranked in that order.
 GenerationRecord record_of(Stores& stores, int64_t g, int workers, RecordState state,
-                           const std::vector<LostMember>& lost) {
+                           const std::vector<LostMember>& lost, std::vector<int> slots = {}) {
   GenerationRecord r;
   r.generation = g;
   if (g > 0) stores.host(g);
-  for (int i = 0; i < workers; ++i) r.members.push_back({i, 0, i, 0, {0, i, 0}});
+  if (slots.empty())
+    for (int i = 0; i < workers; ++i) slots.push_back(i);
+  for (int i = 0; i < workers; ++i) r.members.push_back({i, 0, i, 0, {0, slots[i], 0}});
   r.store = "file " + (g == 0 ? stores.file(0) : stores.file(g));
   r.kind = g == 0 ? RecordKind::kProposal : RecordKind::kAbort;
   r.reason = g == 0 ? "start" : "death";
@@ -93,24 +100,41 @@ std::unique_ptr<comm::Communicator> join_first(const Stores& stores, int rank, i
   return comm::make_communicator("gloo", w, o);
 }
 
+// How a rank takes part: from the start, or as a joiner (no group: it asks to join and waits
+// to be admitted); `leave_after` > 0: it asks to leave (as SIGTERM would) after that many steps.
+struct Role {
+  bool joining = false;
+  int leave_after = 0;
+};
+
 std::unique_ptr<ElasticEngine> make_engine(const Stores& stores, int rank, int size,
-                                           std::shared_ptr<models::Model> model) {
+                                           std::shared_ptr<models::Model> model, Role role = {}) {
   ElasticEngineOptions o;
   o.self = MemberId{0, rank, 0};
   o.control = comm::connect_store(stores.endpoint(0), 10s);
   o.backend = "gloo";
   o.comm.timeout = 20s;
   o.wait_s = 20;
+  // What train/engines.cpp passes: rank 0's replica, encoded as a checkpoint.
+  o.transfer = [](comm::Communicator& g, const engine::TrainState& state, int64_t step,
+                  bool receiving) {
+    train::CheckpointMeta meta{step, "mlp", train::model_signature(*state.model), kBatch, 0};
+    return train::transfer_replica(g, state, meta, receiving);
+  };
+  o.leave_requested = [steps = std::make_shared<int>(0), role] {
+    return role.leave_after > 0 && ++*steps >= role.leave_after;
+  };
   auto inner = [model](std::unique_ptr<comm::Communicator> group,
-                       std::unique_ptr<torch::optim::Optimizer> adopted) {
+                       std::unique_ptr<torch::optim::Optimizer> adopted, bool initial) {
     parallel::DataParallelEngineOptions dpo;
     dpo.total_steps = kSteps;
     dpo.global_micro_batch = kBatch;
-    dpo.data_parallel.broadcast_initial_state = adopted == nullptr;
+    dpo.data_parallel.broadcast_initial_state = initial;
     return std::make_unique<parallel::DataParallelEngine>(model, std::move(group), dpo, nullptr,
                                                           optimizer_of("sgd"), std::move(adopted));
   };
-  return std::make_unique<ElasticEngine>(o, inner, join_first(stores, rank, size), 0);
+  return std::make_unique<ElasticEngine>(
+      o, inner, role.joining ? nullptr : join_first(stores, rank, size), 0);
 }
 
 struct Outcome {
@@ -120,8 +144,10 @@ struct Outcome {
 };
 
 // The loop of train/trainer.cpp, reduced to what the engine sees: recover() after a broken
-// group, then on from the first uncommitted step. Returns early (a "death") at `leave_at`.
-Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1) {
+// group, then on from the first uncommitted step. Returns early (a "death") at `leave_at`;
+// `after` runs after each step.
+Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1,
+              const std::function<void(int64_t)>& after = nullptr) {
   Outcome out;
   models::Model& model = engine.model();
   for (;;) {
@@ -139,6 +165,7 @@ Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1) {
         engine.reduce_gradients();
         engine.apply(kLr);
         engine.after_step(*plan);
+        if (after) after(plan->step);
       }
       out.params = core::flatten(model.parameters()).clone();
       return out;
@@ -147,6 +174,7 @@ Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1) {
     }
     try {
       out.changes.push_back(engine.recover(cause));
+      if (out.changes.back().value("left", false)) return out;
     } catch (const Error& e) {
       out.error = e.what();
       return out;
@@ -201,13 +229,95 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
     EXPECT_EQ(change["generation"], 1);
     EXPECT_EQ(change["workers"], 3);
     EXPECT_EQ(change["previous_workers"], 4);
-    EXPECT_EQ(change["step"], 5);  // steps 0-4 committed everywhere
+    EXPECT_EQ(change["step"], 5);        // steps 0-4 committed everywhere
     EXPECT_EQ(change["lost_steps"], 1);  // step 5 was in flight
     ASSERT_TRUE(outcomes[r].params.defined());
     EXPECT_TRUE(torch::allclose(outcomes[r].params, expected, 1e-5, 1e-6))
         << "max abs diff " << (outcomes[r].params - expected).abs().max().item<double>();
     EXPECT_TRUE(torch::equal(outcomes[r].params, outcomes[0].params));
   }
+}
+
+// Waits until the control store holds `key` (a worker's request to the keeper).
+void wait_for_key(c10d::Store& store, const std::string& key) {
+  while (!store.check({key})) std::this_thread::sleep_for(5ms);
+}
+
+void expect_on_trajectory(const std::vector<Outcome>& outcomes, const std::vector<int>& ranks,
+                          const at::Tensor& expected) {
+  for (int r : ranks) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(outcomes[r].error, "");
+    ASSERT_TRUE(outcomes[r].params.defined());
+    EXPECT_TRUE(torch::allclose(outcomes[r].params, expected, 1e-5, 1e-6))
+        << "max abs diff " << (outcomes[r].params - expected).abs().max().item<double>();
+    EXPECT_TRUE(torch::equal(outcomes[r].params, outcomes[ranks[0]].params));
+  }
+}
+
+// A fourth worker joins a run of three: it asks (elastic/join/<member>), the keeper proposes
+// generation 1 with it as rank 3, the three finish the step that carried the proposal, and the
+// joiner receives rank 0's replica (parameters, momentum) and trains on. No step is lost; all
+// four end bit-equal, on the uninterrupted trajectory.
+TEST(ElasticEngine, AJoinerReceivesTheStateAndTheRunLosesNoStep) {
+  Stores stores;
+  const Data data;
+  publish_record(*stores.control, record_of(stores, 0, 3, RecordState::kRun, {}));
+  std::vector<Outcome> outcomes(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      if (r == 3) wait_for_key(*stores.control, "elastic/progress");  // joins a running job
+      // (it may ask before step 3: then the proposal finds the others at step 3 or earlier)
+      auto engine = make_engine(stores, r, 3, small_model("mlp", r == 3 ? 99 : 3), {r == 3, 0});
+      // The three wait after step 3 until their views have read the proposal, so that the
+      // vote of step 4 carries it (ten steps take milliseconds: the run would end first).
+      outcomes[r] = train(*engine, data, -1, [&engine](int64_t step) {
+        while (step == 3 && engine->newest_seen() < 1) std::this_thread::sleep_for(1ms);
+      });
+    });
+  wait_for_key(*stores.control, std::string(kJoinPrefix) + "0.3.0");
+  auto next = record_of(stores, 1, 4, RecordState::kRun, {});
+  next.kind = RecordKind::kProposal;
+  next.reason = "join";
+  publish_record(*stores.control, next);
+  for (auto& t : ranks) t.join();
+  expect_on_trajectory(outcomes, {0, 1, 2, 3}, reference(data));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(outcomes[r].changes.size(), 1u);
+    EXPECT_EQ(outcomes[r].changes[0]["kind"], "proposal");
+    EXPECT_EQ(outcomes[r].changes[0]["lost_steps"], 0);
+    EXPECT_EQ(outcomes[r].changes[0]["workers"], 4);
+  }
+  EXPECT_TRUE(outcomes[3].changes.empty());
+}
+
+// Rank 1 of 4 asks to leave after its third step (SIGTERM, §2.4); the keeper proposes
+// generation 1 without it; it ends its run at the step the proposal takes effect, and the other
+// three go on, renumbered 0-2, with no step lost.
+TEST(ElasticEngine, AGracefulLeaveLosesNoStep) {
+  Stores stores;
+  const Data data;
+  publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
+  std::vector<Outcome> outcomes(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      auto engine = make_engine(stores, r, 4, small_model("mlp", 3), {false, r == 1 ? 3 : 0});
+      outcomes[r] = train(*engine, data);
+    });
+  wait_for_key(*stores.control, std::string(kLeavePrefix) + "0.1.0");
+  auto next = record_of(stores, 1, 3, RecordState::kRun, {{{0, 1, 0}, "left"}}, {0, 2, 3});
+  next.kind = RecordKind::kProposal;
+  next.reason = "leave";
+  publish_record(*stores.control, next);
+  for (auto& t : ranks) t.join();
+  expect_on_trajectory(outcomes, {0, 2, 3}, reference(data));
+  ASSERT_EQ(outcomes[1].changes.size(), 1u);
+  EXPECT_TRUE(outcomes[1].changes[0].value("left", false));
+  EXPECT_FALSE(outcomes[1].params.defined());
+  EXPECT_EQ(outcomes[0].changes[0]["lost_steps"], 0);
+  EXPECT_GE(outcomes[0].changes[0]["step"].get<int64_t>(), 3);
 }
 
 // A record that drops this rank ends its run by name; one whose state is `stop` (fewer than
