@@ -129,9 +129,11 @@ void LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
 void LocalKeeper::read_progress(std::vector<Event>* events) {
   const std::optional<std::string> text = try_read(*control_, "elastic/progress");
   if (!text) return;
+  // "<step>", or "<step> <more>" (§8 plans a Unix time after it): the leading count is ours.
   int64_t step = -1;
-  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), step);
-  if (ec != std::errc() || end != text->data() + text->size() || step <= progress_) return;
+  const char* last = text->data() + text->size();
+  const auto [end, ec] = std::from_chars(text->data(), last, step);
+  if (ec != std::errc() || (end != last && *end != ' ') || step <= progress_) return;
   progress_ = step;
   events->emplace_back(event::Progress{step});
 }

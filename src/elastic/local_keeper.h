@@ -15,7 +15,8 @@
 //   - the heartbeat records of the current generation's group (comm::PeerMonitor's "hb/<rank>"
 //     under "g<g>/" in the generation's store): a beat that moved is event::Heartbeat for the
 //     member at that rank;
-//   - elastic/progress (rank 0's decimal count of completed steps): event::Progress;
+//   - elastic/progress (rank 0's decimal count of completed steps, possibly followed by a space
+//     and more): event::Progress;
 //   - elastic/suspect/<member id> ("<generation> <peer member id or ->"), when its text
 //     changed: event::Suspect (a malformed report is ignored: reports are hints);
 // and feeds them with the queued exits, HeartbeatTick and WaitTick to Keeper::on_events as one

@@ -96,7 +96,7 @@ TEST(LocalKeeper, PublishesGenerationZeroWhereWorkersReadIt) {
 TEST(LocalKeeper, KilledWorkerMakesTheNextGenerationInAFreshStoreFile) {
   Job job;
   LocalKeeper keeper(job.options(), three(), at(0));
-  job.put("elastic/progress", "7");
+  job.put("elastic/progress", "7 1765000000.5");
   keeper.on_child_exit({0, 1, 0}, 0, 9);
   const auto r = keeper.poll(at(40));
   ASSERT_TRUE(r.has_value());
