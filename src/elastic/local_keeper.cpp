@@ -79,10 +79,12 @@ std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
   // silence of its heartbeats that follows.
   std::vector<Event> events;
   events.swap(exits_);
-  read_heartbeats(now, &events);
+  // No heartbeat tick when the generation's store cannot be read: its silence would be ours,
+  // not the workers', and would drop (and kill) every one of them.
+  const bool heard = read_heartbeats(now, &events);
   read_progress(&events);
   read_suspects(&events);
-  events.emplace_back(event::HeartbeatTick{});
+  if (heard) events.emplace_back(event::HeartbeatTick{});
   events.emplace_back(event::WaitTick{});
   std::optional<GenerationRecord> record = keeper_.on_events(events, now);
   if (!record) return std::nullopt;
@@ -102,13 +104,13 @@ void LocalKeeper::open_generation() {
   beats_.clear();
 }
 
-void LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
+bool LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
   const GenerationRecord& g = keeper_.current();
   if (group_generation_ != g.generation) {
     try {
       open_generation();
     } catch (const std::exception&) {
-      return;  // its file is made before the record is published; try again next poll
+      return false;  // its file is made before the record is published; try again next poll
     }
   }
   const auto records = comm::PeerMonitor::read_records(*group_, g.workers());
@@ -124,6 +126,7 @@ void LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
       events->emplace_back(event::Heartbeat{m.id});  // still starting: see the header
     }
   }
+  return true;
 }
 
 void LocalKeeper::read_progress(std::vector<Event>* events) {

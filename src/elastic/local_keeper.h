@@ -20,9 +20,10 @@
 //   - elastic/suspect/<member id> ("<generation> <peer member id or ->"), when its text
 //     changed: event::Suspect (a malformed report is ignored: reports are hints);
 // and feeds them with the queued exits, HeartbeatTick and WaitTick to Keeper::on_events as one
-// batch, so members found dead together are one record. A record the Keeper decides is
-// published (publish_record: elastic/gen/<g> once, then elastic/current) after its store file
-// exists, and returned.
+// batch, so members found dead together are one record. When the generation's store cannot be
+// opened, that poll has no HeartbeatTick: the keeper's own trouble is no worker's silence. A record
+// the Keeper decides is published (publish_record: elastic/gen/<g> once, then elastic/current)
+// after its store file exists, and returned.
 //
 // Generation g >= 1 builds its group in a fresh FileStore file, store_dir/g<g>.store ("file
 // PATH" in the record), created here (mode 0600) before the record is published, so a worker
@@ -83,7 +84,7 @@ class LocalKeeper {
 
  private:
   void open_generation();  // heartbeat client for current()'s group
-  void read_heartbeats(Instant now, std::vector<Event>* events);
+  bool read_heartbeats(Instant now, std::vector<Event>* events);  // false: store unreadable
   void read_progress(std::vector<Event>* events);
   void read_suspects(std::vector<Event>* events);
 

@@ -210,6 +210,18 @@ TEST(LocalKeeper, LaterGenerationsAreWatchedInTheirOwnStore) {
             "on");
 }
 
+// The keeper cannot open the generation's store (here: its file is gone): that is no evidence
+// against the workers, and nobody is dropped for the silence it causes.
+TEST(LocalKeeper, AnUnreadableStoreDropsNobody) {
+  Job job;
+  LocalKeeper keeper(job.options(), three(), at(0));
+  keeper.on_child_exit({0, 0, 0}, 0, 6);
+  ASSERT_TRUE(keeper.poll(at(100)).has_value());
+  fs::remove(job.dir / "g1.store");
+  for (int64_t t = 200; t <= 8000; t += 400)
+    ASSERT_FALSE(keeper.poll(at(t)).has_value()) << "dropped at " << t << " ms";
+}
+
 // A worker's report that its op failed with a peer drops that peer once its beats are 3
 // heartbeat periods old (600 ms), long before dead_after_ms.
 TEST(LocalKeeper, SuspectReportDropsAStalePeerEarly) {
