@@ -241,6 +241,13 @@ class Supervisor {
         stop(128 + g_signal, std::chrono::seconds(3));
       }
       if (keeper_ && !stopping_) poll_keeper(/*force=*/false);
+      if (stop_by_ && !stopping_ && std::chrono::steady_clock::now() > *stop_by_) {
+        std::fprintf(stderr,
+                     "krab: %d worker(s) still running %.0f s after the stop record; "
+                     "stopping them\n",
+                     alive_, std::chrono::duration<double>(plan_.elastic->start_grace).count());
+        stop(1, grace_);
+      }
       if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -319,6 +326,8 @@ class Supervisor {
       for (const Child& c : children_)
         if (c.pid > 0 && !c.server && c.member == lost.id) ::kill(c.pid, SIGKILL);
     write_workers_json();
+    // The members write a checkpoint and exit (§2.5); that is bounded like any of their waits.
+    if (record->state == elastic::RecordState::kStop) stop_by_ = now + plan_.elastic->start_grace;
   }
 
   void write_workers_json() {
@@ -332,11 +341,11 @@ class Supervisor {
     if (exits_pending_) poll_keeper(/*force=*/true);
     const elastic::GenerationRecord& last = keeper_->current();
     if (keeper_->stopped()) {
-      std::string ranks;
+      std::string ranks = last.workers() == 1 ? "rank" : "ranks";
       for (const elastic::Member& m : last.members)
-        ranks += str_cat(ranks.empty() ? "" : ", ", m.rank);
+        ranks += str_cat(m.rank == 0 ? " " : ", ", m.rank);
       std::fprintf(stderr,
-                   "krab: elastic.min_workers %d: %d worker(s) left (ranks %s of generation %lld) "
+                   "krab: elastic.min_workers %d: %d worker(s) left (%s of generation %lld) "
                    "after waiting elastic.wait_s %g s; the workers wrote a checkpoint in %s: run "
                    "again with checkpoint.resume: true\n",
                    plan_.elastic->keeper.min_workers, last.workers(), ranks.c_str(),
@@ -376,6 +385,7 @@ class Supervisor {
   std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
   std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic only
   bool exits_pending_ = false;
+  std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();
 };
 

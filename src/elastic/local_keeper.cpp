@@ -87,11 +87,22 @@ std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
   if (heard) events.emplace_back(event::HeartbeatTick{});
   events.emplace_back(event::WaitTick{});
   std::optional<GenerationRecord> record = keeper_.on_events(events, now);
+  unlink_retired(now);
   if (!record) return std::nullopt;
   create_store_file(store_file(record->generation));
   publish_record(*control_, *record);
+  if (record->generation >= 2)
+    retired_.emplace_back(store_file(record->generation - 1), now.steady_ms);
   generation_start_ms_ = now.steady_ms;
   return record;
+}
+
+void LocalKeeper::unlink_retired(Instant now) {
+  while (!retired_.empty() &&
+         now.steady_ms - retired_.front().second >= options_.start_grace.count()) {
+    ::unlink(retired_.front().first.c_str());  // best effort: the directory goes at exit anyway
+    retired_.erase(retired_.begin());
+  }
 }
 
 void LocalKeeper::open_generation() {

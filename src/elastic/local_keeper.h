@@ -30,6 +30,10 @@
 // that reads the record can open it. Generation 0's group lives in the control store itself
 // (the workers build it there as without elastic, prefix g0/).
 //
+// A generation's store file (g >= 1) is unlinked once `start_grace` (the launcher gives
+// comm.timeout_s, the bound of any op of the abandoned group, §3.2) has passed since the next
+// generation replaced it: the long-running job does not keep every generation's log on disk.
+//
 // Start-up grace: a member of generation 0 that has not beaten yet is not timed out until
 // `start_grace` has passed (a worker loads LibTorch, its data and model before its group and
 // heartbeats exist; on a loaded machine that takes longer than dead_after_ms). Once a member's
@@ -84,6 +88,7 @@ class LocalKeeper {
 
  private:
   void open_generation();  // heartbeat client for current()'s group
+  void unlink_retired(Instant now);
   bool read_heartbeats(Instant now, std::vector<Event>* events);  // false: store unreadable
   void read_progress(std::vector<Event>* events);
   void read_suspects(std::vector<Event>* events);
@@ -98,6 +103,7 @@ class LocalKeeper {
   std::map<MemberId, std::string> suspect_text_;
   int64_t progress_ = -1;
   std::vector<Event> exits_;
+  std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced
 };
 
 // The launcher's line for a change (no "krab: " prefix, no newline), e.g.

@@ -142,6 +142,29 @@ TEST_F(ElasticLaunch, KilledWorkerMakesGenerationOneAndTheRunGoesOn) {
               krab::str_cat("0.", r, ".0"));
 }
 
+// Below elastic.min_workers for elastic.wait_s: the keeper writes a stop record; the member left
+// exits (here 0, as if after its checkpoint) and the launcher says so and exits 1.
+TEST_F(ElasticLaunch, BelowMinWorkersForWaitSStopsWithOne) {
+  plan_.elastic->keeper.min_workers = 2;
+  plan_.elastic->keeper.wait_s = 0.3;
+  start();
+  const auto g0 = workers(0);
+  ASSERT_EQ(g0["workers"].size(), 3u) << g0;
+  wait_started();
+  for (int r : {1, 2}) ::kill(static_cast<pid_t>(g0["workers"][r]["pid"].get<int64_t>()), SIGKILL);
+  const auto g2 = workers(2);  // 1: waiting; 2: stop, wait_s later
+  ASSERT_EQ(g2["workers"].size(), 1u) << g2;
+  auto store = krab::comm::connect_store(control_, 5s);
+  EXPECT_EQ(krab::elastic::read_record(*store, 1).state, krab::elastic::RecordState::kWaiting);
+  EXPECT_EQ(krab::elastic::read_record(*store, 2).state, krab::elastic::RecordState::kStop);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(finish(), 1);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find(
+                "elastic.min_workers 2: 1 worker(s) left (rank 0 of generation 2) after waiting "
+                "elastic.wait_s 0.3 s"),
+            std::string::npos);
+}
+
 TEST_F(ElasticLaunch, NoWorkerLeftIsExitOne) {
   start();
   const auto g0 = workers(0);

@@ -222,6 +222,26 @@ TEST(LocalKeeper, AnUnreadableStoreDropsNobody) {
     ASSERT_FALSE(keeper.poll(at(t)).has_value()) << "dropped at " << t << " ms";
 }
 
+// Generation 1's file is unlinked start_grace after generation 2 replaced it, not before;
+// generation 0's (the job's control store) never.
+TEST(LocalKeeper, ReplacedGenerationFilesAreUnlinkedAfterTheGrace) {
+  Job job;
+  LocalKeeper keeper(job.options(5000ms), three(), at(0));
+  keeper.on_child_exit({0, 0, 0}, 1, 0);
+  ASSERT_TRUE(keeper.poll(at(100)).has_value());
+  keeper.on_child_exit({0, 1, 0}, 1, 0);
+  ASSERT_TRUE(keeper.poll(at(200)).has_value());
+  const fs::path g1 = job.dir / "g1.store", g2 = job.dir / "g2.store";
+  job.beat(2, g2.string(), 0, 1);
+  ASSERT_FALSE(keeper.poll(at(5199)).has_value());
+  EXPECT_TRUE(fs::exists(g1));
+  job.beat(2, g2.string(), 0, 2);
+  ASSERT_FALSE(keeper.poll(at(5200)).has_value());
+  EXPECT_FALSE(fs::exists(g1));
+  EXPECT_TRUE(fs::exists(g2));
+  EXPECT_TRUE(fs::exists(job.control().file));
+}
+
 // A worker's report that its op failed with a peer drops that peer once its beats are 3
 // heartbeat periods old (600 ms), long before dead_after_ms.
 TEST(LocalKeeper, SuspectReportDropsAStalePeerEarly) {
