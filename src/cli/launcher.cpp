@@ -7,12 +7,15 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "core/errors.h"
+#include "core/fs.h"
+#include "elastic/local_keeper.h"
 
 extern char** environ;
 
@@ -120,6 +123,9 @@ struct Child {
   pid_t pid = -1;    // -1 once it has exited
   std::string name;  // "rank 3", "parameter server 0"
   bool server = false;
+  int local = 0;             // worker: its slot on this node
+  elastic::MemberId member;  // elastic: <node>.<slot>.0
+  bool ok = false;           // exited with status 0
 };
 
 // Variables spawn_and_supervise sets for each child itself: the launcher's own values (it may
@@ -127,13 +133,13 @@ struct Child {
 bool set_per_child(const std::string& k) {
   return k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "LOCAL_WORLD_SIZE" ||
          k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "KRAB_WORKER" || k == "KRAB_PS_SHARD" ||
-         k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET";
+         k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET" || k == "KRAB_MEMBER_ID";
 }
 
 // The environment of a child: the launcher's, plan.worker_env where the launcher's does not
 // set them, and the torchrun-style variables naming its place in the job (launcher.h).
 std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, int shard, int rank,
-                                           int local) {
+                                           int local, const std::string& member) {
   std::vector<std::string> envs;
   for (auto& [k, v] : current_environment())
     if (!set_per_child(k)) envs.push_back(k + "=" + v);
@@ -151,6 +157,8 @@ std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, 
   if (!plan.rendezvous.file.empty()) envs.push_back("KRAB_STORE_FILE=" + plan.rendezvous.file);
   // The environment, not the command line: /proc/PID/environ is readable by this user only.
   if (!plan.rendezvous.secret.empty()) envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
+  // An elastic worker finds its rank in each generation record by this id (elastic/keeper.h).
+  if (!member.empty()) envs.push_back("KRAB_MEMBER_ID=" + member);
   return envs;
 }
 
@@ -186,9 +194,11 @@ std::vector<Child> start_children(const LaunchPlan& plan, const std::vector<std:
     const int local = server ? 0 : i - servers;
     const int rank = plan.node_rank * plan.nproc_per_node + local;
     const std::string name = server ? str_cat("parameter server ", i) : str_cat("rank ", rank);
+    const elastic::MemberId member{plan.node_rank, local, 0};
+    const std::string id = plan.elastic && !server ? member.str() : "";
     const pid_t pid =
-        start_child(argv, child_environment(plan, server, i, rank, local), name, launcher);
-    children.push_back({pid, name, server});
+        start_child(argv, child_environment(plan, server, i, rank, local, id), name, launcher);
+    children.push_back({pid, name, server, local, member});
   }
   return children;
 }
@@ -204,14 +214,17 @@ std::pair<int, std::string> describe_exit(int status) {
 }
 
 // Watches the children until every one has exited. The first that fails (or a signal to the
-// launcher) stops the others: SIGTERM, then SIGKILL once the grace period has passed.
+// launcher) stops the others: SIGTERM, then SIGKILL once the grace period has passed. With
+// plan.elastic, failures go to the keeper instead (elastic_exit, poll_keeper).
 class Supervisor {
  public:
   Supervisor(const LaunchPlan& plan, std::vector<Child> children, double grace_seconds)
       : plan_(plan),
         children_(std::move(children)),
         grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000))),
-        alive_(static_cast<int>(children_.size())) {}
+        alive_(static_cast<int>(children_.size())) {
+    if (plan_.elastic) start_keeper();
+  }
 
   // The launcher's exit code: 0, the first failure's (2 for bad input, else 1), or the shell's
   // code for the signal that stopped it (128 + signal: 130 for Ctrl-C, 143 for SIGTERM).
@@ -227,10 +240,18 @@ class Supervisor {
         std::fprintf(stderr, "krab: interrupted; stopping %d process(es)\n", alive_);
         stop(128 + g_signal, std::chrono::seconds(3));
       }
+      if (keeper_ && !stopping_) poll_keeper(/*force=*/false);
+      if (stop_by_ && !stopping_ && std::chrono::steady_clock::now() > *stop_by_) {
+        std::fprintf(stderr,
+                     "krab: %d worker(s) still running %.0f s after the stop record; "
+                     "stopping them\n",
+                     alive_, std::chrono::duration<double>(plan_.elastic->start_grace).count());
+        stop(1, grace_);
+      }
       if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return result_;
+    return keeper_ && !stopping_ ? elastic_result() : result_;
   }
 
  private:
@@ -242,6 +263,11 @@ class Supervisor {
     child->pid = -1;
     --alive_;
     const auto [code, how] = describe_exit(status);
+    child->ok = code == 0 && WIFEXITED(status);
+    if (keeper_ && !stopping_ && !child->server && code != 2) {
+      elastic_exit(*child, status, how);
+      return;
+    }
     if (code != 0 && !stopping_ && plan_.tolerate_worker_loss && !child->server && code != 2 &&
         ++workers_lost_ < plan_.world_size) {
       // Parameter-server training goes on without it (the servers count it out).
@@ -254,6 +280,87 @@ class Supervisor {
                    how.c_str(), alive_);
       stop(code == 2 ? 2 : 1, grace_);
     }
+  }
+
+  // Generation 0: the workers as spawned, in rank order, published at once (workers do not
+  // wait for it: they build generation 0's group as without elastic).
+  void start_keeper() {
+    std::vector<elastic::Member> members;
+    for (const Child& c : children_)
+      if (!c.server) members.push_back({0, plan_.node_rank, c.local, c.pid, c.member});
+    elastic::LocalKeeperOptions o;
+    o.keeper = plan_.elastic->keeper;
+    o.control = plan_.rendezvous;
+    o.store_dir = plan_.elastic->store_dir;
+    o.start_grace = plan_.elastic->start_grace;
+    keeper_ = std::make_unique<elastic::LocalKeeper>(o, members, elastic::now_instant());
+    write_workers_json();
+  }
+
+  // A worker's exit is the keeper's to judge (status 0 is no death; the others are); it is
+  // decided at the next poll, which comes at once so that exits seen together are one record.
+  void elastic_exit(const Child& child, int status, const std::string& how) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (code != 0 || sig != 0)
+      std::fprintf(stderr, "krab: %s (member %s) %s\n", child.name.c_str(),
+                   child.member.str().c_str(), how.c_str());
+    keeper_->on_child_exit(child.member, code, sig);
+    exits_pending_ = true;
+  }
+
+  // Every 100 ms (§6.1), or at once after exits.
+  void poll_keeper(bool force) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!force && !exits_pending_ && now < next_poll_) return;
+    next_poll_ = now + std::chrono::milliseconds(100);
+    exits_pending_ = false;
+    const elastic::GenerationRecord before = keeper_->current();
+    const std::optional<elastic::GenerationRecord> record = keeper_->poll(elastic::now_instant());
+    if (!record) return;
+    std::fprintf(stderr, "krab: %s\n",
+                 elastic::describe_change(before, *record, plan_.elastic->keeper).c_str());
+    // A member dropped for silence may still run (SIGSTOPped, or stuck): it is no longer in
+    // the job, and nothing of it may come back.
+    for (const elastic::LostMember& lost : record->lost)
+      for (const Child& c : children_)
+        if (c.pid > 0 && !c.server && c.member == lost.id) ::kill(c.pid, SIGKILL);
+    write_workers_json();
+    // The members write a checkpoint and exit (§2.5); that is bounded like any of their waits.
+    if (record->state == elastic::RecordState::kStop) stop_by_ = now + plan_.elastic->start_grace;
+  }
+
+  void write_workers_json() {
+    core::write_file_atomic(plan_.elastic->run_dir + "/workers.json",
+                            elastic::workers_json(keeper_->current()));
+  }
+
+  // Every process has exited. The exits not yet judged are judged first, so that the last
+  // generation is the one the workers ended in.
+  int elastic_result() {
+    if (exits_pending_) poll_keeper(/*force=*/true);
+    const elastic::GenerationRecord& last = keeper_->current();
+    if (keeper_->stopped()) {
+      std::string ranks = last.workers() == 1 ? "rank" : "ranks";
+      for (const elastic::Member& m : last.members)
+        ranks += str_cat(m.rank == 0 ? " " : ", ", m.rank);
+      std::fprintf(stderr,
+                   "krab: elastic.min_workers %d: %d worker(s) left (%s of generation %lld) "
+                   "after waiting elastic.wait_s %g s; the workers wrote a checkpoint in %s: run "
+                   "again with checkpoint.resume: true\n",
+                   plan_.elastic->keeper.min_workers, last.workers(), ranks.c_str(),
+                   static_cast<long long>(last.generation), plan_.elastic->keeper.wait_s,
+                   plan_.elastic->run_dir.c_str());
+      return 1;
+    }
+    bool all_ok = last.workers() > 0;
+    for (const elastic::Member& m : last.members)
+      for (const Child& c : children_)
+        if (!c.server && c.member == m.id) all_ok = all_ok && c.ok;
+    if (all_ok) return result_;
+    std::fprintf(stderr, "krab: no worker is left (generation %lld) and the run did not finish\n",
+                 static_cast<long long>(last.generation));
+    return 1;
   }
 
   void stop(int result, std::chrono::steady_clock::duration grace) {
@@ -276,6 +383,10 @@ class Supervisor {
   int workers_lost_ = 0;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
+  std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic only
+  bool exits_pending_ = false;
+  std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
+  std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace

@@ -19,11 +19,14 @@
 //     worker; rank 0 hosts the store at MASTER_ADDR:MASTER_PORT.
 #pragma once
 
+#include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/store.h"
+#include "elastic/keeper.h"
 
 namespace krab::cli {
 
@@ -36,6 +39,20 @@ struct LaunchFlags {
 };
 
 enum class Role { kLauncher, kWorker };
+
+// elastic.enabled on one node (docs/design/elastic.md §6.1): the launcher is the keeper of the
+// membership. Each worker gets KRAB_MEMBER_ID=<node>.<slot>.0; the Supervisor publishes
+// generation 0 (members in rank order, their pids) into the job's FileStore (LaunchPlan::
+// rendezvous: file and secret) right after spawning, hands every exit to an
+// elastic::LocalKeeper instead of stopping the run, polls it every 100 ms (heartbeats,
+// progress, suspects), and on each new generation prints one line, SIGKILLs the lost members
+// still running (a frozen one) and rewrites RUN_DIR/workers.json.
+struct ElasticLaunch {
+  elastic::KeeperOptions keeper;
+  std::string store_dir;  // where generation g >= 1's store files go (the private directory)
+  std::string run_dir;    // RUN_DIR: workers.json
+  std::chrono::milliseconds start_grace{60000};  // comm.timeout_s: generation 0's first beats
+};
 
 struct LaunchPlan {
   Role role = Role::kLauncher;
@@ -52,7 +69,8 @@ struct LaunchPlan {
   // (unless it was the last one, or it failed on bad input, exit 2).
   int servers = 0;
   bool tolerate_worker_loss = false;
-  int ps_shard = -1;  // worker role: this process is parameter server `ps_shard`
+  int ps_shard = -1;                     // worker role: this process is parameter server `ps_shard`
+  std::optional<ElasticLaunch> elastic;  // node 0 of one node only; see ElasticLaunch
   // Extra variables for the workers' environment, added unless the launcher's own environment
   // already sets them (the user's choice wins).
   std::map<std::string, std::string> worker_env;
@@ -68,6 +86,10 @@ std::map<std::string, std::string> current_environment();
 // Spawns plan.nproc_per_node workers running `argv` (the worker command line), supervises
 // them, and returns the exit code for the launcher: 0 when all succeeded; otherwise the first
 // failing worker's code (2 for bad input) or 1, after stopping the others.
+// With plan.elastic: a worker killed or failing (exit status other than 0 and 2) is a change of
+// membership, not a stop; exit 2 still stops everything (2). Returns 0 when every member of the
+// last generation exited 0; 1 when none is left or a record said stop (below
+// elastic.min_workers for elastic.wait_s; the workers write a checkpoint and exit first).
 int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& argv,
                         double grace_seconds);
 

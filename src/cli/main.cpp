@@ -49,6 +49,7 @@
 #include "models/forward_error.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
+#include "train/options.h"
 #include "train/preflight.h"
 #include "train/trainer.h"
 
@@ -145,11 +146,17 @@ void keep_freed_memory() {
 // checkpoint), the outputs rank 0 will write, and room for the workers in memory.
 void check_before_spawning(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
                            const cli::LaunchPlan& plan) {
+  const std::string workers_key =
+      args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
+  // First, so that elastic with comm.backend mpi is named as such.
+  train::check_elastic_options(config, plan.world_size, workers_key);
+  KRAB_CHECK_ARG(args.launch.nnodes == 1 || !config.get_bool("elastic.enabled"),
+                 "elastic.enabled with --nnodes ", args.launch.nnodes,
+                 ": elastic membership across machines is not built yet; run on one machine "
+                 "(--nnodes 1) or set elastic.enabled: false");
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
-  const std::string workers_key =
-      args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
   const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
   // Memory is checked from the configuration and the data alone, before preflight makes any
@@ -297,6 +304,25 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
   return server;
 }
 
+// elastic.enabled (one node, checked before): the launcher keeps the membership
+// (cli/launcher.h, elastic/local_keeper.h) in the private directory of the rendezvous file.
+cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& keys,
+                                  const PrivateDir& store_dir) {
+  const train::ElasticOptions e = train::ElasticOptions::from_config(config);
+  cli::ElasticLaunch launch;
+  launch.keeper.min_workers = e.min_workers;
+  launch.keeper.max_workers = e.max_workers;
+  launch.keeper.heartbeat_ms = e.heartbeat_ms;
+  launch.keeper.dead_after_ms = e.dead_after_ms;
+  launch.keeper.wait_s = e.wait_s;
+  launch.store_dir = store_dir.path;
+  launch.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
+  // Generation 0's workers load LibTorch, data and model before their heartbeats begin; they
+  // must build their group within comm.timeout_s anyway.
+  launch.start_grace = keys.timeout;
+  return launch;
+}
+
 int run_launcher(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
                  const cli::LaunchPlan& plan, const std::vector<std::string>& argv) {
   check_before_spawning(args, config, keys, plan);
@@ -313,6 +339,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   p.rendezvous.secret = job_secret(args, keys);
   std::unique_ptr<PrivateDir> store_dir;
   const std::unique_ptr<comm::StoreServer> server = host_rendezvous(args, keys, p, store_dir);
+  if (config.get_bool("elastic.enabled")) p.elastic = elastic_launch(config, keys, *store_dir);
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);

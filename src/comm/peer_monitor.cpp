@@ -50,16 +50,7 @@ void PeerMonitor::run() {
   }
 }
 
-namespace {
-
-struct Record {
-  bool present = false;
-  int64_t beat = -1;
-  int64_t seq = -1;
-  std::string op;
-};
-
-std::vector<Record> read_all(c10d::Store& store, int size) {
+std::vector<PeerMonitor::Record> PeerMonitor::read_records(c10d::Store& store, int size) {
   std::vector<Record> out(size);
   for (int r = 0; r < size; ++r) {
     const std::string key = str_cat("hb/", r);
@@ -75,8 +66,6 @@ std::vector<Record> read_all(c10d::Store& store, int size) {
   return out;
 }
 
-}  // namespace
-
 std::vector<PeerMonitor::PeerState> PeerMonitor::diagnose() {
   std::vector<PeerState> states(size_);
   for (int r = 0; r < size_; ++r) states[r].rank = r;
@@ -87,13 +76,13 @@ std::vector<PeerMonitor::PeerState> PeerMonitor::diagnose() {
     // the wait early.
     constexpr int kDeadAfter = 15;
     StorePtr store = connect_();
-    auto first = read_all(*store, size_);
+    auto first = read_records(*store, size_);
     auto last = first;
     std::vector<char> moved(size_, 0);
     moved[rank_] = 1;
     for (int i = 0; i < kDeadAfter; ++i) {
       std::this_thread::sleep_for(period_);
-      last = read_all(*store, size_);
+      last = read_records(*store, size_);
       bool all = true;
       for (int r = 0; r < size_; ++r) {
         if (last[r].present && last[r].beat != first[r].beat) moved[r] = 1;

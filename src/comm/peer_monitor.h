@@ -47,6 +47,20 @@ class PeerMonitor {
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
 
+  // One rank's heartbeat record as the store holds it ("<beat> <seq> <op>" under "hb/<rank>").
+  struct Record {
+    bool present = false;  // false: the rank has not written one (yet)
+    int64_t beat = -1;
+    int64_t seq = -1;
+    std::string op;
+  };
+
+  // Reads ranks 0..size-1's records from `store`, which must carry the group's prefix (as the
+  // monitor's own connection does: "g<generation>/" under the job's secret). Non-blocking: a
+  // missing or unreadable record is left !present. Never throws. The elastic keeper polls
+  // these (docs/design/elastic.md §3.3).
+  static std::vector<Record> read_records(c10d::Store& store, int size);
+
   // Records that this rank entered collective `seq` (op name must be a string literal).
   void enter(int64_t seq, const char* op);
 

@@ -428,6 +428,56 @@ std::vector<KeySpec> sync_keys() {
   };
 }
 
+// The `elastic.*` keys (docs/design/elastic.md §7). One machine so far: krab's launcher is the
+// keeper of the membership (cli/launcher.cpp, elastic/local_keeper.h).
+std::vector<KeySpec> elastic_keys() {
+  return {
+      bool_key("elastic.enabled", "false",
+               "`sync.mode: sync`, one machine (`--nnodes 1`): a worker that dies (killed, "
+               "crashed, or frozen: no heartbeat for `elastic.dead_after_ms`) no longer stops "
+               "the run; the launcher writes a new generation of members without it and the "
+               "others go on with the same global batch, re-split among them. A worker that "
+               "fails on bad input (exit 2) still stops the run. The launcher keeps "
+               "`RUN_DIR/workers.json` (generation, and each rank's member id and pid) up to "
+               "date and prints one line per change."),
+      int_key("elastic.min_workers", "1",
+              "`elastic.enabled`: fewest workers that train; below it the run waits "
+              "`elastic.wait_s` for more, then writes a checkpoint and exits 1.",
+              1),
+      int_key("elastic.max_workers", "0",
+              "`elastic.enabled`: most workers the run may have (joins stop here); 0 means "
+              "`parallel.workers`. The global batch (`data.batch_size` x `parallel.workers`) "
+              "must hold at least one example per worker.",
+              0),
+      float_key("elastic.wait_s", "60",
+                "`elastic.enabled`: longest wait, in seconds, for a generation to form or for "
+                "enough workers (`elastic.min_workers`).",
+                0),
+      int_key("elastic.heartbeat_ms", "200",
+              "`elastic.enabled`: period of the workers' heartbeats, in milliseconds; a worker "
+              "that an op failed on is dropped after 3 periods without a beat.",
+              10),
+      int_key("elastic.dead_after_ms", "3000",
+              "`elastic.enabled`: a worker without a heartbeat for this many milliseconds is "
+              "dropped from the run (a frozen or unreachable process).",
+              100),
+      float_key("elastic.lease_s", "5",
+                "`elastic.enabled` across machines (not built yet): lifetime in seconds of a "
+                "node agent's lease in etcd; at least 2, etcd's smallest lease.",
+                2),
+      bool_key("elastic.replace_dead", "false",
+               "`elastic.enabled`: respawn a dead local worker as a new member that receives "
+               "the state from the others. Not built yet: `true` is refused."),
+      int_key("elastic.max_restarts", "3",
+              "`elastic.replace_dead`: most replacements per local worker slot in a run, so a "
+              "worker that dies at every start does not loop.",
+              0),
+      bool_key("elastic.replicate_shards", "true",
+               "`elastic.enabled` with `parallel.zero_stage` > 0 (not built yet): every shard of "
+               "the optimizer state is also kept by the next rank, so one death loses nothing."),
+  };
+}
+
 // The `checkpoint.*` keys.
 std::vector<KeySpec> checkpoint_keys() {
   return {
@@ -455,7 +505,7 @@ std::vector<KeySpec> build_registry() {
   std::vector<KeySpec> keys;
   for (auto section :
        {top_level_keys, model_keys, data_source_keys, data_batch_keys, train_keys, parallel_keys,
-        comm_keys, sync_keys, federated_cohort_keys, federated_aggregation_keys,
+        comm_keys, sync_keys, elastic_keys, federated_cohort_keys, federated_aggregation_keys,
         federated_privacy_keys, federated_server_keys, checkpoint_keys}) {
     std::vector<KeySpec> part = section();
     keys.insert(keys.end(), std::make_move_iterator(part.begin()),

@@ -33,6 +33,8 @@ constexpr SectionDoc kSections[] = {
     {"parallel", "How the work is split across workers."},
     {"comm", "How workers talk to each other."},
     {"sync", "How often workers agree (synchronisation modes)."},
+    {"elastic",
+     "Workers that die during a run without stopping it (elastic membership, one machine)."},
     {"federated",
      "Federated learning (`fl-sim`, `fl-server`, `fl-client`): rounds, strategy, "
      "robustness, secure aggregation, differential privacy."},

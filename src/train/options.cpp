@@ -104,6 +104,58 @@ void check_balance_options(const core::Config& c) {
                  "0-2 can");
 }
 
+ElasticOptions ElasticOptions::from_config(const core::Config& c) {
+  ElasticOptions o;
+  o.enabled = c.get_bool("elastic.enabled");
+  o.min_workers = static_cast<int>(c.get_int("elastic.min_workers"));
+  o.max_workers = static_cast<int>(c.get_int("elastic.max_workers"));
+  o.wait_s = c.get_float("elastic.wait_s");
+  o.heartbeat_ms = c.get_int("elastic.heartbeat_ms");
+  o.dead_after_ms = c.get_int("elastic.dead_after_ms");
+  o.lease_s = c.get_float("elastic.lease_s");
+  o.replace_dead = c.get_bool("elastic.replace_dead");
+  o.max_restarts = static_cast<int>(c.get_int("elastic.max_restarts"));
+  o.replicate_shards = c.get_bool("elastic.replicate_shards");
+  return o;
+}
+
+void check_elastic_options(const core::Config& c, int workers, const std::string& workers_key) {
+  const ElasticOptions e = ElasticOptions::from_config(c);
+  if (!e.enabled) return;
+  const std::string& mode = c.get_string("sync.mode");
+  KRAB_CHECK_ARG(mode != "async",
+                 "elastic.enabled applies to sync.mode sync; sync.mode async already survives "
+                 "workers (the parameter servers count a dead worker out and a returning one "
+                 "back in)");
+  KRAB_CHECK_ARG(mode != "local_sgd",
+                 "elastic.enabled with sync.mode local_sgd is not supported yet: a dead "
+                 "worker's local steps since the last average would be lost (use sync.mode: "
+                 "sync)");
+  KRAB_CHECK_ARG(c.get_string("comm.backend") != "mpi",
+                 "elastic.enabled needs comm.backend gloo: an MPI communicator cannot be "
+                 "abandoned and rebuilt without a dead peer (comm.backend mpi)");
+  const int64_t stage = c.get_int("parallel.zero_stage");
+  KRAB_CHECK_ARG(stage == 0, "elastic.enabled with parallel.zero_stage ", stage,
+                 ": elastic with ZeRO sharding is not built yet; use parallel.zero_stage 0");
+  KRAB_CHECK_ARG(!e.replace_dead,
+                 "elastic.replace_dead: true is not built yet with elastic.enabled (a "
+                 "replacement needs the state transfer to a joiner); set it to false");
+  // max_workers 0 stands for the workers at the start, which then also bound the run.
+  const int max = e.max_workers > 0 ? e.max_workers : workers;
+  const std::string max_text =
+      e.max_workers > 0 ? str_cat("elastic.max_workers ", max)
+                        : str_cat("elastic.max_workers 0 (= ", workers_key, " ", workers, ")");
+  KRAB_CHECK_ARG(e.min_workers <= max, "elastic.min_workers ", e.min_workers, " > ", max_text);
+  KRAB_CHECK_ARG(workers >= e.min_workers && workers <= max, workers_key, " ", workers,
+                 " is outside [elastic.min_workers ", e.min_workers, ", ", max_text, "]");
+  // The global batch is fixed for the run and re-split among the members (§5.1): every member
+  // needs at least one example of it.
+  const int64_t batch = c.get_int("data.batch_size");
+  KRAB_CHECK_ARG(batch * workers >= max, "data.batch_size ", batch, " x ", workers_key, " ",
+                 workers, " = global batch of ", batch * workers, " examples < ", max_text,
+                 ": every worker needs at least one example of it");
+}
+
 // randomk with error feedback sends each value after 1 / ratio steps on average: in
 // expectation the accumulator a = e + g follows a <- (1 - ratio) a + g and the step sends
 // ratio * a, which is heavy-ball momentum with factor 1 - ratio and learning rate ratio * lr.

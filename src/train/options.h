@@ -51,6 +51,35 @@ void check_zero_options(const core::Config& c);
 // or with parallel.zero_stage 3. from_config() runs it.
 void check_balance_options(const core::Config& c);
 
+// The elastic.* keys (docs/design/elastic.md §7), typed. Read by the launcher, which keeps the
+// membership (elastic/local_keeper.h), and by the workers (heartbeat period).
+struct ElasticOptions {
+  bool enabled = false;
+  int min_workers = 1;
+  int max_workers = 0;  // 0: the number of workers at the start (parallel.workers)
+  double wait_s = 60;
+  int64_t heartbeat_ms = 200;
+  int64_t dead_after_ms = 3000;
+  double lease_s = 5;
+  bool replace_dead = false;
+  int max_restarts = 3;
+  bool replicate_shards = true;
+
+  static ElasticOptions from_config(const core::Config& c);
+};
+
+// The cross-key refusals of elastic.enabled (InvalidArgument, exit 2, naming both keys), for a
+// run of `workers` workers at the start (`workers_key` names where that number came from:
+// parallel.workers or --nproc-per-node): elastic.min_workers above elastic.max_workers; the
+// workers outside [min_workers, max_workers]; sync.mode async (its servers already survive
+// workers) or local_sgd (a dead worker's local steps would be lost); comm.backend mpi (an MPI
+// group cannot be abandoned and rebuilt); parallel.zero_stage > 0 and elastic.replace_dead
+// (not built yet); a global batch (data.batch_size x workers) smaller than
+// elastic.max_workers, which would leave a worker without an example. Nothing when elastic is
+// off. The launcher runs it before spawning anything.
+void check_elastic_options(const core::Config& c, int workers,
+                           const std::string& workers_key = "parallel.workers");
+
 // sync.mode's name in the report and in messages.
 const char* sync_mode_name(SyncMode mode);
 

@@ -1,0 +1,214 @@
+#include "elastic/local_keeper.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <sstream>
+
+#include "comm/peer_monitor.h"
+#include "core/errors.h"
+#include "elastic/membership_view.h"
+
+namespace krab::elastic {
+
+namespace {
+
+// Store calls of the keeper are local file reads; a FileStore's get() waits for an absent key up
+// to this, but every read here checks first, so it only bounds a store that went wrong.
+constexpr std::chrono::milliseconds kStoreTimeout{5000};
+
+std::string text_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+// The value of `key` in `store`, or nullopt when it is absent or cannot be read now: the keeper
+// polls, so a read that fails is simply tried again.
+std::optional<std::string> try_read(c10d::Store& store, const std::string& key) {
+  try {
+    if (!store.check({key})) return std::nullopt;
+    return text_of(store.get(key));
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+// The worker of a generation opens its store file; it must exist before the record naming it
+// is published. Made here, 0600 and never through a planted symlink (as comm::StoreServer).
+void create_store_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0600);
+  KRAB_CHECK_ARG(fd >= 0, "cannot create the generation store file ", path, ": ",
+                 std::strerror(errno));
+  ::close(fd);
+}
+
+std::string workers_word(int n) { return str_cat(n, n == 1 ? " worker" : " workers"); }
+
+}  // namespace
+
+Instant now_instant() {
+  using namespace std::chrono;
+  return {duration_cast<milliseconds>(steady_clock::now().time_since_epoch()).count(),
+          duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count()};
+}
+
+LocalKeeper::LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial, Instant now)
+    : options_(std::move(options)),
+      keeper_(
+          options_.keeper, std::move(initial),
+          [control = options_.control.file, dir = options_.store_dir](int64_t g) {
+            return g == 0 ? "file " + control : str_cat("file ", dir, "/g", g, ".store");
+          },
+          now),
+      control_(comm::connect_store(options_.control, kStoreTimeout)),
+      generation_start_ms_(now.steady_ms) {
+  publish_record(*control_, keeper_.current());
+}
+
+std::string LocalKeeper::store_file(int64_t generation) const {
+  return generation == 0 ? options_.control.file
+                         : str_cat(options_.store_dir, "/g", generation, ".store");
+}
+
+void LocalKeeper::on_child_exit(const MemberId& member, int code, int signal) {
+  exits_.push_back(event::ChildExited{member, code, signal});
+}
+
+std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
+  // Exits first: a member found dead by its exit is named by its exit status, not by the
+  // silence of its heartbeats that follows.
+  std::vector<Event> events;
+  events.swap(exits_);
+  // No heartbeat tick when the generation's store cannot be read: its silence would be ours,
+  // not the workers', and would drop (and kill) every one of them.
+  const bool heard = read_heartbeats(now, &events);
+  read_progress(&events);
+  read_suspects(&events);
+  if (heard) events.emplace_back(event::HeartbeatTick{});
+  events.emplace_back(event::WaitTick{});
+  std::optional<GenerationRecord> record = keeper_.on_events(events, now);
+  unlink_retired(now);
+  if (!record) return std::nullopt;
+  create_store_file(store_file(record->generation));
+  publish_record(*control_, *record);
+  if (record->generation >= 2)
+    retired_.emplace_back(store_file(record->generation - 1), now.steady_ms);
+  generation_start_ms_ = now.steady_ms;
+  return record;
+}
+
+void LocalKeeper::unlink_retired(Instant now) {
+  while (!retired_.empty() &&
+         now.steady_ms - retired_.front().second >= options_.start_grace.count()) {
+    ::unlink(retired_.front().first.c_str());  // best effort: the directory goes at exit anyway
+    retired_.erase(retired_.begin());
+  }
+}
+
+void LocalKeeper::open_generation() {
+  const GenerationRecord& g = keeper_.current();
+  comm::Endpoint at = options_.control;
+  at.file = store_file(g.generation);
+  // The workers' groups key their heartbeats as comm/factory.cpp names the group's prefix.
+  group_ = comm::prefixed(str_cat("g", g.generation, "/"), comm::connect_store(at, kStoreTimeout));
+  group_generation_ = g.generation;
+  beats_.clear();
+}
+
+bool LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
+  const GenerationRecord& g = keeper_.current();
+  if (group_generation_ != g.generation) {
+    try {
+      open_generation();
+    } catch (const std::exception&) {
+      return false;  // its file is made before the record is published; try again next poll
+    }
+  }
+  const auto records = comm::PeerMonitor::read_records(*group_, g.workers());
+  const bool starting =
+      g.generation == 0 && now.steady_ms - generation_start_ms_ < options_.start_grace.count();
+  for (const Member& m : g.members) {
+    const auto& r = records[m.rank];
+    auto seen = beats_.find(m.id);
+    if (r.present && (seen == beats_.end() || seen->second != r.beat)) {
+      beats_[m.id] = r.beat;
+      events->emplace_back(event::Heartbeat{m.id});
+    } else if (!r.present && seen == beats_.end() && starting) {
+      events->emplace_back(event::Heartbeat{m.id});  // still starting: see the header
+    }
+  }
+  return true;
+}
+
+void LocalKeeper::read_progress(std::vector<Event>* events) {
+  const std::optional<std::string> text = try_read(*control_, "elastic/progress");
+  if (!text) return;
+  // "<step>", or "<step> <more>" (§8 plans a Unix time after it): the leading count is ours.
+  int64_t step = -1;
+  const char* last = text->data() + text->size();
+  const auto [end, ec] = std::from_chars(text->data(), last, step);
+  if (ec != std::errc() || (end != last && *end != ' ') || step <= progress_) return;
+  progress_ = step;
+  events->emplace_back(event::Progress{step});
+}
+
+void LocalKeeper::read_suspects(std::vector<Event>* events) {
+  for (const Member& m : keeper_.current().members) {
+    const std::optional<std::string> text =
+        try_read(*control_, str_cat("elastic/suspect/", m.id.str()));
+    if (!text || suspect_text_[m.id] == *text) continue;
+    suspect_text_[m.id] = *text;
+    // "<generation> <peer member id or ->"; anything else is not a report (reports are hints:
+    // heartbeats and exits decide without them).
+    std::istringstream in(*text);
+    int64_t generation = -1;
+    std::string peer;
+    if (!(in >> generation >> peer) || generation < 0) continue;
+    event::Suspect s{m.id, std::nullopt, generation};
+    if (peer != "-") {
+      try {
+        s.peer = MemberId::parse(peer);
+      } catch (const std::exception&) {
+        continue;
+      }
+    }
+    events->emplace_back(s);
+  }
+}
+
+std::string describe_change(const GenerationRecord& before, const GenerationRecord& after,
+                            const KeeperOptions& options) {
+  std::string lost;
+  for (const LostMember& l : after.lost) {
+    std::string rank = "a member";
+    for (const Member& m : before.members)
+      if (m.id == l.id) rank = str_cat("rank ", m.rank);
+    lost +=
+        str_cat(lost.empty() ? "lost " : ", ", rank, " (member ", l.id.str(), ": ", l.cause, ")");
+  }
+  const std::string what = lost.empty() ? str_cat(after.reason, " (the same members)") : lost;
+  const int n = after.workers();
+  switch (after.state) {
+    case RecordState::kRun:
+      return str_cat("generation ", after.generation, ": ", what, "; ", workers_word(n), " go",
+                     n == 1 ? "es" : "", " on");
+    case RecordState::kWaiting:
+      return str_cat("generation ", after.generation, ": ", what, "; ", workers_word(n),
+                     " left, below elastic.min_workers ", options.min_workers,
+                     ": waiting up to elastic.wait_s ", options.wait_s, " s for more");
+    default:
+      return str_cat("generation ", after.generation, ": ", workers_word(n),
+                     " left after waiting elastic.wait_s ", options.wait_s,
+                     " s, below elastic.min_workers ", options.min_workers, ": the run stops");
+  }
+}
+
+std::string workers_json(const GenerationRecord& record) {
+  std::string out = str_cat("{\"generation\": ", record.generation, ", \"workers\": [");
+  for (const Member& m : record.members)
+    out += str_cat(m.rank == 0 ? "" : ", ", "{\"rank\": ", m.rank, ", \"member\": \"", m.id.str(),
+                   "\", \"pid\": ", m.pid, "}");
+  return out + "]}\n";
+}
+
+}  // namespace krab::elastic

@@ -1,0 +1,121 @@
+// LocalKeeper: the keeper of an elastic run on one machine (docs/design/elastic.md §1.3, §3.3,
+// §6.1), the adapter between the launcher's Supervisor and the pure Keeper (keeper.h).
+//
+// The launcher owns the job's control store (a FileStore in its private directory, the file the
+// workers get as KRAB_STORE_FILE, under the job secret's prefix) and sees every child exit at
+// once. The Supervisor drives a LocalKeeper from its waitpid loop:
+//
+//   LocalKeeper keeper(options, members, now);     // publishes generation 0
+//   loop:
+//     on a child's exit:  keeper.on_child_exit(member, code, signal)     (queued)
+//     every poll_period, and at once after exits:
+//       if (auto record = keeper.poll(now)) { print describe_change(...); workers.json }
+//
+// poll(now) reads, through one long-lived client each:
+//   - the heartbeat records of the current generation's group (comm::PeerMonitor's "hb/<rank>"
+//     under "g<g>/" in the generation's store): a beat that moved is event::Heartbeat for the
+//     member at that rank;
+//   - elastic/progress (rank 0's decimal count of completed steps, possibly followed by a space
+//     and more): event::Progress;
+//   - elastic/suspect/<member id> ("<generation> <peer member id or ->"), when its text
+//     changed: event::Suspect (a malformed report is ignored: reports are hints);
+// and feeds them with the queued exits, HeartbeatTick and WaitTick to Keeper::on_events as one
+// batch, so members found dead together are one record. When the generation's store cannot be
+// opened, that poll has no HeartbeatTick: the keeper's own trouble is no worker's silence. A record
+// the Keeper decides is published (publish_record: elastic/gen/<g> once, then elastic/current)
+// after its store file exists, and returned.
+//
+// Generation g >= 1 builds its group in a fresh FileStore file, store_dir/g<g>.store ("file
+// PATH" in the record), created here (mode 0600) before the record is published, so a worker
+// that reads the record can open it. Generation 0's group lives in the control store itself
+// (the workers build it there as without elastic, prefix g0/).
+//
+// A generation's store file (g >= 1) is unlinked once `start_grace` (the launcher gives
+// comm.timeout_s, the bound of any op of the abandoned group, §3.2) has passed since the next
+// generation replaced it: the long-running job does not keep every generation's log on disk.
+//
+// Start-up grace: a member of generation 0 that has not beaten yet is not timed out until
+// `start_grace` has passed (a worker loads LibTorch, its data and model before its group and
+// heartbeats exist; on a loaded machine that takes longer than dead_after_ms). Once a member's
+// first beat is seen, or in any later generation (a survivor rebuilds its group in-process
+// within milliseconds), the Keeper's dead_after_ms rule applies unchanged.
+//
+// Thread safety: none; the Supervisor's thread owns it. Store failures propagate from the
+// constructor (the control store must work) and are swallowed in poll()'s reads (a read that
+// fails this time is retried next poll); publishing a record throws.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/store.h"
+#include "elastic/keeper.h"
+
+namespace krab::elastic {
+
+struct LocalKeeperOptions {
+  KeeperOptions keeper;
+  comm::Endpoint control;  // the job's FileStore (file and secret), as the workers reach it
+  std::string store_dir;   // where g<g>.store files are created (the launcher's private dir)
+  std::chrono::milliseconds start_grace{60000};  // see above; the launcher gives comm.timeout_s
+};
+
+// Instant now, from the steady and the system clock.
+Instant now_instant();
+
+class LocalKeeper {
+ public:
+  // Publishes generation 0: `initial` in rank order (their rank fields are ignored), store
+  // "file <control.file>". Throws what Keeper's constructor throws, or a store error.
+  LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial, Instant now);
+
+  // Queues a child's exit (wait status decoded: exit `code`, or killed by `signal` != 0) for
+  // the next poll(). Exits of processes that are no longer members are ignored by the Keeper.
+  void on_child_exit(const MemberId& member, int code, int signal);
+
+  // Reads the store, decides, publishes. Returns the record published, if any.
+  std::optional<GenerationRecord> poll(Instant now);
+
+  const GenerationRecord& current() const { return keeper_.current(); }
+  bool stopped() const { return keeper_.stopped(); }
+  const LocalKeeperOptions& options() const { return options_; }
+
+  // The store file of generation g: the control file for 0, else store_dir/g<g>.store.
+  std::string store_file(int64_t generation) const;
+
+ private:
+  void open_generation();  // heartbeat client for current()'s group
+  void unlink_retired(Instant now);
+  bool read_heartbeats(Instant now, std::vector<Event>* events);  // false: store unreadable
+  void read_progress(std::vector<Event>* events);
+  void read_suspects(std::vector<Event>* events);
+
+  LocalKeeperOptions options_;
+  Keeper keeper_;
+  comm::StorePtr control_;  // the job's store under the secret's prefix
+  comm::StorePtr group_;    // the current generation's store under its "g<g>/" prefix
+  int64_t group_generation_ = -1;
+  int64_t generation_start_ms_ = 0;    // steady clock, when current() began
+  std::map<MemberId, int64_t> beats_;  // last beat seen per member of current()
+  std::map<MemberId, std::string> suspect_text_;
+  int64_t progress_ = -1;
+  std::vector<Event> exits_;
+  std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced
+};
+
+// The launcher's line for a change (no "krab: " prefix, no newline), e.g.
+// "generation 1: lost rank 2 (member 0.2.0: killed by signal 9); 3 workers go on". Names the
+// generation, each lost member with its rank in `before` and its cause, and the new count;
+// for a record below min_workers "...; 1 worker left, below elastic.min_workers 2: waiting up
+// to elastic.wait_s 60 s for more"; for state stop the line says the run stops.
+std::string describe_change(const GenerationRecord& before, const GenerationRecord& after,
+                            const KeeperOptions& options);
+
+// RUN_DIR/workers.json's text: {"generation": g, "workers": [{"rank": r, "member": "n.s.i",
+// "pid": p}, ...]} in rank order, one line, ending in '\n'.
+std::string workers_json(const GenerationRecord& record);
+
+}  // namespace krab::elastic
