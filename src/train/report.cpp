@@ -126,7 +126,12 @@ ProgressSink::Format loss_and_rate_fields() {
     };
     const double rate = get("samples_per_sec");
     const auto loss = g.find("loss");
+    // An elastic run after its first change: the workers now and the generation.
+    const double generation = get("generation");
     return str_cat(
+        generation > 0 ? str_cat("W ", static_cast<int64_t>(get("workers")), " g",
+                                 static_cast<int64_t>(generation), " | ")
+                       : std::string(),
         loss == g.end() ? std::string() : "loss " + describe_loss(loss->second) + " | ",
         final && rate <= 0 ? std::string("samples/s not measured") : human(rate) + " samples/s");
   };

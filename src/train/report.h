@@ -97,7 +97,8 @@ class ProgressSink : public core::EventSink {
 
 // The training loop's fields: "loss <L> | <rate> samples/s", L the latest "loss" gauge as
 // describe_loss() writes it (no loss field before the first one; samples/s "not measured" in
-// the final draw when it is 0).
+// the final draw when it is 0); "W <workers> g<generation> | " first once an elastic run's
+// membership changed (gauges "workers" and "generation", generation > 0).
 ProgressSink::Format loss_and_rate_fields();
 
 // What the report keeps of the events: evaluations ("test_accuracy" or "test_loss" gauges, at

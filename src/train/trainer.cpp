@@ -329,6 +329,13 @@ bool Trainer::Loop::recover(const std::string& cause) {
   group = engine->group();
   committed = change["step"].get<int64_t>();
   awaiting_resume = true;
+  // The process that is rank 0 now draws the bar (rank 0 of the start may be the one lost).
+  if (rank0() && !progress && options.show_progress) {
+    progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
+    events.add(progress);
+  }
+  events.gauge("workers", workers(), committed);
+  events.gauge("generation", change["generation"].get<double>(), committed);
   if (rank0())
     std::fprintf(stderr,
                  "krab: generation %lld: %s (%s); %d workers go on from step %lld, %lld step(s) "
