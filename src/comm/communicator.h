@@ -107,6 +107,9 @@ struct Options {
   // Check that all ranks issue the same op with the same shapes (one small extra exchange
   // per op through the store; for debugging, not for production runs).
   bool debug_checks = false;
+  // Period of the group's heartbeat records (comm/peer_monitor.h: what names dead ranks in
+  // errors, and what an elastic run's keeper watches: elastic.heartbeat_ms).
+  std::chrono::milliseconds heartbeat{200};
   // Elastic membership (default off: nothing changes). wait() polls the op in short slices so
   // abort() ends it within one slice, and a failed op is not diagnosed (the diagnosis that
   // names dead ranks blocks 0.6-3 s reading heartbeats; the elastic keeper names them

@@ -35,6 +35,8 @@ comm::Options comm_options(const core::Config& c) {
   // An elastic group fails its waits when the keeper aborts it, and skips the diagnosis (the
   // keeper names the lost rank): comm/communicator.h, Options::abortable.
   copts.abortable = c.get_bool("elastic.enabled");
+  if (copts.abortable)
+    copts.heartbeat = std::chrono::milliseconds(c.get_int("elastic.heartbeat_ms"));
   return copts;
 }
 

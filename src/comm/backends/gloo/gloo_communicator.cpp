@@ -239,7 +239,8 @@ GlooCommunicator::GlooCommunicator(std::function<StorePtr()> connect, const std:
   auto base_connect = connect_;
   const std::string mon_prefix = prefix_;
   monitor_ = std::make_shared<PeerMonitor>(
-      [base_connect, mon_prefix] { return prefixed(mon_prefix, base_connect()); }, rank, size);
+      [base_connect, mon_prefix] { return prefixed(mon_prefix, base_connect()); }, rank, size,
+      options.heartbeat);
   connect_group();
 }
 
