@@ -83,7 +83,7 @@ std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
   // not the workers', and would drop (and kill) every one of them.
   const bool heard = read_heartbeats(now, &events);
   read_progress(&events);
-  read_suspects(&events);
+  read_requests(&events);
   if (heard) events.emplace_back(event::HeartbeatTick{});
   events.emplace_back(event::WaitTick{});
   std::optional<GenerationRecord> record = keeper_.on_events(events, now);
@@ -141,7 +141,7 @@ bool LocalKeeper::read_heartbeats(Instant now, std::vector<Event>* events) {
 }
 
 void LocalKeeper::read_progress(std::vector<Event>* events) {
-  const std::optional<std::string> text = try_read(*control_, "elastic/progress");
+  const std::optional<std::string> text = try_read(*control_, kProgressKey);
   if (!text) return;
   // "<step>", or "<step> <more>" (§8 plans a Unix time after it): the leading count is ours.
   int64_t step = -1;
@@ -152,8 +152,13 @@ void LocalKeeper::read_progress(std::vector<Event>* events) {
   events->emplace_back(event::Progress{step});
 }
 
-void LocalKeeper::read_suspects(std::vector<Event>* events) {
+void LocalKeeper::read_requests(std::vector<Event>* events) {
   for (const Member& m : keeper_.current().members) {
+    // A graceful leave (§2.4): asked once; the Keeper proposes the generation without it.
+    if (!leaving_.count(m.id) && try_read(*control_, str_cat(kLeavePrefix, m.id.str()))) {
+      leaving_.insert(m.id);
+      events->emplace_back(event::LeaveRequest{m.id});
+    }
     const std::optional<std::string> text =
         try_read(*control_, str_cat("elastic/suspect/", m.id.str()));
     if (!text || suspect_text_[m.id] == *text) continue;

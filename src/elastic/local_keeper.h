@@ -19,6 +19,8 @@
 //     and more): event::Progress;
 //   - elastic/suspect/<member id> ("<generation> <peer member id or ->"), when its text
 //     changed: event::Suspect (a malformed report is ignored: reports are hints);
+//   - elastic/leave/<member id> (a worker's graceful leave after SIGTERM, §2.4), once per
+//     member: event::LeaveRequest, which the Keeper turns into a proposal without it;
 // and feeds them with the queued exits, HeartbeatTick and WaitTick to Keeper::on_events as one
 // batch, so members found dead together are one record. When the generation's store cannot be
 // opened, that poll has no HeartbeatTick: the keeper's own trouble is no worker's silence. A record
@@ -48,6 +50,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -91,7 +94,7 @@ class LocalKeeper {
   void unlink_retired(Instant now);
   bool read_heartbeats(Instant now, std::vector<Event>* events);  // false: store unreadable
   void read_progress(std::vector<Event>* events);
-  void read_suspects(std::vector<Event>* events);
+  void read_requests(std::vector<Event>* events);  // suspect reports and leave requests
 
   LocalKeeperOptions options_;
   Keeper keeper_;
@@ -101,6 +104,7 @@ class LocalKeeper {
   int64_t generation_start_ms_ = 0;    // steady clock, when current() began
   std::map<MemberId, int64_t> beats_;  // last beat seen per member of current()
   std::map<MemberId, std::string> suspect_text_;
+  std::set<MemberId> leaving_;  // leave requests already fed
   int64_t progress_ = -1;
   std::vector<Event> exits_;
   std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced

@@ -242,6 +242,28 @@ TEST(LocalKeeper, ReplacedGenerationFilesAreUnlinkedAfterTheGrace) {
   EXPECT_TRUE(fs::exists(job.control().file));
 }
 
+// A worker asks to leave (SIGTERM, §2.4): the next poll proposes the generation without it —
+// a proposal, not an abort — and the request is fed once, not again at every poll.
+TEST(LocalKeeper, LeaveRequestIsAProposalWithoutTheLeaver) {
+  Job job;
+  LocalKeeper keeper(job.options(), three(), at(0));
+  job.put("elastic/leave/0.1.0", "1");
+  const auto r = keeper.poll(at(50));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->kind, RecordKind::kProposal);
+  EXPECT_EQ(r->reason, "leave");
+  EXPECT_EQ(ids(*r), (std::vector<std::string>{"0:0.0.0", "1:0.2.0"}));
+  ASSERT_EQ(r->lost.size(), 1u);
+  EXPECT_EQ(r->lost[0], (LostMember{{0, 1, 0}, "left"}));
+  const std::string g1 = (job.dir / "g1.store").string();
+  job.beat(1, g1, 0, 1);
+  job.beat(1, g1, 1, 1);
+  EXPECT_FALSE(keeper.poll(at(100)).has_value());
+  // Its exit afterwards (status 0) is no event for the new generation.
+  keeper.on_child_exit({0, 1, 0}, 0, 0);
+  EXPECT_FALSE(keeper.poll(at(150)).has_value());
+}
+
 // A worker's report that its op failed with a peer drops that peer once its beats are 3
 // heartbeat periods old (600 ms), long before dead_after_ms.
 TEST(LocalKeeper, SuspectReportDropsAStalePeerEarly) {
