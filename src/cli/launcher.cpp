@@ -124,7 +124,7 @@ struct Child {
   std::string name;  // "rank 3", "parameter server 0"
   bool server = false;
   int local = 0;             // worker: its slot on this node
-  elastic::MemberId member;  // elastic: <node>.<slot>.0
+  elastic::MemberId member;  // elastic: <node>.<slot>.<incarnation>
   bool ok = false;           // exited with status 0
 };
 
@@ -133,7 +133,8 @@ struct Child {
 bool set_per_child(const std::string& k) {
   return k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "LOCAL_WORLD_SIZE" ||
          k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "KRAB_WORKER" || k == "KRAB_PS_SHARD" ||
-         k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET" || k == "KRAB_MEMBER_ID";
+         k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET" || k == "KRAB_MEMBER_ID" ||
+         k == "KRAB_ELASTIC_JOIN";
 }
 
 // The environment of a child: the launcher's, plan.worker_env where the launcher's does not
@@ -218,8 +219,10 @@ std::pair<int, std::string> describe_exit(int status) {
 // plan.elastic, failures go to the keeper instead (elastic_exit, poll_keeper).
 class Supervisor {
  public:
-  Supervisor(const LaunchPlan& plan, std::vector<Child> children, double grace_seconds)
+  Supervisor(const LaunchPlan& plan, std::vector<Child> children, double grace_seconds,
+             const std::vector<std::string>& argv)
       : plan_(plan),
+        argv_(argv),
         children_(std::move(children)),
         grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000))),
         alive_(static_cast<int>(children_.size())) {
@@ -302,11 +305,57 @@ class Supervisor {
   void elastic_exit(const Child& child, int status, const std::string& how) {
     const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
     const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    if (code != 0 || sig != 0)
+    if ((code != 0 || sig != 0) && !finished_)
       std::fprintf(stderr, "krab: %s (member %s) %s\n", child.name.c_str(),
                    child.member.str().c_str(), how.c_str());
     keeper_->on_child_exit(child.member, code, sig);
     exits_pending_ = true;
+    if (code != 0 || sig != 0) replace(child);
+    finish_if_done();
+  }
+
+  // elastic.replace_dead: a member that died gets a successor in its slot, which asks to join
+  // when it is ready (elastic/join/<member>) and receives the state (§2.4, §6.1).
+  void replace(const Child& dead) {
+    const auto& e = *plan_.elastic;
+    bool member = false;
+    for (const elastic::Member& m : keeper_->current().members)
+      member = member || m.id == dead.member;
+    if (!e.replace_dead || !member || finished_ || keeper_->stopped()) return;
+    if (restarts_[dead.local] >= e.max_restarts) {
+      std::fprintf(stderr,
+                   "krab: slot %d was replaced %d times (elastic.max_restarts); the run goes on "
+                   "without it\n",
+                   dead.local, restarts_[dead.local]);
+      return;
+    }
+    ++restarts_[dead.local];
+    elastic::MemberId next = dead.member;
+    ++next.incarnation;
+    const int rank = plan_.node_rank * plan_.nproc_per_node + dead.local;
+    std::vector<std::string> env = child_environment(plan_, false, 0, rank, dead.local, next.str());
+    env.push_back("KRAB_ELASTIC_JOIN=1");
+    const std::string name = str_cat("member ", next.str());
+    const pid_t pid = start_child(argv_, env, name, ::getpid());
+    children_.push_back({pid, name, false, dead.local, next});
+    ++alive_;
+    keeper_->expect_joiner(next, dead.local);
+    std::fprintf(stderr, "krab: starting member %s in slot %d to replace member %s\n",
+                 next.str().c_str(), dead.local, dead.member.str().c_str());
+  }
+
+  // The run is over once every member of the last generation exited 0: a replacement still
+  // waiting to be admitted has nothing to join (and waits on no signal but SIGKILL).
+  void finish_if_done() {
+    const elastic::GenerationRecord& last = keeper_->current();
+    bool done = last.workers() > 0;
+    for (const elastic::Member& m : last.members)
+      for (const Child& c : children_)
+        if (!c.server && c.member == m.id) done = done && c.pid < 0 && c.ok;
+    if (!done || finished_) return;
+    finished_ = true;
+    for (const Child& c : children_)
+      if (c.pid > 0) ::kill(c.pid, SIGKILL);
   }
 
   // Every 100 ms (§6.1), or at once after exits.
@@ -322,9 +371,12 @@ class Supervisor {
                  elastic::describe_change(before, *record, plan_.elastic->keeper).c_str());
     // A member dropped for silence may still run (SIGSTOPped, or stuck): it is no longer in
     // the job, and nothing of it may come back.
-    for (const elastic::LostMember& lost : record->lost)
-      for (const Child& c : children_)
-        if (c.pid > 0 && !c.server && c.member == lost.id) ::kill(c.pid, SIGKILL);
+    // A proposal's lost members are leavers: they finish the step with the others and exit
+    // by themselves (killing one now would break the step the others are in).
+    if (record->kind == elastic::RecordKind::kAbort)
+      for (const elastic::LostMember& lost : record->lost)
+        for (const Child& c : children_)
+          if (c.pid > 0 && !c.server && c.member == lost.id) ::kill(c.pid, SIGKILL);
     write_workers_json();
     // The members write a checkpoint and exit (§2.5); that is bounded like any of their waits.
     if (record->state == elastic::RecordState::kStop) stop_by_ = now + plan_.elastic->start_grace;
@@ -376,6 +428,7 @@ class Supervisor {
   }
 
   const LaunchPlan& plan_;
+  const std::vector<std::string>& argv_;
   std::vector<Child> children_;
   const std::chrono::steady_clock::duration grace_;
   int alive_;
@@ -387,6 +440,8 @@ class Supervisor {
   bool exits_pending_ = false;
   std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();
+  std::map<int, int> restarts_;  // elastic.replace_dead: replacements per slot
+  bool finished_ = false;        // every member of the last generation exited 0
 };
 
 }  // namespace
@@ -402,7 +457,7 @@ int spawn_and_supervise(const LaunchPlan& plan, const std::vector<std::string>& 
     std::fprintf(stderr, "krab: interrupted before any process was started\n");
     return 128 + g_signal;
   }
-  return Supervisor(plan, std::move(children), grace_seconds).run();
+  return Supervisor(plan, std::move(children), grace_seconds, argv).run();
 }
 
 }  // namespace krab::cli

@@ -52,6 +52,11 @@ struct ElasticLaunch {
   std::string store_dir;  // where generation g >= 1's store files go (the private directory)
   std::string run_dir;    // RUN_DIR: workers.json
   std::chrono::milliseconds start_grace{60000};  // comm.timeout_s: generation 0's first beats
+  // elastic.replace_dead: a worker that dies is respawned in its slot as a new member (the next
+  // incarnation, KRAB_ELASTIC_JOIN=1) that joins at a step boundary and receives the state;
+  // at most max_restarts times per slot.
+  bool replace_dead = false;
+  int max_restarts = 3;
 };
 
 struct LaunchPlan {

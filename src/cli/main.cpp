@@ -320,6 +320,8 @@ cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& key
   // Generation 0's workers load LibTorch, data and model before their heartbeats begin; they
   // must build their group within comm.timeout_s anyway.
   launch.start_grace = keys.timeout;
+  launch.replace_dead = e.replace_dead;
+  launch.max_restarts = e.max_restarts;
   return launch;
 }
 

@@ -466,8 +466,9 @@ std::vector<KeySpec> elastic_keys() {
                 "node agent's lease in etcd; at least 2, etcd's smallest lease.",
                 2),
       bool_key("elastic.replace_dead", "false",
-               "`elastic.enabled`: respawn a dead local worker as a new member that receives "
-               "the state from the others. Not built yet: `true` is refused."),
+               "`elastic.enabled`: the launcher respawns a worker that died in its slot, as a "
+               "new member that joins at a step boundary (within `elastic.max_workers`) and "
+               "receives the state from rank 0; the others pause only for the transfer."),
       int_key("elastic.max_restarts", "3",
               "`elastic.replace_dead`: most replacements per local worker slot in a run, so a "
               "worker that dies at every start does not loop.",

@@ -249,8 +249,12 @@ void ElasticEngine::reconcile(comm::Communicator& group, torch::optim::Optimizer
 void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
                           std::unique_ptr<torch::optim::Optimizer> adopted, bool joining) {
   bool joiners = joining;
+  joined_ids_.clear();
   for (const Member& m : record.members)
-    if (std::find(members_.begin(), members_.end(), m.id) == members_.end()) joiners = true;
+    if (std::find(members_.begin(), members_.end(), m.id) == members_.end()) {
+      joiners = true;
+      joined_ids_ += str_cat(joined_ids_.empty() ? "" : ", ", m.id.str());
+    }
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     live_group_ = group.get();
@@ -308,6 +312,7 @@ nlohmann::json ElasticEngine::recover(const std::string& cause) {
           {"kind", std::string(kind_name(record.kind))},
           {"reason", record.reason},
           {"lost", lost_text(record)},
+          {"joined", joined_ids_},
           {"cause", cause},
           {"step", applied_},
           {"lost_steps", lost},

@@ -154,6 +154,7 @@ class ElasticEngine : public engine::Engine {
   int64_t proposed_ = -1;          // a proposal the last vote carried: the generation to move to
   bool joined_ = false;            // built as a joiner
   bool leave_asked_ = false;       // elastic/leave/<member> written
+  std::string joined_ids_;         // the members the last change added ("0.1.1, ...")
 };
 
 }  // namespace krab::elastic

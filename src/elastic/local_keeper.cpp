@@ -152,7 +152,27 @@ void LocalKeeper::read_progress(std::vector<Event>* events) {
   events->emplace_back(event::Progress{step});
 }
 
+void LocalKeeper::expect_joiner(const MemberId& member, int local_rank) {
+  joiners_[member] = local_rank;
+}
+
 void LocalKeeper::read_requests(std::vector<Event>* events) {
+  // A FileStore cannot list keys: the joiners' keys are the ones the launcher expects.
+  for (auto it = joiners_.begin(); it != joiners_.end();) {
+    const std::optional<std::string> pid =
+        try_read(*control_, str_cat(kJoinPrefix, it->first.str()));
+    if (!pid) {
+      ++it;
+      continue;
+    }
+    event::JoinRequest join{it->first, it->second, 0};
+    try {
+      join.pid = std::stoll(*pid);
+    } catch (const std::exception&) {  // informational only: the record's pid is 0 then
+    }
+    events->emplace_back(join);
+    it = joiners_.erase(it);
+  }
   for (const Member& m : keeper_.current().members) {
     // A graceful leave (§2.4): asked once; the Keeper proposes the generation without it.
     if (!leaving_.count(m.id) && try_read(*control_, str_cat(kLeavePrefix, m.id.str()))) {
@@ -191,7 +211,17 @@ std::string describe_change(const GenerationRecord& before, const GenerationReco
     lost +=
         str_cat(lost.empty() ? "lost " : ", ", rank, " (member ", l.id.str(), ": ", l.cause, ")");
   }
-  const std::string what = lost.empty() ? str_cat(after.reason, " (the same members)") : lost;
+  std::string joined;
+  for (const Member& m : after.members) {
+    bool old = false;
+    for (const Member& b : before.members) old = old || b.id == m.id;
+    if (!old)
+      joined +=
+          str_cat(joined.empty() ? "" : ", ", "member ", m.id.str(), " joined as rank ", m.rank);
+  }
+  std::string what = lost;
+  if (!joined.empty()) what += str_cat(what.empty() ? "" : "; ", joined);
+  if (what.empty()) what = str_cat(after.reason, " (the same members)");
   const int n = after.workers();
   switch (after.state) {
     case RecordState::kRun:

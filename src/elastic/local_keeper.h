@@ -79,6 +79,12 @@ class LocalKeeper {
   // the next poll(). Exits of processes that are no longer members are ignored by the Keeper.
   void on_child_exit(const MemberId& member, int code, int signal);
 
+  // A replacement the launcher started as `member` (a new incarnation of a dead worker's slot)
+  // on local slot `local_rank`: once it asks (`elastic/join/<member>` = its pid, written when
+  // it is ready to enter), the next poll feeds the Keeper its JoinRequest. The launcher spawned
+  // it, so it is admitted without a secret or fingerprint check (§6.3 is for --join).
+  void expect_joiner(const MemberId& member, int local_rank);
+
   // Reads the store, decides, publishes. Returns the record published, if any.
   std::optional<GenerationRecord> poll(Instant now);
 
@@ -104,7 +110,8 @@ class LocalKeeper {
   int64_t generation_start_ms_ = 0;    // steady clock, when current() began
   std::map<MemberId, int64_t> beats_;  // last beat seen per member of current()
   std::map<MemberId, std::string> suspect_text_;
-  std::set<MemberId> leaving_;  // leave requests already fed
+  std::set<MemberId> leaving_;       // leave requests already fed
+  std::map<MemberId, int> joiners_;  // replacements expected to ask, with their local slot
   int64_t progress_ = -1;
   std::vector<Event> exits_;
   std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced

@@ -137,9 +137,6 @@ void check_elastic_options(const core::Config& c, int workers, const std::string
   const int64_t stage = c.get_int("parallel.zero_stage");
   KRAB_CHECK_ARG(stage == 0, "elastic.enabled with parallel.zero_stage ", stage,
                  ": elastic with ZeRO sharding is not built yet; use parallel.zero_stage 0");
-  KRAB_CHECK_ARG(!e.replace_dead,
-                 "elastic.replace_dead: true is not built yet with elastic.enabled (a "
-                 "replacement needs the state transfer to a joiner); set it to false");
   // max_workers 0 stands for the workers at the start, which then also bound the run.
   const int max = e.max_workers > 0 ? e.max_workers : workers;
   const std::string max_text =

@@ -336,13 +336,15 @@ bool Trainer::Loop::recover(const std::string& cause) {
   }
   events.gauge("workers", workers(), committed);
   events.gauge("generation", change["generation"].get<double>(), committed);
+  std::string who = change["lost"].get<std::string>();
+  if (!change["joined"].get<std::string>().empty())
+    who += str_cat(who.empty() ? "" : "; ", "joined: member ", change["joined"].get<std::string>());
   if (rank0())
     std::fprintf(stderr,
                  "krab: generation %lld: %s (%s); %d workers go on from step %lld, %lld step(s) "
                  "lost\n",
                  static_cast<long long>(change["generation"].get<int64_t>()),
-                 change["reason"].get<std::string>().c_str(),
-                 change["lost"].get<std::string>().c_str(), workers(),
+                 change["reason"].get<std::string>().c_str(), who.c_str(), workers(),
                  static_cast<long long>(committed),
                  static_cast<long long>(change["lost_steps"].get<int64_t>()));
   membership.push_back(std::move(change));

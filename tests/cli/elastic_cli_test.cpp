@@ -43,8 +43,6 @@ TEST_F(ElasticCli, ModesItDoesNotCoverAreRefusedNamingBothKeys) {
   expect_refusal("--set parallel.zero_stage=1",
                  {"elastic.enabled with parallel.zero_stage 1: elastic with ZeRO sharding is not "
                   "built yet; use parallel.zero_stage 0"});
-  expect_refusal("--set elastic.replace_dead=true",
-                 {"elastic.replace_dead: true is not built yet with elastic.enabled"});
   expect_refusal("--nnodes 2 --node-rank 0 --rdzv 127.0.0.1:29999",
                  {"elastic.enabled with --nnodes 2", "not built yet"});
   expect_refusal("--set elastic.lease_s=1", {"elastic.lease_s"});

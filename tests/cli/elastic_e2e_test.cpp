@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -116,6 +117,62 @@ TEST_F(Elastic, ARandomWorkerKilledAtARandomStepNeverStopsTheRun) {
     EXPECT_TRUE(std::filesystem::exists(dir_ / run_name / "model.pt"));
     expect_no_process_left(run_name);
   }
+}
+
+// Item 3 on one machine: with elastic.replace_dead the launcher replaces a killed worker with
+// a new member that joins at a step boundary and receives the state; then a worker asked to
+// leave (SIGTERM to it, not to the launcher) leaves at a step boundary. All three changes are
+// in the report (the join and the leave lose no step), and the run still ends on the
+// uninterrupted trajectory.
+TEST_F(Elastic, AReplacementJoinsAndAWorkerLeavesGracefully) {
+  write("job.yaml", std::string(kElasticJob) + "elastic: {replace_dead: true}\n");
+  auto whole = run(krab("train job.yaml --set checkpoint.dir=whole --set train.steps=300"));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const pid_t launcher = start_krab(
+      dir_, (dir_ / "jl.log").string(),
+      {"train", "job.yaml", "--report", "jl.json", "--progress-file", "progress", "--set",
+       "checkpoint.dir=jl", "--set", "elastic.enabled=true", "--set", "train.steps=300"});
+  const auto log = [&] { return krab::core::read_file((dir_ / "jl.log").string()); };
+  const auto wait_until = [&](const std::function<bool()>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+    while (!done() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return done();
+  };
+  const auto pid_of = [&](int rank) {
+    const nlohmann::json workers = workers_json("jl");
+    for (const auto& w : workers["workers"])
+      if (w["rank"] == rank) return w["pid"].get<pid_t>();
+    return pid_t{0};
+  };
+  ASSERT_TRUE(wait_until([&] { return progress() >= 5; })) << log();
+  ::kill(pid_of(1), SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return workers_json("jl")["generation"] >= 2; })) << log();
+  const int64_t joined_at = progress();
+  ASSERT_TRUE(wait_until([&] { return progress() >= joined_at + 5; })) << log();
+  const pid_t leaver = pid_of(2);
+  ::kill(leaver, SIGTERM);
+  int status = 0;
+  ASSERT_TRUE(wait_exit(launcher, 120, status)) << log();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log();
+  const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "jl.json").string()));
+  EXPECT_EQ(report["steps"], 300);
+  const auto& changes = report["membership"];
+  ASSERT_EQ(changes.size(), 3u) << changes.dump() << log();
+  EXPECT_EQ(changes[0]["reason"], "death");
+  EXPECT_LE(changes[0]["lost_steps"].get<int64_t>(), 1);
+  EXPECT_EQ(changes[1]["reason"], "join");
+  EXPECT_EQ(changes[1]["joined"], "0.1.1");
+  EXPECT_EQ(changes[1]["lost_steps"], 0);
+  EXPECT_EQ(changes[1]["workers"], 4);
+  EXPECT_EQ(changes[2]["reason"], "leave");
+  EXPECT_EQ(changes[2]["lost_steps"], 0) << changes[2].dump();
+  EXPECT_EQ(changes[2]["workers"], 3);
+  EXPECT_NE(::kill(leaver, 0), 0) << "the leaver is still running";
+  const double diff = max_rel_diff(load_model_pt((dir_ / "whole" / "model.pt").string()),
+                                   load_model_pt((dir_ / "jl" / "model.pt").string()));
+  EXPECT_LE(diff, 1e-4);
+  expect_no_process_left("jl");
 }
 
 }  // namespace

@@ -264,6 +264,35 @@ TEST(LocalKeeper, LeaveRequestIsAProposalWithoutTheLeaver) {
   EXPECT_FALSE(keeper.poll(at(150)).has_value());
 }
 
+// A replacement the launcher started (elastic.replace_dead) is admitted once it asks, not
+// before: the next poll after elastic/join/<member> appears proposes the generation with it as
+// the last rank, its pid from the request; an unexpected join key changes nothing.
+TEST(LocalKeeper, AnExpectedReplacementJoinsOnceItAsks) {
+  Job job;
+  auto options = job.options();
+  options.keeper.max_workers = 3;
+  LocalKeeper keeper(options, three(), at(0));
+  keeper.on_child_exit({0, 1, 0}, 0, 9);
+  const auto death = keeper.poll(at(20));
+  ASSERT_TRUE(death.has_value());
+  EXPECT_EQ(death->workers(), 2);
+  keeper.expect_joiner({0, 1, 1}, 1);
+  job.put("elastic/join/0.7.0", "999");  // nobody the launcher started
+  const std::string g1 = (job.dir / "g1.store").string();
+  job.beat(1, g1, 0, 1);
+  job.beat(1, g1, 1, 1);
+  EXPECT_FALSE(keeper.poll(at(100)).has_value());  // the replacement has not asked yet
+  job.put("elastic/join/0.1.1", "4242");
+  const auto join = keeper.poll(at(150));
+  ASSERT_TRUE(join.has_value());
+  EXPECT_EQ(join->kind, RecordKind::kProposal);
+  EXPECT_EQ(join->reason, "join");
+  EXPECT_EQ(ids(*join), (std::vector<std::string>{"0:0.0.0", "1:0.2.0", "2:0.1.1"}));
+  EXPECT_EQ(join->members[2].pid, 4242);
+  EXPECT_EQ(join->members[2].local_rank, 1);
+  EXPECT_FALSE(keeper.poll(at(200)).has_value());  // fed once
+}
+
 // A worker's report that its op failed with a peer drops that peer once its beats are 3
 // heartbeat periods old (600 ms), long before dead_after_ms.
 TEST(LocalKeeper, SuspectReportDropsAStalePeerEarly) {
