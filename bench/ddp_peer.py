@@ -521,6 +521,14 @@ def worker(rank, args, port, queue):
             print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    if args.torchrun:
+        # torch 1.13 can hang here forever otherwise: when this function's locals go, DDP's
+        # Reducer destroys the Gloo group, whose destructor joins a Gloo thread that waits for
+        # the GIL this thread holds (seen once on rank 1 of a group torchrun had restarted).
+        # Everything is done and printed; leave without the destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def free_port():

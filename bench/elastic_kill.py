@@ -24,11 +24,13 @@ The peer, on the same failures: torchrun (`python3 -m torch.distributed.run --np
 running bench/ddp_peer.py --torchrun with a checkpoint every --checkpoint-every steps (50; rank
 0 saves, atomically) that every worker resumes from when the agent restarts the group. First
 its uninterrupted run (with the checkpoints), then each trial kills the worker whose RANK is the
-trial's rank (a child of the agent, found through /proc) at the same step: `past` (kill -> the
-progress file past the step it had: detection, restart of all workers, loading, and the steps
-recomputed), the steps recomputed (step at the kill - the checkpoint step it resumed from, the
-JSON's `resumed_from`), accuracy, exit status, wall time, processes left. The ratio printed is
-torchrun's median `past` over krab's.
+trial's rank (a child of the agent, found through /proc) at the same step: `restart` (kill ->
+the first step completed after the restart: the agent's detection, every worker stopped and
+started again, imports, data and checkpoint loaded), `past` (kill -> the progress file past the
+step it had: the restart and the steps recomputed), the steps recomputed (step at the kill -
+the checkpoint step it resumed from, the JSON's `resumed_from`), accuracy, exit status, wall
+time, processes left. The ratio printed is torchrun's median `past` over krab's. A run that
+passes --timeout-s is killed (its process group) and counts as failed.
 
 torchrun of torch 1.13 under Python 3.11 (Debian's): `--redirects` and `--tee` at their default
 "0" fail (Std.from_str("0") returns None: IntFlag iteration no longer yields the zero member),
@@ -40,8 +42,9 @@ Run from the repository root with Debian's python:
   /usr/bin/python3 bench/elastic_kill.py --trials 2 --epochs 1   # short check
 Options: --workers 4  --epochs 2  --trials 10  --seed 27  --checkpoint-every 50  --no-peer
 --timeout-s 1200 (per run)  --krab build/bin/krab  --json FILE. The krab binary is copied to a
-temporary directory first. Exit status 1 if a run misses the bar's exit/steps/process checks
-(the numbers are printed first). Everything runs on 127.0.0.1; nothing is downloaded.
+temporary directory first. Exit status 1 if a krab run misses the bar's exit/steps/process
+checks or a planned kill did not happen (the numbers are printed first); torchrun's are only
+printed. Everything runs on 127.0.0.1; nothing is downloaded.
 """
 import argparse
 import json
@@ -62,6 +65,14 @@ from zero_speed import cpu_name
 
 EXAMPLES = 60000  # Fashion-MNIST's training split
 POLL_S = 0.005
+
+
+def progress_mtime(path):
+    """When the progress file was last rewritten (ns), or None before its first write."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 def read_progress(path):
@@ -91,6 +102,8 @@ def plan_kills(seed, trials, workers, steps):
     if trials and all(rank != 0 for rank, _ in plan):
         k = rng.randrange(trials)
         plan[k] = (0, plan[k][1])
+    assert all(0 <= r < workers and lo <= s <= hi for r, s in plan), plan
+    assert not trials or any(r == 0 for r, _ in plan), plan
     return plan
 
 
@@ -106,13 +119,19 @@ class Run:
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 
-    def wait_progress(self, above):
+    def wait_progress(self, above, changed=None):
         """Polls until the progress file says more than `above` steps; returns (steps, time), or
-        (None, time) if the job ended or the deadline passed first."""
+        (None, time) if the job ended or the deadline passed first. With `changed`, also notes
+        in changed["at"] when the file was first rewritten after changed["mtime"] (a restarted
+        job's first step may write a count below `above`, or equal to it)."""
         while time.time() < self.deadline and self.proc.poll() is None:
             done = read_progress(self.progress)
+            now = time.time()
+            if changed is not None and "at" not in changed \
+                    and progress_mtime(self.progress) != changed["mtime"]:
+                changed["at"] = now
             if done > above:
-                return done, time.time()
+                return done, now
             time.sleep(POLL_S)
         return None, time.time()
 
@@ -129,16 +148,20 @@ class Run:
 
 
 def kill_and_watch(run, victim, at):
-    """SIGKILLs victim once `at` steps are done; returns (steps at the kill, kill time, time the
-    progress moved past them), with None where the run ended first."""
+    """SIGKILLs victim() once `at` steps are done. Returns {"kill_step": steps done at the kill,
+    "past": kill -> the progress file past them, "first": kill -> its first change (the first
+    step completed after the kill)}, the times None where the run ended first."""
     done, _ = run.wait_progress(at - 1)
-    if done is None or victim() is None:
-        return done, None, None
-    pid = victim()
+    mtime = progress_mtime(run.progress)  # the write that said `done` (or a later one)
+    pid = victim() if done is not None else None
+    if pid is None:
+        return {"kill_step": done, "past": None, "first": None}
     os.kill(pid, signal.SIGKILL)
     t_kill = time.time()
-    moved, t_past = run.wait_progress(done)
-    return done, t_kill, t_past if moved is not None else None
+    changed = {"mtime": mtime}
+    moved, t_past = run.wait_progress(done, changed)
+    return {"kill_step": done, "past": t_past - t_kill if moved is not None else None,
+            "first": changed["at"] - t_kill if "at" in changed else None, "t_kill": t_kill}
 
 
 # --- krab ------------------------------------------------------------------------------------
@@ -162,16 +185,16 @@ def krab_run(a, krab, job, tmp, tag, rank=None, step=None):
            "--set", f"parallel.workers={a.workers}", "--set", f"train.epochs={a.epochs}"]
     run = Run(cmd, progress, os.path.join(tmp, f"krab-{tag}.log"), a.timeout_s)
     pids = set()
-    done = t_kill = t_past = None
+    kill = {}
     if rank is not None:
         def victim():
             members = workers_pids(run_dir)
             pids.update(members.values())
             return members.get(rank)
-        done, t_kill, t_past = kill_and_watch(run, victim, step)
+        kill = kill_and_watch(run, victim, step)
     rc, wall = run.finish()
     pids.update(workers_pids(run_dir).values())
-    r = {"exit": rc, "wall_seconds": wall, "kill_step": done,
+    r = {"exit": rc, "wall_seconds": wall, "kill_step": kill.get("kill_step"),
          "left": sum(alive(p) for p in pids | {run.proc.pid})}
     try:
         with open(report) as f:
@@ -180,8 +203,9 @@ def krab_run(a, krab, job, tmp, tag, rank=None, step=None):
         return r
     r.update({"steps": rep.get("steps"), "test_accuracy": rep.get("test_accuracy"),
               "membership": rep.get("membership", [])})
-    if t_kill is not None:
-        r["past_seconds"] = t_past - t_kill if t_past is not None else None
+    if "t_kill" in kill:
+        t_kill = kill["t_kill"]
+        r["past_seconds"] = kill["past"]
         if r["membership"]:
             change = r["membership"][0]
             r["lost_steps"] = sum(c.get("lost_steps", 0) for c in r["membership"])
@@ -240,24 +264,25 @@ def torchrun_run(a, tmp, tag, rank=None, step=None):
            "--checkpoint-every", str(a.checkpoint_every), "--progress-file", progress]
     run = Run(cmd, progress, log, a.timeout_s)
     pids = set()
-    done = t_kill = t_past = None
+    kill = {}
     if rank is not None:
         def victim():
             members = children_by_rank(run.proc.pid)
             pids.update(members.values())
             return members.get(rank)
-        done, t_kill, t_past = kill_and_watch(run, victim, step)
+        kill = kill_and_watch(run, victim, step)
         pids.update(children_by_rank(run.proc.pid).values())  # the restarted workers
     rc, wall = run.finish()
     out = peer_json(log)
-    r = {"exit": rc, "wall_seconds": wall, "kill_step": done,
+    r = {"exit": rc, "wall_seconds": wall, "kill_step": kill.get("kill_step"),
          "left": sum(alive(p) for p in pids | {run.proc.pid}),
          "steps": read_progress(progress), "test_accuracy": out.get("test_accuracy"),
          "restart_count": out.get("restart_count"), "resumed_from": out.get("resumed_from")}
-    if t_kill is not None:
-        r["past_seconds"] = t_past - t_kill if t_past is not None else None
+    if "t_kill" in kill:
+        r["past_seconds"] = kill["past"]
+        r["restart_seconds"] = kill["first"]
         if r["resumed_from"] is not None:
-            r["recomputed_steps"] = done - r["resumed_from"]
+            r["recomputed_steps"] = kill["kill_step"] - r["resumed_from"]
     return r
 
 
@@ -280,7 +305,8 @@ def print_trial(i, rank, k, t):
             f"{fmt(acc_pt(k.get('test_accuracy'))):>6} {k['wall_seconds']:>6.1f} {k['left']:>4}")
     if t is not None:
         line += (f" | {t['exit']:>4} {fmt(t.get('steps'), 'd'):>5} "
-                 f"{fmt(t.get('recomputed_steps'), 'd'):>5} {fmt(t.get('past_seconds')):>6} "
+                 f"{fmt(t.get('recomputed_steps'), 'd'):>5} {fmt(t.get('restart_seconds')):>7} "
+                 f"{fmt(t.get('past_seconds')):>6} "
                  f"{fmt(acc_pt(t.get('test_accuracy'))):>6} {t['wall_seconds']:>6.1f} "
                  f"{t['left']:>4}")
     print(line + f" {machine_load()[0]:>5.2f}", flush=True)
@@ -291,19 +317,22 @@ def median_max(values):
     return (statistics.median(values), max(values)) if values else (None, None)
 
 
-def run_ok(r, steps):
-    return r["exit"] == 0 and r.get("steps") == steps and r["left"] == 0
+def run_ok(r, steps, killed=False):
+    """Exit 0, every step, nothing of the job left; and the kill done when one was planned."""
+    return r["exit"] == 0 and r.get("steps") == steps and r["left"] == 0 \
+        and (not killed or r.get("past_seconds") is not None)
 
 
-def summarize(a, base, krab_trials, peer_base, peer_trials, steps):
-    """The medians, the issue's bar, the ratio; returns whether every run completed cleanly."""
+def summarize_krab(base, krab_trials, steps):
+    """krab's medians and the issue's bar; returns (every run clean, median time past the kill
+    step, its max, lost steps, mean accuracy)."""
     rec, rec_max = median_max(k.get("recovery_seconds") for k in krab_trials)
     past, past_max = median_max(k.get("past_seconds") for k in krab_trials)
     lost = sum(k.get("lost_steps") or 0 for k in krab_trials)
     accs = [acc_pt(k["test_accuracy"]) for k in krab_trials if k.get("test_accuracy") is not None]
     base_acc = acc_pt(base.get("test_accuracy"))
     spread = max((abs(x - base_acc) for x in accs), default=None) if base_acc is not None else None
-    ok = run_ok(base, steps) and all(run_ok(k, steps) for k in krab_trials)
+    ok = run_ok(base, steps) and all(run_ok(k, steps, killed=True) for k in krab_trials)
     print(f"\nkrab, {len(krab_trials)} kills: recovery (kill -> resumed_at) median "
           f"{fmt(rec)} s, max {fmt(rec_max)} s; kill -> progress past the kill step median "
           f"{fmt(past)} s, max {fmt(past_max)} s; lost steps {lost} in all")
@@ -313,34 +342,42 @@ def summarize(a, base, krab_trials, peer_base, peer_trials, steps):
           f"{base['wall_seconds']:.1f} s")
     bar = [("every run exit 0, all steps, no process left", ok),
            ("lost steps <= 1 per failure",
-            all((k.get("lost_steps") or 0) <= 1 for k in krab_trials)),
+            all(k.get("lost_steps") is not None and k["lost_steps"] <= 1 for k in krab_trials)),
            ("accuracy within +-0.5 pt", spread is not None and spread <= 0.5),
            ("median recovery <= 5 s", rec is not None and rec <= 5.0)]
     for name, passed in bar:
         print(f"  {'pass' if passed else 'FAIL'}: {name}")
-    if peer_base is None:
-        return ok
+    return ok, past, past_max, lost, statistics.mean(accs) if accs else None
+
+
+def summarize_peer(a, krab_summary, base, peer_base, peer_trials, steps):
+    """torchrun's numbers beside krab's (summarize_krab's) and the ratio of the medians."""
+    _, past, past_max, lost, acc = krab_summary
     tpast, tpast_max = median_max(t.get("past_seconds") for t in peer_trials)
+    trestart, _ = median_max(t.get("restart_seconds") for t in peer_trials)
     recomputed = sum(t.get("recomputed_steps") or 0 for t in peer_trials)
     taccs = [acc_pt(t["test_accuracy"]) for t in peer_trials if t.get("test_accuracy") is not None]
+    tbase = acc_pt(peer_base.get("test_accuracy"))
+    tspread = max((abs(x - tbase) for x in taccs), default=None) if tbase is not None else None
     print(f"\ntorchrun, {len(peer_trials)} kills (checkpoint every {a.checkpoint_every} steps): "
-          f"kill -> progress past the kill step median {fmt(tpast)} s, max {fmt(tpast_max)} s; "
-          f"steps recomputed {recomputed} in all; test accuracy "
-          f"{fmt(statistics.mean(taccs) if taccs else None)} % (uninterrupted "
-          f"{fmt(acc_pt(peer_base.get('test_accuracy')))} %, wall "
-          f"{peer_base['wall_seconds']:.1f} s); every run exit 0 and all steps: "
-          f"{'yes' if all(run_ok(t, steps) for t in [peer_base] + peer_trials) else 'NO'}")
+          f"kill -> progress past the kill step median {fmt(tpast)} s, max {fmt(tpast_max)} s "
+          f"(kill -> first step after the restart median {fmt(trestart)} s); steps recomputed "
+          f"{recomputed} in all")
+    clean = run_ok(peer_base, steps) and all(run_ok(t, steps, killed=True) for t in peer_trials)
+    print(f"  test accuracy {fmt(statistics.mean(taccs) if taccs else None)} % (mean), "
+          f"uninterrupted {fmt(tbase)} %, largest difference {fmt(tspread)} pt; uninterrupted "
+          f"wall {peer_base['wall_seconds']:.1f} s; every run exit 0, all steps, no process "
+          f"left: {'yes' if clean else 'NO'}")
     print("\n| | median time lost (kill -> past the kill step) | max | steps lost or recomputed "
           "| accuracy (mean, %) | uninterrupted accuracy (%) |")
     print("|---|--:|--:|--:|--:|--:|")
-    print(f"| krab elastic | {fmt(past)} s | {fmt(past_max)} s | {lost} | "
-          f"{fmt(statistics.mean(accs) if accs else None)} | {fmt(base_acc)} |")
+    print(f"| krab elastic | {fmt(past)} s | {fmt(past_max)} s | {lost} | {fmt(acc)} | "
+          f"{fmt(acc_pt(base.get('test_accuracy')))} |")
     print(f"| torchrun restart | {fmt(tpast)} s | {fmt(tpast_max)} s | {recomputed} | "
           f"{fmt(statistics.mean(taccs) if taccs else None)} | "
           f"{fmt(acc_pt(peer_base.get('test_accuracy')))} |")
     ratio = tpast / past if tpast is not None and past else None
     print(f"\ntorchrun's time lost / krab's (medians): {fmt(ratio)}x")
-    return ok
 
 
 def main():
@@ -374,16 +411,20 @@ def main():
               flush=True)
         peer_base = None
         if not a.no_peer:
+            print(f"torchrun: --nproc_per_node {a.workers} --max_restarts 3, its default monitor "
+                  f"interval (5 s in torch 1.13: how often the agent looks at its workers), "
+                  f"ddp_peer.py checkpointing every {a.checkpoint_every} steps", flush=True)
             peer_base = torchrun_run(a, tmp, "whole")
             print(f"torchrun uninterrupted: exit {peer_base['exit']}, {peer_base['steps']} steps, "
                   f"test accuracy {fmt(acc_pt(peer_base.get('test_accuracy')))} %, wall "
                   f"{peer_base['wall_seconds']:.1f} s", flush=True)
         print(f"\n{'':>14} | {'krab elastic':^60} |" + ("" if a.no_peer else
-              f" {'torchrun restart-from-checkpoint':^40} |"))
+              f" {'torchrun restart-from-checkpoint':^48} |"))
         print(f"{'#':>3} {'rank':>4} {'step':>5} | {'exit':>4} {'steps':>5} {'lost':>4} "
               f"{'detect':>6} {'recovery':>8} {'report':>6} {'past':>6} {'acc%':>6} {'wall':>6} "
               f"{'left':>4}" + ("" if a.no_peer else
-              f" | {'exit':>4} {'steps':>5} {'recmp':>5} {'past':>6} {'acc%':>6} {'wall':>6} "
+              f" | {'exit':>4} {'steps':>5} {'recmp':>5} {'restart':>7} {'past':>6} {'acc%':>6} "
+              f"{'wall':>6} "
               f"{'left':>4}") + f" {'load1':>5}", flush=True)
         krab_trials, peer_trials = [], []
         for i, (rank, step) in enumerate(plan):
@@ -394,14 +435,16 @@ def main():
                 t = torchrun_run(a, tmp, f"t{i}", rank, step)
                 peer_trials.append(dict(t, rank=rank, planned_step=step))
             print_trial(i, rank, k, t)
-        ok = summarize(a, base, krab_trials, peer_base, peer_trials, steps)
+        krab_summary = summarize_krab(base, krab_trials, steps)
+        if peer_base is not None:
+            summarize_peer(a, krab_summary, base, peer_base, peer_trials, steps)
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"bench": "elastic_kill", "cpu": cpu_name(), "steps": steps,
                        "krab": {"uninterrupted": base, "trials": krab_trials},
                        "torchrun": {"uninterrupted": peer_base, "trials": peer_trials}},
                       f, indent=2)
-    sys.exit(0 if ok else 1)
+    sys.exit(0 if krab_summary[0] else 1)
 
 
 if __name__ == "__main__":
