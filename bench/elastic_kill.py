@@ -112,6 +112,8 @@ class Run:
     file to poll."""
 
     def __init__(self, cmd, progress, log, timeout_s):
+        self.cmd = cmd
+        self.log_path = log
         self.progress = progress
         self.deadline = time.time() + timeout_s
         self.t0 = time.time()
@@ -144,6 +146,11 @@ class Run:
             os.killpg(self.proc.pid, signal.SIGKILL)
             rc = self.proc.wait()
         self.log.close()
+        if rc != 0:  # the temporary folder goes with the bench: say why here
+            with open(self.log_path, errors="replace") as f:
+                tail = f.read()[-3000:]
+            sys.stderr.write(f"elastic_kill: {' '.join(self.cmd)} ended with {rc}; its output's "
+                             f"tail:\n{tail}\n")
         return rc, time.time() - self.t0
 
 
@@ -312,6 +319,17 @@ def print_trial(i, rank, k, t):
     print(line + f" {machine_load()[0]:>5.2f}", flush=True)
 
 
+def print_header(no_peer):
+    """The per-trial table's head, in print_trial's columns (seconds from the bench's kill)."""
+    print(f"\n{'':>14} | {'krab elastic':^64} |" + ("" if no_peer else
+          f" {'torchrun restart-from-checkpoint':^50} |"))
+    print(f"{'#':>3} {'rank':>4} {'step':>5} | {'exit':>4} {'steps':>5} {'lost':>4} "
+          f"{'detect':>6} {'recovery':>8} {'report':>6} {'past':>6} {'acc%':>6} {'wall':>6} "
+          f"{'left':>4}" + ("" if no_peer else
+          f" | {'exit':>4} {'steps':>5} {'recmp':>5} {'restart':>7} {'past':>6} {'acc%':>6} "
+          f"{'wall':>6} {'left':>4}") + f" {'load1':>5}", flush=True)
+
+
 def median_max(values):
     values = [v for v in values if v is not None]
     return (statistics.median(values), max(values)) if values else (None, None)
@@ -406,26 +424,22 @@ def main():
               f"each, {a.epochs} epoch(s) = {steps} steps; {a.trials} kill(s), seed {a.seed}: "
               f"{plan}", flush=True)
         base = krab_run(a, krab, job, tmp, "whole")
-        print(f"krab uninterrupted: exit {base['exit']}, {base.get('steps')} steps, test accuracy "
-              f"{fmt(acc_pt(base.get('test_accuracy')))} %, wall {base['wall_seconds']:.1f} s",
-              flush=True)
+        print(f"krab uninterrupted: exit {base['exit']}, {fmt(base.get('steps'), 'd')} steps, "
+              f"test accuracy {fmt(acc_pt(base.get('test_accuracy')))} %, wall "
+              f"{base['wall_seconds']:.1f} s", flush=True)
+        if not run_ok(base, steps):
+            sys.exit("elastic_kill: the uninterrupted krab run failed; no trials")
         peer_base = None
         if not a.no_peer:
             print(f"torchrun: --nproc_per_node {a.workers} --max_restarts 3, its default monitor "
                   f"interval (5 s in torch 1.13: how often the agent looks at its workers), "
                   f"ddp_peer.py checkpointing every {a.checkpoint_every} steps", flush=True)
             peer_base = torchrun_run(a, tmp, "whole")
-            print(f"torchrun uninterrupted: exit {peer_base['exit']}, {peer_base['steps']} steps, "
+            print(f"torchrun uninterrupted: exit {peer_base['exit']}, "
+                  f"{fmt(peer_base['steps'], 'd')} steps, "
                   f"test accuracy {fmt(acc_pt(peer_base.get('test_accuracy')))} %, wall "
                   f"{peer_base['wall_seconds']:.1f} s", flush=True)
-        print(f"\n{'':>14} | {'krab elastic':^60} |" + ("" if a.no_peer else
-              f" {'torchrun restart-from-checkpoint':^48} |"))
-        print(f"{'#':>3} {'rank':>4} {'step':>5} | {'exit':>4} {'steps':>5} {'lost':>4} "
-              f"{'detect':>6} {'recovery':>8} {'report':>6} {'past':>6} {'acc%':>6} {'wall':>6} "
-              f"{'left':>4}" + ("" if a.no_peer else
-              f" | {'exit':>4} {'steps':>5} {'recmp':>5} {'restart':>7} {'past':>6} {'acc%':>6} "
-              f"{'wall':>6} "
-              f"{'left':>4}") + f" {'load1':>5}", flush=True)
+        print_header(a.no_peer)
         krab_trials, peer_trials = [], []
         for i, (rank, step) in enumerate(plan):
             k = krab_run(a, krab, job, tmp, f"t{i}", rank, step)
