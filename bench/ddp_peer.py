@@ -25,6 +25,17 @@ the script runs ONE rank itself instead of spawning --workers local ones, joins 
 rank 0 prints the JSON line:
   /usr/bin/python3 bench/ddp_peer.py --rank R --world-size 4 --master-addr 10.0.0.1 \
       --master-port 29600 --iface eth0 --epochs 2 --eval-every 20
+Under torchrun (bench/elastic_kill.py uses it): with --torchrun each process is the one rank
+that torchrun's RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT say (init_method env://, Gloo on
+loopback); rank 0 prints the JSON line, as in multi-host mode:
+  /usr/bin/python3 -m torch.distributed.run --nproc_per_node 4 --max_restarts 3 \
+      bench/ddp_peer.py --torchrun --epochs 2 --eval --checkpoint-dir ck --progress-file p
+--checkpoint-dir DIR: rank 0 saves the model and optimizer state every --checkpoint-every steps
+(default 50) to DIR/ddp_peer.pt (written to a temporary file, then renamed, so a kill never
+leaves half a file), and every rank starts from it when it exists: torchrun's
+restart-from-checkpoint. The JSON then says `resumed_from` (the step the run started from) and,
+under torchrun, `restart_count`. --progress-file FILE: rank 0 rewrites FILE with the number of
+completed steps after each step (as krab's --progress-file), also atomically.
 --eval-every N evaluates on the test split every N steps and after the last step (as krab's
 train.eval_every) and adds to the JSON `evals` = [{"step", "seconds", "test_accuracy"}], where
 seconds are training seconds on rank 0 since the start of step 0 with evaluation time left out
@@ -361,11 +372,25 @@ def evaluate(model, test_x, test_y, rank, W):
     return counts[0].item() / counts[1].item() if counts[1].item() > 0 else 0.0
 
 
+def write_atomic(path, write):
+    """Calls write(tmp) and renames tmp to path: a reader (or a kill) never sees half a file."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def checkpoint_path(args):
+    return os.path.join(args.checkpoint_dir, "ddp_peer.pt")
+
+
 def worker(rank, args, port, queue):
     t_start = time.perf_counter()
     torch.set_num_threads(1)
     W = args.workers
-    if args.rank < 0:
+    if args.torchrun:  # rank, world size and rendezvous from torchrun's environment
+        dist.init_process_group("gloo", init_method="env://",
+                                timeout=datetime.timedelta(seconds=args.timeout_s))
+    elif args.rank < 0:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=W)
     else:  # multi-host mode: one rank, rendezvous at rank 0's address
@@ -382,11 +407,19 @@ def worker(rank, args, port, queue):
 
     torch.manual_seed(args.seed)
     model = build_model(args)
+    start = 0
+    saved = None
+    if args.checkpoint_dir and os.path.exists(checkpoint_path(args)):
+        saved = torch.load(checkpoint_path(args))
+        model.load_state_dict(saved["model"])
+        start = saved["step"]
     ddp = nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters
     if args.optimizer == "sgd":
         opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
     else:
         opt = torch.optim.Adam(ddp.parameters(), lr=args.lr)
+    if saved is not None:
+        opt.load_state_dict(saved["optimizer"])
 
     # Every epoch's order is computed before training (about 0.1 s each in Python), so that
     # none of it falls inside the timed steps.
@@ -399,7 +432,7 @@ def worker(rank, args, port, queue):
     t_warm = time.perf_counter()
     t_train = t_warm
     ddp.train()
-    for step in range(steps):
+    for step in range(start, steps):
         if step == warmup:
             t_warm = time.perf_counter()
             eval_seconds_warm = 0.0
@@ -417,6 +450,13 @@ def worker(rank, args, port, queue):
         loss.backward()
         opt.step()
         last_loss = loss.item()
+        if rank == 0 and args.checkpoint_dir and (step + 1) % args.checkpoint_every == 0 \
+                and step + 1 < steps:
+            # Every rank holds the same state after the step: rank 0's copy is the run's.
+            state = {"step": step + 1, "model": model.state_dict(), "optimizer": opt.state_dict()}
+            write_atomic(checkpoint_path(args), lambda tmp: torch.save(state, tmp))
+        if rank == 0 and args.progress_file:
+            write_atomic(args.progress_file, lambda tmp: open(tmp, "w").write(f"{step + 1}\n"))
         if args.log_every > 0 and (step + 1) % args.log_every == 0:
             # As krab's step lines: the step's loss averaged over the workers (global batch).
             step_loss = torch.tensor([last_loss], dtype=torch.float64)
@@ -437,7 +477,7 @@ def worker(rank, args, port, queue):
             if step >= warmup:
                 eval_seconds_warm += spent
     t_end = time.perf_counter()
-    measured = steps - warmup
+    measured = steps - max(warmup, start)  # a resumed run times only the steps it ran
     samples_per_sec = (measured * G / (t_end - t_warm - eval_seconds_warm)
                        if measured > 0 else 0.0)
 
@@ -471,12 +511,24 @@ def worker(rank, args, port, queue):
             "final_loss": loss_t.item() / W,
             "wall_seconds": time.perf_counter() - t_start,
         })
+        if args.checkpoint_dir:
+            result["resumed_from"] = start
+        if args.torchrun:
+            result["restart_count"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if queue is not None:
             queue.put(json.dumps(result))
         else:  # multi-host mode: rank 0 prints the result itself
             print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    if args.torchrun:
+        # torch 1.13 can hang here forever otherwise: when this function's locals go, DDP's
+        # Reducer destroys the Gloo group, whose destructor joins a Gloo thread that waits for
+        # the GIL this thread holds (seen once on rank 1 of a group torchrun had restarted).
+        # Everything is done and printed; leave without the destructors.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def free_port():
@@ -531,7 +583,23 @@ def main():
     multi.add_argument("--iface", help="interface Gloo binds to (sets GLOO_SOCKET_IFNAME)")
     multi.add_argument("--timeout-s", type=float, default=300,
                        help="rendezvous and collective timeout in seconds")
+    run = p.add_argument_group("under torchrun: restart from a checkpoint")
+    run.add_argument("--torchrun", action="store_true",
+                     help="one rank per process from torchrun's RANK, WORLD_SIZE, MASTER_ADDR "
+                          "and MASTER_PORT (--workers is ignored)")
+    run.add_argument("--checkpoint-dir", help="save DIR/ddp_peer.pt every --checkpoint-every "
+                                              "steps (rank 0) and start from it when present")
+    run.add_argument("--checkpoint-every", type=int, default=50)
+    run.add_argument("--progress-file", help="rank 0 rewrites FILE with the completed steps")
     args = p.parse_args()
+    if args.torchrun:
+        if args.rank >= 0 or "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+            p.error("--torchrun needs torchrun's RANK and WORLD_SIZE and no --rank")
+        args.workers = int(os.environ["WORLD_SIZE"])
+    if args.checkpoint_every < 1:
+        p.error("--checkpoint-every must be >= 1")
+    if args.checkpoint_dir:
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
     if args.rank >= 0:
         if args.world_size < 1 or args.rank >= args.world_size or not args.master_addr:
             p.error("multi-host mode needs --world-size > --rank >= 0 and --master-addr")
@@ -551,6 +619,10 @@ def main():
                     "--width and 0 <= --test-fraction < 1")
 
     _self_test_mt()
+    if args.torchrun:
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+        worker(int(os.environ["RANK"]), args, None, None)  # rank 0 prints the JSON line
+        return
     if args.rank >= 0:
         if args.iface:
             os.environ["GLOO_SOCKET_IFNAME"] = args.iface
