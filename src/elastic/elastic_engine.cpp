@@ -189,9 +189,10 @@ GenerationRecord ElasticEngine::next_record(int64_t want, bool exact) {
       continue;
     }
     if (record.state == RecordState::kStop)
-      throw Error(
+      throw RunStopped(
           str_cat("elastic: generation ", record.generation, " stops the run: ", record.workers(),
-                  " worker(s) left, fewer than elastic.min_workers (", lost_text(record), ")"));
+                  " worker(s) left, fewer than elastic.min_workers (", lost_text(record), ")"),
+          rank_in(record, options_.self) == 0, applied_);
     if (record.state == RecordState::kWaiting) {
       want = record.generation + 1;
       exact = false;

@@ -54,6 +54,7 @@
 #include "comm/communicator.h"
 #include "comm/factory.h"
 #include "comm/store.h"
+#include "core/errors.h"
 #include "elastic/generation.h"
 #include "elastic/membership_view.h"
 #include "engine/engine.h"
@@ -88,6 +89,21 @@ struct ElasticEngineOptions {
 using InnerEngineFactory = std::function<std::unique_ptr<parallel::DataParallelEngine>(
     std::unique_ptr<comm::Communicator> group, std::unique_ptr<torch::optim::Optimizer> adopted,
     bool initial)>;
+
+// The keeper stopped the run (a `stop` record: fewer than elastic.min_workers were left for
+// elastic.wait_s, §2.5). `writer()`: this worker is the record's rank 0 and writes the
+// checkpoint of `step()`, the steps it applied, before the run ends (exit 1).
+class RunStopped : public Error {
+ public:
+  RunStopped(const std::string& what, bool writer, int64_t step)
+      : Error(what), writer_(writer), step_(step) {}
+  bool writer() const { return writer_; }
+  int64_t step() const { return step_; }
+
+ private:
+  bool writer_;
+  int64_t step_;
+};
 
 // The worker's graceful leave (§2.4): installs a SIGTERM handler that only sets a flag (the
 // first call does; later calls return the same reader), and returns the reader of that flag for

@@ -21,6 +21,12 @@ DataParallelEngine::DataParallelEngine(std::shared_ptr<models::Model> model,
 
 DataParallelEngine::~DataParallelEngine() = default;
 
+std::unique_ptr<torch::optim::Optimizer> DataParallelEngine::take_optimizer() {
+  return std::move(optimizer_);
+}
+
+std::unique_ptr<comm::Communicator> DataParallelEngine::take_group() { return std::move(comm_); }
+
 std::optional<engine::StepPlan> DataParallelEngine::next_step() { return steps_.next(*comm_); }
 
 void DataParallelEngine::apply(double lr) {

@@ -68,8 +68,8 @@ class DataParallelEngine : public engine::Engine {
   // For an elastic run's change of generation (elastic/elastic_engine.h): the optimizer and the
   // group leave this engine, which must then only be destroyed. The group is handed to the
   // reaper, off the training thread; the optimizer goes to the next generation's engine.
-  std::unique_ptr<torch::optim::Optimizer> take_optimizer() { return std::move(optimizer_); }
-  std::unique_ptr<comm::Communicator> take_group() { return std::move(comm_); }
+  std::unique_ptr<torch::optim::Optimizer> take_optimizer();
+  std::unique_ptr<comm::Communicator> take_group();
   // Rank 0's buffers to every rank (a broadcast of an aborted generation may have reached only
   // some). Collective.
   void broadcast_buffers() { dp_.broadcast_buffers(); }

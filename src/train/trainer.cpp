@@ -321,7 +321,19 @@ bool Trainer::Loop::recover(const std::string& cause) {
     retired_traffic.bytes_sent[k] += sent.bytes_sent[k];
     retired_traffic.ops[k] += sent.ops[k];
   }
-  nlohmann::json change = engine->recover(cause);
+  nlohmann::json change;
+  try {
+    change = engine->recover(cause);
+  } catch (const elastic::RunStopped& e) {
+    // Too few workers were left for too long: the run ends resumable (§2.5). A survivor holds
+    // a full replica of the steps it applied (at most one behind the others': that step is
+    // computed again on resume).
+    const engine::TrainState state = engine->state();
+    if (e.writer() && state.sharded == nullptr)
+      last_checkpoint = save_checkpoint(run_dir, meta(e.step()), *state.model, *state.optimizer,
+                                        seal_key, seal_job, o.checkpoint_keep);
+    throw;
+  }
   if (change.value("left", false)) {
     committed = change["step"].get<int64_t>();
     return false;

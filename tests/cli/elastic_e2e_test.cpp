@@ -175,4 +175,28 @@ TEST_F(Elastic, AReplacementJoinsAndAWorkerLeavesGracefully) {
   expect_no_process_left("jl");
 }
 
+// Below elastic.min_workers for elastic.wait_s (§2.5): the keeper stops the run, the rank 0
+// of the survivors writes a checkpoint of the steps it applied, the launcher exits 1 saying
+// how to go on, and checkpoint.resume continues from it to the end.
+TEST_F(Elastic, BelowMinWorkersTheRunStopsResumably) {
+  write("job.yaml", std::string(kElasticJob) + "elastic: {min_workers: 4, wait_s: 1}\n");
+  const auto [code, victim] = run_and_kill("low", 3, 10);
+  const std::string log = krab::core::read_file((dir_ / "low.log").string());
+  EXPECT_EQ(code, 1) << log;
+  EXPECT_NE(log.find("elastic.min_workers 4"), std::string::npos) << log;
+  EXPECT_NE(log.find("checkpoint.resume"), std::string::npos) << log;
+  bool saved = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_ / "low"))
+    saved = saved || entry.path().filename().string().rfind("step-", 0) == 0;
+  ASSERT_TRUE(saved) << log;
+  auto resumed = run(krab("train job.yaml --report resumed.json --set checkpoint.dir=low "
+                          "--set checkpoint.resume=true"));
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  const auto report =
+      nlohmann::json::parse(krab::core::read_file((dir_ / "resumed.json").string()));
+  EXPECT_GE(report["start_step"].get<int64_t>(), 10);
+  EXPECT_EQ(report["steps"], 80);
+  expect_no_process_left("low");
+}
+
 }  // namespace
