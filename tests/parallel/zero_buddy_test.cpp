@@ -40,8 +40,8 @@ std::string name(const Case& c) {
 
 std::pair<at::Tensor, at::Tensor> batch(const Case& c, int64_t step, int64_t m, int rank) {
   auto g = at::detail::createCPUGenerator(2000 + 100 * step + 10 * m + rank);
-  if (c.model == "gpt") return {at::randint(0, 29, {3, 8}, g, at::kLong),
-                                at::randint(0, 29, {3, 8}, g, at::kLong)};
+  if (c.model == "gpt")
+    return {at::randint(0, 29, {3, 8}, g, at::kLong), at::randint(0, 29, {3, 8}, g, at::kLong)};
   return {at::randn({6, 13}, g), at::randint(0, 5, {6}, g, at::kLong)};
 }
 
@@ -84,7 +84,8 @@ std::vector<at::Tensor> snapshot(const at::Tensor& values, torch::optim::Optimiz
 
 std::vector<std::vector<at::Tensor>> snapshot(const engine::ShardedState& s) {
   std::vector<std::vector<at::Tensor>> out;
-  for (size_t u = 0; u < s.values.size(); ++u) out.push_back(snapshot(s.values[u], *s.optimizers[u]));
+  for (size_t u = 0; u < s.values.size(); ++u)
+    out.push_back(snapshot(s.values[u], *s.optimizers[u]));
   return out;
 }
 
@@ -144,8 +145,8 @@ void run_rank(const Case& c, engine::Engine& e, int rank, Outcome& out) {
   }
   const engine::TrainState s = e.state();
   out.ward_shard = s.ward_shard;
-  out.ward_layout_is_own = s.ward != nullptr && s.ward->layout == s.sharded->layout &&
-                           s.ward->stage == s.sharded->stage;
+  out.ward_layout_is_own =
+      s.ward != nullptr && s.ward->layout == s.sharded->layout && s.ward->stage == s.sharded->stage;
   out.memory = e.memory();
   if (const ShardBuddy* b = buddy_of(e)) out.ward_bytes = b->bytes();
   const engine::ShardLayout& layout = layout_of(e);
@@ -230,7 +231,8 @@ void expect_replicated(Case c) {
     // Traffic: one send of the gradient shard per unit and step, 4Ψp/N bytes; all else equal.
     using comm::OpKind;
     const auto k = [](OpKind op) { return static_cast<size_t>(op); };
-    EXPECT_EQ(on[r].traffic.bytes_sent[k(OpKind::kSend)], static_cast<uint64_t>(c.steps * shard_bytes));
+    EXPECT_EQ(on[r].traffic.bytes_sent[k(OpKind::kSend)],
+              static_cast<uint64_t>(c.steps * shard_bytes));
     EXPECT_EQ(on[r].traffic.ops[k(OpKind::kSend)], static_cast<uint64_t>(c.steps * units));
     EXPECT_EQ(on[r].traffic.ops[k(OpKind::kRecv)], static_cast<uint64_t>(c.steps * units));
     const comm::TrafficStats model = zero_traffic(inputs_of(c, on[r]));
@@ -261,18 +263,64 @@ TEST(ShardBuddy, RingIndicesPairEveryShardWithOneOtherRank) {
   }
 }
 
-// Stages 1-3, Adam and SGD with momentum, W = 2 and 4, 10 steps on the mlp (odd sizes: every
-// shard padded). One test per stage and world, to keep each short.
-void expect_replicated_both_optimizers(int stage, int world) {
-  for (const char* opt : {"adam", "sgd"}) expect_replicated({"mlp", opt, world, stage});
+// ShardBuddy alone over a hand-made layout (an empty root, a unit of 37 elements, one of 21) on
+// three ranks: the exchange is a ring shift — rank r steps rank r−1's gradient, whose values
+// are known — units of 0 elements send nothing, and an exchange that failed leaves nothing to
+// step.
+TEST(ShardBuddy, ExchangeShiftsGradientsAroundTheRing) {
+  const int W = 3;
+  const engine::ShardLayout layout =
+      engine::plan_layout({{"", {}}, {"a", {{"a.w", {37}}}}, {"b", {{"b.w", {3, 7}}}}}, W, 4);
+  const OptimizerFactory plain_sgd = [](std::vector<at::Tensor> ps) {
+    return std::make_unique<torch::optim::SGD>(ps, torch::optim::SGDOptions(1.0));
+  };
+  testing::run_gloo_ranks(W, [&](int r, comm::Communicator& g) {
+    const auto grads_of = [&](int rank) {
+      std::vector<at::Tensor> out;
+      for (int u = 0; u < layout.num_units(); ++u)
+        out.push_back(layout.shard_numel(u) == 0
+                          ? at::Tensor()
+                          : torch::full({layout.shard_numel(u)}, 10.0 * rank + u + 1));
+      return out;
+    };
+    std::vector<at::Tensor> values;
+    for (int u = 0; u < layout.num_units(); ++u)
+      values.push_back(torch::full({layout.shard_numel(u)}, 100.0));
+    ShardBuddy buddy(layout, 2, r, values, /*values_owned=*/true, plain_sgd);
+    ASSERT_EQ(buddy.ward(), (r + W - 1) % W);
+    buddy.exchange(g, grads_of(r));
+    buddy.step(0.5);
+    for (int u = 1; u < layout.num_units(); ++u)
+      EXPECT_TRUE(torch::equal(
+          values[u], torch::full_like(values[u], 100.0 - 0.5 * (10.0 * buddy.ward() + u + 1))))
+          << "unit " << u;
+    const auto t = g.traffic();
+    EXPECT_EQ(t.ops[static_cast<size_t>(comm::OpKind::kSend)], 2u);  // the empty root sends nothing
+    EXPECT_EQ(t.bytes_sent[static_cast<size_t>(comm::OpKind::kSend)],
+              static_cast<uint64_t>(4 * (layout.shard_numel(1) + layout.shard_numel(2))));
+    EXPECT_EQ(buddy.bytes().values, 4 * (layout.shard_numel(1) + layout.shard_numel(2)));
+
+    // A failed exchange (the group aborted) throws and leaves no gradient to step.
+    g.abort("test");
+    const at::Tensor before = values[1].clone();
+    EXPECT_THROW(buddy.exchange(g, grads_of(r)), MembershipChanged);
+    buddy.step(0.5);
+    EXPECT_TRUE(torch::equal(values[1], before));
+  });
 }
 
-TEST(ShardBuddy, Stage1TwoRanks) { expect_replicated_both_optimizers(1, 2); }
-TEST(ShardBuddy, Stage1FourRanks) { expect_replicated_both_optimizers(1, 4); }
-TEST(ShardBuddy, Stage2TwoRanks) { expect_replicated_both_optimizers(2, 2); }
-TEST(ShardBuddy, Stage2FourRanks) { expect_replicated_both_optimizers(2, 4); }
-TEST(ShardBuddy, Stage3TwoRanks) { expect_replicated_both_optimizers(3, 2); }
-TEST(ShardBuddy, Stage3FourRanks) { expect_replicated_both_optimizers(3, 4); }
+// Stages 1-3, Adam and SGD with momentum, W = 2 and 4, 10 steps on the mlp (odd sizes: every
+// shard padded). One test each, to keep each short.
+class Replicated : public ::testing::TestWithParam<std::tuple<int, int, std::string>> {};
+
+TEST_P(Replicated, WardIsTheOwnersShardBitForBit) {
+  const auto& [stage, world, optimizer] = GetParam();
+  expect_replicated({"mlp", optimizer, world, stage});
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardBuddy, Replicated,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(2, 4),
+                                            ::testing::Values("adam", "sgd")));
 
 // Several units and a root (gpt), and gradient accumulation (stage 2 and 3 reduce every
 // micro-batch; the exchange sends only the final sum).
