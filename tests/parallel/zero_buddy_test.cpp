@@ -369,6 +369,41 @@ TEST(ShardBuddy, ShardedConstructionKeepsTheWardMasters) {
   });
 }
 
+// The ward term against the table of buddy.h, padding counted by brute force: the ward's
+// gradient and optimizer state (and stage 3's master), nothing for a group of one, and every
+// byte of it resident.
+TEST(ShardBuddy, MemoryModelWardTermIsTheWardsShardState) {
+  const std::vector<int64_t> units = {7, 0, 101, 33};
+  for (int world = 1; world <= 5; ++world)
+    for (int stage = 1; stage <= 3; ++stage)
+      for (auto [kind, amsgrad, k] : std::vector<std::tuple<OptimizerKind, bool, int64_t>>{
+               {OptimizerKind::kSgd, false, 0},
+               {OptimizerKind::kSgdMomentum, false, 1},
+               {OptimizerKind::kAdam, false, 2},
+               {OptimizerKind::kAdamW, true, 3}}) {
+        MemoryInputs in;
+        in.unit_numel = units;
+        in.world_size = world;
+        in.stage = stage;
+        in.optimizer = kind;
+        in.amsgrad = amsgrad;
+        const MemoryPrediction off = predict_memory(in);
+        in.replicate_shards = true;
+        const MemoryPrediction on = predict_memory(in);
+        int64_t shard = 0;  // Σ S_u: each unit padded to a multiple of world x 16, split
+        for (int64_t n : units) {
+          int64_t padded = 0;
+          while (padded < n) padded += world * 16;
+          shard += padded / world;
+        }
+        const int64_t want = world < 2 ? 0 : 4 * shard * (1 + k + (stage == 3 ? 1 : 0));
+        EXPECT_EQ(on.ward, want) << "W " << world << " stage " << stage << " k " << k;
+        EXPECT_EQ(off.ward, 0);
+        EXPECT_EQ(on.resident() - on.heap, off.resident() - off.heap + want);
+        EXPECT_EQ(on.model_state(), off.model_state());
+      }
+}
+
 TEST(ShardBuddy, RefusesOffloadAndStageZero) {
   testing::run_gloo_ranks_owned(1, [&](int, std::unique_ptr<comm::Communicator> g) {
     ZeroEngineOptions o;

@@ -45,7 +45,7 @@ void ShardBuddy::exchange(comm::Communicator& comm, const std::vector<at::Tensor
              "ShardBuddy: one gradient shard per unit expected, got ", own_grads.size());
   const int to = buddy_rank(rank_, layout_.world());
   std::vector<comm::WorkPtr> works;
-  std::vector<at::Tensor> sent;
+  std::vector<at::Tensor> used;  // what the ops read and write
   int64_t bytes = 0;
   for (int u = 0; u < layout_.num_units(); ++u) {
     grads_[u] = at::Tensor();
@@ -56,7 +56,8 @@ void ShardBuddy::exchange(comm::Communicator& comm, const std::vector<at::Tensor
     bytes += static_cast<int64_t>(grads_[u].nbytes());
     works.push_back(comm.recv(grads_[u], ward_, kBuddyTag + u));
     works.push_back(comm.send(own_grads[u], to, kBuddyTag + u));
-    sent.push_back(own_grads[u]);
+    used.push_back(own_grads[u]);
+    used.push_back(grads_[u]);
   }
   grad_bytes_peak_ = std::max(grad_bytes_peak_, bytes);
   std::exception_ptr first;
@@ -66,13 +67,13 @@ void ShardBuddy::exchange(comm::Communicator& comm, const std::vector<at::Tensor
       if (!first) first = std::current_exception();
     }
   if (first) {
-    // A half-received ward gradient must never be stepped; the sent shards stay referenced for
-    // an aborted group's send that may still read them.
+    // A half-received ward gradient must never be stepped; the tensors stay referenced for an
+    // aborted group's op that may still read or write them.
     for (auto& g : grads_) g = at::Tensor();
-    sent_ = std::move(sent);
+    held_ = std::move(used);
     std::rethrow_exception(first);
   }
-  sent_.clear();
+  held_.clear();
 }
 
 void ShardBuddy::step(double lr) {

@@ -36,8 +36,8 @@
 //
 // Failure: exchange() waits for every send and recv before rethrowing the first error
 // (MembershipChanged, PeerLost, Timeout), so no op it started still writes into a gradient it
-// hands to step(). After a failure the tensors it sent stay referenced until the next
-// successful exchange: an aborted group's send may still read them (comm/communicator.h).
+// hands to step(). After a failure the tensors it sent and received into stay referenced until
+// the next successful exchange: an aborted group's ops may still use them (comm/communicator.h).
 //
 // Thread safety: the training thread only, like the engines that own it.
 #pragma once
@@ -113,7 +113,7 @@ class ShardBuddy {
   const bool values_owned_;
   std::vector<at::Tensor> values_;
   std::vector<at::Tensor> grads_;  // by unit; undefined outside exchange() .. step()
-  std::vector<at::Tensor> sent_;   // kept after a failed exchange (see the class comment)
+  std::vector<at::Tensor> held_;   // kept after a failed exchange (see the class comment)
   int64_t grad_bytes_peak_ = 0;
   std::unique_ptr<ShardOptimizers> optimizers_;
   engine::ShardedState state_;
