@@ -31,6 +31,8 @@ struct Case {
   bool replicate = true;
   int steps = 10;
   int accum = 1;
+  // after_restore() before the first step and, with every ward corrupted first, after step 2.
+  bool restores = false;
 };
 
 std::string name(const Case& c) {
@@ -99,6 +101,10 @@ struct Outcome {
   engine::MemoryStats memory;
   WardBytes ward_bytes;
   std::vector<int64_t> unit_numel, shard_numel;  // the layout's
+  // With Case::restores: own shard and ward right after each after_restore(), and the bytes
+  // the second one sent point to point.
+  std::vector<std::vector<std::vector<at::Tensor>>> restored_own, restored_ward;
+  uint64_t resync_sent = 0;
 };
 
 at::Tensor whole_params(engine::Engine& e) {
@@ -120,8 +126,27 @@ const ShardBuddy* buddy_of(engine::Engine& e) {
   return dynamic_cast<Stage3Engine&>(e).buddy();
 }
 
+// What a restore that forgot the ward would leave: other values, no optimizer state.
+void corrupt_ward(const engine::TrainState& s) {
+  for (size_t u = 0; u < s.ward->values.size(); ++u) {
+    s.ward->values[u].fill_(-7.0);
+    set_tensor_state(*s.ward->optimizers[u], s.ward->values[u], {});
+  }
+}
+
+void restore(engine::Engine& e, bool corrupt, Outcome& out) {
+  if (corrupt) corrupt_ward(e.state());
+  const uint64_t before = e.group()->traffic().bytes_sent[static_cast<size_t>(comm::OpKind::kSend)];
+  e.after_restore();
+  out.resync_sent =
+      e.group()->traffic().bytes_sent[static_cast<size_t>(comm::OpKind::kSend)] - before;
+  out.restored_own.push_back(snapshot(*e.state().sharded));
+  out.restored_ward.push_back(snapshot(*e.state().ward));
+}
+
 // The training loop's calls (train/trainer.cpp), snapshots taken between apply and after_step.
 void run_rank(const Case& c, engine::Engine& e, int rank, Outcome& out) {
+  if (c.restores) restore(e, false, out);
   const comm::TrafficStats start = e.group()->traffic();
   while (auto plan = e.next_step()) {
     for (int m = 0; m < c.accum; ++m) {
@@ -137,6 +162,7 @@ void run_rank(const Case& c, engine::Engine& e, int rank, Outcome& out) {
     if (s.ward) out.ward.push_back(snapshot(*s.ward));
     e.after_step(*plan);
     e.settle();
+    if (c.restores && plan->step == 2) restore(e, true, out);
   }
   const comm::TrafficStats end = e.group()->traffic();
   for (size_t k = 0; k < end.bytes_sent.size(); ++k) {
@@ -328,6 +354,38 @@ TEST(ShardBuddy, UnitsRootAndAccumulation) {
   expect_replicated({"gpt", "adam", 2, 2, true, 4, 2});
   expect_replicated({"gpt", "adam", 4, 3, true, 4, 2});
   expect_replicated({"gpt", "sgd", 2, 1, true, 4, 2});
+}
+
+// after_restore() makes every ward its owner's again whatever it held (values, every field,
+// Adam's step count; no state before the first step), and the wards stay equal afterwards.
+// Its point-to-point bytes: the values, a 16-byte header and the k fields per unit.
+void expect_resync(Case c) {
+  SCOPED_TRACE(name(c));
+  c.restores = true;
+  const auto out = train(c);
+  const int W = c.world;
+  const int64_t k = c.optimizer == "sgd" ? 1 : 2;
+  uint64_t want_sent = 0;
+  for (int64_t n : out[0].shard_numel)
+    if (n > 0) want_sent += static_cast<uint64_t>(4 * n * (1 + k) + 16);
+  for (int r = 0; r < W; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    const int owner = (r + W - 1) % W;
+    ASSERT_EQ(out[r].restored_ward.size(), 2u);
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_TRUE(same_bits(out[r].restored_ward[i], out[owner].restored_own[i]))
+          << "restore " << i;
+    for (const auto& unit : out[r].restored_ward[0]) EXPECT_EQ(unit.size(), 1u);  // values only
+    EXPECT_EQ(out[r].resync_sent, want_sent);
+    for (int s = 0; s < c.steps; ++s)
+      EXPECT_TRUE(same_bits(out[r].ward[s], out[owner].own[s])) << "step " << s;
+  }
+}
+
+TEST(ShardBuddy, AfterRestoreRecopiesTheWardFromItsOwner) {
+  expect_resync({"mlp", "adam", 2, 1, true, 5});
+  expect_resync({"mlp", "sgd", 4, 2, true, 5});
+  expect_resync({"gpt", "adam", 4, 3, true, 5});
 }
 
 TEST(ShardBuddy, AGroupOfOneReplicatesNothing) {

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "core/errors.h"
+#include "parallel/zero/offload.h"
 
 namespace krab::parallel::zero {
 
@@ -60,6 +61,63 @@ void ShardBuddy::exchange(comm::Communicator& comm, const std::vector<at::Tensor
     used.push_back(grads_[u]);
   }
   grad_bytes_peak_ = std::max(grad_bytes_peak_, bytes);
+  try {
+    finish(works, std::move(used));
+  } catch (...) {
+    for (auto& g : grads_) g = at::Tensor();  // a half-received gradient is never stepped
+    throw;
+  }
+}
+
+// Two rounds: a buddy learns from the header whether its ward has optimizer state (none before
+// the first step) before it can post the receives of the fields. Each unit's messages share
+// one tag; messages of one tag between one pair arrive in order.
+void ShardBuddy::resync(comm::Communicator& comm, const engine::ShardedState& own) {
+  const int to = buddy_rank(rank_, layout_.world());
+  const int units = layout_.num_units();
+  std::vector<TensorState> mine(units);
+  std::vector<at::Tensor> headers(units);
+  std::vector<comm::WorkPtr> works;
+  std::vector<at::Tensor> used;
+  for (int u = 0; u < units; ++u) {
+    if (layout_.shard_numel(u) == 0) continue;
+    mine[u] = get_tensor_state(*own.optimizers.at(u), own.values.at(u));
+    KRAB_CHECK(!mine[u].present ||
+                   static_cast<int>(mine[u].fields.size()) == optimizer_fields(*own.optimizers[u]),
+               "ShardBuddy: unit ", u, "'s optimizer state has another number of fields");
+    const at::Tensor header =
+        torch::tensor({int64_t{mine[u].present ? 1 : 0}, mine[u].step}, at::kLong);
+    headers[u] = torch::empty({2}, at::kLong);
+    works.push_back(comm.recv(values_[u], ward_, kBuddyTag + u));
+    works.push_back(comm.recv(headers[u], ward_, kBuddyTag + u));
+    works.push_back(comm.send(own.values[u], to, kBuddyTag + u));
+    works.push_back(comm.send(header, to, kBuddyTag + u));
+    used.insert(used.end(), {values_[u], headers[u], own.values[u], header});
+  }
+  finish(works, std::move(used));
+  works.clear();
+  std::vector<TensorState> theirs(units);
+  const int fields = optimizer_fields(optimizers_->at(0));  // one optimizer type for all units
+  for (int u = 0; u < units; ++u) {
+    if (layout_.shard_numel(u) == 0) continue;
+    theirs[u].present = headers[u][0].item<int64_t>() != 0;
+    theirs[u].step = headers[u][1].item<int64_t>();
+    for (int f = 0; theirs[u].present && f < fields; ++f) {
+      theirs[u].fields.push_back(torch::empty_like(values_[u]));
+      works.push_back(comm.recv(theirs[u].fields.back(), ward_, kBuddyTag + u));
+      used.push_back(theirs[u].fields.back());
+    }
+    for (const at::Tensor& f : mine[u].fields) {
+      works.push_back(comm.send(f, to, kBuddyTag + u));
+      used.push_back(f);
+    }
+  }
+  finish(works, std::move(used));
+  for (int u = 0; u < units; ++u)
+    set_tensor_state(optimizers_->at(u), values_[u], std::move(theirs[u]));
+}
+
+void ShardBuddy::finish(std::vector<comm::WorkPtr>& works, std::vector<at::Tensor> used) {
   std::exception_ptr first;
   for (auto& w : works) try {
       w->wait();
@@ -67,9 +125,7 @@ void ShardBuddy::exchange(comm::Communicator& comm, const std::vector<at::Tensor
       if (!first) first = std::current_exception();
     }
   if (first) {
-    // A half-received ward gradient must never be stepped; the tensors stay referenced for an
-    // aborted group's op that may still read or write them.
-    for (auto& g : grads_) g = at::Tensor();
+    // The tensors stay referenced for an aborted group's op that may still read or write them.
     held_ = std::move(used);
     std::rethrow_exception(first);
   }

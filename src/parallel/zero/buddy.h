@@ -10,6 +10,10 @@
 //               come from (stages 1-2: the ward chunk of every unit's flat, which every rank
 //               holds anyway; stage 3: a master copy of the ward chunk, kept by Stage3Storage
 //               when it adopts each unit); the optimizer state starts empty on both.
+//   restore     a restore writes the own shards only (a resume from files, a live reshard);
+//               resync() then sends each rank's own values and optimizer state to its buddy
+//               once, so TrainState::ward need not be filled by the restore (filling it is
+//               harmless: the same bits arrive).
 //   each step   once the gradient shards are final (GradReducer::finish()), exchange() sends
 //               this rank's gradient shard of every unit to its buddy and receives its ward's
 //               from rank r−1: one send and one recv per non-empty unit, point to point, tag
@@ -97,6 +101,13 @@ class ShardBuddy {
   // Steps every ward shard with the gradient exchange() received, at learning rate `lr`, then
   // drops those gradients. No-op for units without one.
   void step(double lr);
+  // Collective between ring neighbours: sends `own` (this rank's shard state: values, every
+  // optimizer field, Adam's step count; no fields before a first step) to buddy_rank() and
+  // makes the ward copy the ward's, bit for bit. Per non-empty unit the values and a 16-byte
+  // header (state present, step), then the fields: 4(1+k)Ψp/N + 16 bytes a unit sent. Waits;
+  // rethrows the first communication error after every op ended (the ward is then unusable
+  // until a resync succeeds).
+  void resync(comm::Communicator& comm, const engine::ShardedState& own);
 
   int ward() const { return ward_; }
   // The ward's shard as a checkpoint or a transfer sees it: values and optimizers per unit,
@@ -107,6 +118,8 @@ class ShardBuddy {
   WardBytes bytes() const;
 
  private:
+  void finish(std::vector<comm::WorkPtr>& works, std::vector<at::Tensor> used);
+
   const engine::ShardLayout& layout_;
   const int rank_;
   const int ward_;

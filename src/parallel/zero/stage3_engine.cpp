@@ -190,6 +190,8 @@ void Stage3Engine::after_restore() {
   if (const DiskOffload* offload = storage_->offload()) offload->release_all();
   storage_->refresh(0, *comm_);
   storage_->wait(0);
+  // The restore wrote the own masters; the ward's come from its owner (buddy.h).
+  if (buddy_) buddy_->resync(*comm_, sharded_);
 }
 
 bool Stage3Engine::visit_parameters(const engine::ParameterVisitor& fn) {

@@ -48,9 +48,10 @@
 // a master copy of shard r−1 of every unit (its ward: the storage copies it out of the broadcast
 // flat at adoption) and a second set of unit optimizers over it. reduce_gradients() ends with the
 // ring exchange of the gradient shards and apply() steps the ward masters after the own ones,
-// so they stay equal to the owner's bit for bit; state() hands them out as TrainState::ward. The
-// parameters are those without replication, bit for bit. Not with offload (InvalidArgument
-// naming both keys); a group of one has no buddy and replicates nothing.
+// so they stay equal to the owner's bit for bit; state() hands them out as TrainState::ward, and
+// after_restore() re-copies them from their owners (ShardBuddy::resync), so a restore fills the
+// own masters only. The parameters are those without replication, bit for bit. Not with offload
+// (InvalidArgument naming both keys); a group of one has no buddy and replicates nothing.
 //
 // Checkpoints: state() hands out the master shards and their optimizers (views of the offload
 // file with offload: a checkpoint reads them from it, a restore writes into it, and the shard

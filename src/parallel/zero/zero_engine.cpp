@@ -158,6 +158,8 @@ engine::TrainState ZeroEngine::state() {
 void ZeroEngine::after_restore() {
   storage_->start_gather(*comm_);
   storage_->wait();
+  // The restore wrote the own shards; the ward's state comes from its owner (buddy.h).
+  if (buddy_) buddy_->resync(*comm_, sharded_);
 }
 
 engine::MemoryStats ZeroEngine::memory() const {

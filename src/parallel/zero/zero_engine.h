@@ -58,9 +58,10 @@
 // reduce_gradients() then ends with the ring exchange of the gradient shards (sends this rank's
 // to r+1, receives the ward's from r−1) and apply() steps the ward after the own shard; the
 // all-gather after the step overwrites the ward's chunk with the owner's bits, which are the
-// same. state() hands the ward out as TrainState::ward. The parameters are those without
-// replication, bit for bit. Not with offload (InvalidArgument naming both keys); a group of one
-// has no buddy and replicates nothing.
+// same. state() hands the ward out as TrainState::ward; after_restore() re-copies every ward
+// from its owner (ShardBuddy::resync), so a restore fills the own shards only. The parameters
+// are those without replication, bit for bit. Not with offload (InvalidArgument naming both keys);
+// a group of one has no buddy and replicates nothing.
 //
 // Thread safety: one training thread, like every engine.
 #pragma once
