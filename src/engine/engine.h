@@ -79,6 +79,12 @@ struct TrainState {
   int shard = 0;
   int shards = 1;
   const ShardedState* sharded = nullptr;
+  // With ZeRO shard replication (parallel/zero/buddy.h): this rank's copy of shard
+  // `ward_shard` of the same layout (values and optimizers), which rank ward_shard owns. Null and
+  // -1 without it. Sharded checkpoints ignore it (the owner writes that shard); a live reshard
+  // reads and fills it (docs/design/elastic.md §4.3).
+  const ShardedState* ward = nullptr;
+  int ward_shard = -1;
 };
 
 // What this rank holds, in bytes, for the report's `memory` (docs/design/zero-sharding.md

@@ -34,6 +34,10 @@ void validate(const MemoryInputs& in) {
                  in.micro_batches);
   KRAB_CHECK_ARG(in.offload == Offload::kNone || in.stage >= 1,
                  "memory model: offload disk needs stage >= 1 (stage 0 has no shards)");
+  KRAB_CHECK_ARG(!in.replicate_shards || in.stage >= 1,
+                 "memory model: replicate_shards needs stage >= 1 (stage 0 has no shards)");
+  KRAB_CHECK_ARG(!in.replicate_shards || in.offload == Offload::kNone,
+                 "memory model: replicate_shards cannot be combined with offload disk");
 }
 
 // The sums the table is written in, in elements.
@@ -165,6 +169,15 @@ void apply_offload(const MemoryInputs& in, const Sizes& s, MemoryPrediction& m) 
   }
 }
 
+// The copy of the ward's shard (buddy.h): its gradient and optimizer state, and at stage 3 its
+// master. A group of one has no buddy.
+int64_t ward_bytes(const MemoryInputs& in, const Sizes& s) {
+  if (!in.replicate_shards || in.world_size < 2) return 0;
+  const int64_t k = optimizer_values_per_param(in.optimizer, in.amsgrad);
+  const int64_t shard = s.psi_p / in.world_size;
+  return kFloat * shard * (1 + k + (in.stage == 3 ? 1 : 0));
+}
+
 }  // namespace
 
 int optimizer_values_per_param(OptimizerKind kind, bool amsgrad) {
@@ -203,6 +216,7 @@ MemoryPrediction predict_memory(const MemoryInputs& in) {
   m.activations = in.activation_bytes;
   m.evaluation = evaluation_bytes(in);
   apply_offload(in, s, m);
+  m.ward = ward_bytes(in, s);
   m.heap = m.resident() / kHeapSlackDivisor;  // resident() so far: heap is still 0
   return m;
 }
@@ -242,6 +256,13 @@ comm::TrafficStats zero_traffic(const MemoryInputs& in) {
     add(OpKind::kAllgather, shard_bytes, gathers);
     add(OpKind::kReduceScatter, bytes, micro);
   }
+  if (in.replicate_shards && n > 1)
+    for (size_t u = 0; u < units; ++u) {
+      const int64_t shard_bytes = kFloat * padded_numel(in.unit_numel[u], n, in.alignment) / n;
+      if (shard_bytes == 0) continue;
+      add(OpKind::kSend, shard_bytes, 1);
+      add(OpKind::kRecv, shard_bytes, 1);
+    }
   return t;
 }
 

@@ -58,6 +58,11 @@
 //                  (train/engines.cpp, cli/main.cpp): if that changes, so must it.
 //   offloaded      parallel.offload: disk moves the optimizer state (and stage 3's master
 //                  shards) into a file; RAM keeps a window of two units of it (§6.2).
+//   ward           shard replication (replicate_shards, elastic membership: buddy.h), stages
+//                  1-3 on N >= 2: the copy of the previous rank's shard — its gradient shard
+//                  4Ψp/N (received after the reduce, dropped by the step), its optimizer
+//                  state 4kΨp/N and at stage 3 its master 4Ψp/N; 0 otherwise. Exactly what
+//                  the engines' ShardBuddy::bytes() measures after a step. Not with offload.
 // Not counted: buffers (replicated, small), Adam's per-tensor step counters, LibTorch's process
 // overhead and the data set (worker_peak_bytes below adds those).
 //
@@ -73,6 +78,8 @@
 //       last unit in forward order is still gathered when backward reaches it (no backward AG);
 //       the root RS; the root's AG once per step, after it (the root stays gathered: its
 //       values change only at the step)
+// With replicate_shards (stages 1-3, N >= 2) every non-empty unit also sends its gradient
+// shard (P_u/N) to the buddy once per step and receives one (a recv counts 0 bytes): 4Ψp/N.
 // So stage 3 sends 3 units' worth where stage 1 sends 2: 1.5x all-reduce's bytes as the units
 // grow in number. Gathers are fp32 at every precision (§6.1). A unit of 0 elements issues no
 // collective. Compressed reduce-scatters and the buffer broadcast are not modelled.
@@ -110,6 +117,9 @@ struct MemoryInputs {
   // 0 when the job evaluates nothing.
   int64_t evaluation_activation_bytes = 0;
   int micro_batches = 1;  // gradient accumulation steps, >= 1 (traffic only)
+  // elastic.replicate_shards: the ward term and the buddy's sends (buddy.h). Needs stage >= 1
+  // and offload none.
+  bool replicate_shards = false;
 };
 
 // Bytes one rank holds, by kind. Plain value.
@@ -125,12 +135,13 @@ struct MemoryPrediction {
   int64_t evaluation = 0;  // evaluation's bytes beyond the training step's, see above
   int64_t heap = 0;        // the allocator's slack over all of the above: kHeapSlackDivisor
   int64_t offloaded = 0;   // on disk, not in RAM
-  // params + grads + optimizer: the issue's "model state".
+  int64_t ward = 0;        // the copy of the ward's shard (replicate_shards), see above
+  // params + grads + optimizer: the issue's "model state" (of this rank's own shard).
   int64_t model_state() const { return params + grads + optimizer; }
   // Everything in RAM: all fields but `offloaded`.
   int64_t resident() const {
     return model_state() + working_set + comm_buffers + low_precision + compression + activations +
-           evaluation + heap;
+           evaluation + ward + heap;
   }
 };
 

@@ -21,8 +21,6 @@ namespace krab::parallel::zero {
 
 namespace {
 
-std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
-
 // The unit's optimizer fields as tensors over the mapping (after its master, if any).
 std::vector<at::Tensor> field_views(char* base, const OffloadRegions& r, int u) {
   std::vector<at::Tensor> out;
@@ -31,35 +29,6 @@ std::vector<at::Tensor> field_views(char* base, const OffloadRegions& r, int u) 
     out.push_back(
         torch::from_blob(base + r.offset[u] + f * r.numel[u] * 4, {r.numel[u]}, torch::kFloat32));
   return out;
-}
-
-// Installs the state LibTorch's step() would create on its first call, over `fields`, so that
-// step() takes its "state exists" branch and updates the mapping in place.
-void install(torch::optim::Optimizer& o, const at::Tensor& shard,
-             const std::vector<at::Tensor>& fields) {
-  std::unique_ptr<torch::optim::OptimizerParamState> state;
-  if (dynamic_cast<torch::optim::Adam*>(&o) != nullptr) {
-    auto s = std::make_unique<torch::optim::AdamParamState>();
-    s->step(0);
-    s->exp_avg(fields[0]);
-    s->exp_avg_sq(fields[1]);
-    if (fields.size() > 2) s->max_exp_avg_sq(fields[2]);
-    state = std::move(s);
-  } else if (dynamic_cast<torch::optim::AdamW*>(&o) != nullptr) {
-    auto s = std::make_unique<torch::optim::AdamWParamState>();
-    s->step(0);
-    s->exp_avg(fields[0]);
-    s->exp_avg_sq(fields[1]);
-    if (fields.size() > 2) s->max_exp_avg_sq(fields[2]);
-    state = std::move(s);
-  } else if (!fields.empty()) {  // SGD with momentum
-    auto s = std::make_unique<torch::optim::SGDParamState>();
-    s->momentum_buffer(fields[0]);
-    state = std::move(s);
-  } else {
-    return;  // plain SGD keeps no state
-  }
-  o.state()[state_key(shard)] = std::move(state);
 }
 
 std::string why() { return std::strerror(errno); }
@@ -185,7 +154,10 @@ void DiskOffload::install_state(const std::vector<at::Tensor>& shards,
                                 ShardOptimizers& optimizers) {
   for (int u = 0; u < static_cast<int>(shards.size()); ++u)
     if (regions_.numel[u] > 0)  // a unit of 0 elements is never stepped
-      install(optimizers.at(u), shards[u], field_views(static_cast<char*>(base_), regions_, u));
+      // The state LibTorch's step() would create on its first call, over the mapping: step()
+      // then takes its "state exists" branch and updates the file in place.
+      set_tensor_state(optimizers.at(u), shards[u],
+                       {true, 0, field_views(static_cast<char*>(base_), regions_, u)});
 }
 
 at::Tensor DiskOffload::master(int unit) const {

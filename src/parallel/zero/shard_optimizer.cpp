@@ -15,7 +15,61 @@ bool element_wise(torch::optim::Optimizer& o) {
          dynamic_cast<torch::optim::AdamW*>(&o) != nullptr;
 }
 
+std::string state_key(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+// Adam and AdamW keep the same fields in two unrelated classes.
+template <typename AdamState>
+TensorState adam_fields(const AdamState& s) {
+  TensorState out{true, s.step(), {s.exp_avg(), s.exp_avg_sq()}};
+  if (s.max_exp_avg_sq().defined()) out.fields.push_back(s.max_exp_avg_sq());
+  return out;
+}
+
+template <typename AdamState>
+std::unique_ptr<AdamState> adam_state(const TensorState& t) {
+  KRAB_CHECK(t.fields.size() == 2 || t.fields.size() == 3, "Adam state: 2 or 3 fields, got ",
+             t.fields.size());
+  auto s = std::make_unique<AdamState>();
+  s->step(t.step);
+  s->exp_avg(t.fields[0]);
+  s->exp_avg_sq(t.fields[1]);
+  if (t.fields.size() > 2) s->max_exp_avg_sq(t.fields[2]);
+  return s;
+}
+
 }  // namespace
+
+TensorState get_tensor_state(torch::optim::Optimizer& optimizer, const at::Tensor& param) {
+  const auto it = optimizer.state().find(state_key(param));
+  if (it == optimizer.state().end()) return {};
+  if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get()))
+    return adam_fields(*adam);
+  if (auto* adamw = dynamic_cast<torch::optim::AdamWParamState*>(it->second.get()))
+    return adam_fields(*adamw);
+  if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(it->second.get()))
+    return {true, 0, {sgd->momentum_buffer()}};
+  throw Error("get_tensor_state: only sgd, adam and adamw state is known");
+}
+
+void set_tensor_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                      TensorState state) {
+  const std::string key = state_key(param);
+  std::unique_ptr<torch::optim::OptimizerParamState> s;
+  if (!state.present) {
+  } else if (dynamic_cast<torch::optim::Adam*>(&optimizer) != nullptr) {
+    s = adam_state<torch::optim::AdamParamState>(state);
+  } else if (dynamic_cast<torch::optim::AdamW*>(&optimizer) != nullptr) {
+    s = adam_state<torch::optim::AdamWParamState>(state);
+  } else if (!state.fields.empty()) {  // SGD with momentum
+    auto sgd = std::make_unique<torch::optim::SGDParamState>();
+    sgd->momentum_buffer(state.fields[0]);
+    s = std::move(sgd);
+  }
+  if (s)
+    optimizer.state()[key] = std::move(s);
+  else
+    optimizer.state().erase(key);
+}
 
 ShardOptimizers::ShardOptimizers(const std::vector<at::Tensor>& shards,
                                  const OptimizerFactory& make_optimizer) {

@@ -23,6 +23,25 @@
 
 namespace krab::parallel::zero {
 
+// One tensor's state in an SGD, Adam or AdamW as plain tensors: `fields` in the order
+// offload.h's optimizer_fields() counts them (Adam / AdamW: exp_avg, exp_avg_sq, then
+// max_exp_avg_sq with amsgrad; SGD with momentum: the momentum buffer) and Adam's step count.
+// `present` is false where the optimizer keeps none for the tensor (before its first step;
+// plain SGD never).
+struct TensorState {
+  bool present = false;
+  int64_t step = 0;
+  std::vector<at::Tensor> fields;
+};
+
+// `optimizer`'s state for `param` (the fields are its own tensors, not copies).
+TensorState get_tensor_state(torch::optim::Optimizer& optimizer, const at::Tensor& param);
+// Makes `state` `optimizer`'s state for `param` (the tensors are adopted, not copied), as its
+// step() would have left it: the next step takes the "state exists" branch. Not present, or
+// SGD without fields: the state is removed.
+void set_tensor_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
+                      TensorState state);
+
 class ShardOptimizers {
  public:
   // One optimizer per tensor of `shards` (this rank's shard of each unit; empty tensors too),

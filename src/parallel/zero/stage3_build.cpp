@@ -9,9 +9,9 @@
 namespace krab::parallel::zero {
 
 Stage3Builder::Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm,
-                             std::unique_ptr<DiskOffload> offload)
+                             std::unique_ptr<DiskOffload> offload, int ward)
     : comm_(comm),
-      storage_(std::make_unique<Stage3Storage>(layout, comm.rank(), std::move(offload))) {
+      storage_(std::make_unique<Stage3Storage>(layout, comm.rank(), std::move(offload), ward)) {
   for (int u = 1; u < layout.num_units(); ++u) unit_of_path_[layout.unit(u).name] = u;
 }
 
@@ -69,8 +69,9 @@ std::unique_ptr<Stage3Engine> make_script_engine(const models::ModelSpec& spec,
   std::vector<engine::ParamShape> params;
   for (const auto& item : model->named_parameters())
     if (item.value().requires_grad()) params.push_back({item.key(), item.value().sizes().vec()});
+  const int ward = stage3_ward(options, *comm);
   Stage3Builder builder(plan_stage3_layout(params, model->unit_candidates(), options, comm->size()),
-                        *comm);
+                        *comm, nullptr, ward);
   model->read_units(builder);
   return std::make_unique<Stage3Engine>(std::move(model), std::move(comm), std::move(options),
                                         make_optimizer, builder.take_storage());
@@ -91,9 +92,10 @@ std::unique_ptr<Stage3Engine> make_stage3_engine(const models::ModelSpec& spec,
   KRAB_CHECK_ARG(!params.empty(), "parallel.zero_stage: the model has no trainable parameters");
   const engine::ShardLayout layout =
       plan_stage3_layout(params, table.unit_candidates, options, comm->size());
+  const int ward = stage3_ward(options, *comm);  // refuses offload with it, before the file
   // The file before the first unit: each master goes into it as its unit is built.
-  Stage3Builder builder(layout, *comm,
-                        open_stage3_offload(layout, *comm, options.offload_dir, make_optimizer));
+  Stage3Builder builder(
+      layout, *comm, open_stage3_offload(layout, *comm, options.offload_dir, make_optimizer), ward);
   auto model = models::make_model(spec, &builder);
   return std::make_unique<Stage3Engine>(std::move(model), std::move(comm), std::move(options),
                                         make_optimizer, builder.take_storage());

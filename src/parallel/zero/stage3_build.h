@@ -38,9 +38,10 @@ namespace krab::parallel::zero {
 class Stage3Builder : public models::BuildObserver {
  public:
   // Adopts into a new Stage3Storage over `layout` (this rank: comm.rank()); with `offload`
-  // (parallel.offload: disk) each unit's master goes into that file as the unit is adopted.
+  // (parallel.offload: disk) each unit's master goes into that file as the unit is adopted;
+  // with `ward` >= 0 the storage keeps ward masters (Stage3Storage's constructor).
   Stage3Builder(const engine::ShardLayout& layout, comm::Communicator& comm,
-                std::unique_ptr<DiskOffload> offload = nullptr);
+                std::unique_ptr<DiskOffload> offload = nullptr, int ward = -1);
 
   void on_unit_built(const std::string& path, torch::nn::Module& module) override;
 
@@ -57,7 +58,8 @@ class Stage3Builder : public models::BuildObserver {
 
 // A Stage3Engine over `spec`'s model, built sharded (above): a built-in model through
 // make_model's observer, a TorchScript model read unit by unit. `comm` is connected; torch's
-// generator seeded. The refusals of make_model, plan_units and Stage3Engine.
+// generator seeded. With options.replicate_shards the storage keeps the ward masters. The
+// refusals of make_model, plan_units and Stage3Engine.
 std::unique_ptr<Stage3Engine> make_stage3_engine(const models::ModelSpec& spec,
                                                  std::unique_ptr<comm::Communicator> comm,
                                                  Stage3EngineOptions options,

@@ -51,6 +51,14 @@ std::unique_ptr<DiskOffload> open_stage3_offload(const engine::ShardLayout& layo
                                    ::sysconf(_SC_PAGESIZE), /*master=*/true));
 }
 
+int stage3_ward(const Stage3EngineOptions& options, const comm::Communicator& comm) {
+  if (!options.replicate_shards) return -1;
+  KRAB_CHECK_ARG(options.offload_dir.empty(),
+                 "parallel.offload: disk cannot be combined with elastic.replicate_shards (the "
+                 "ward masters would stay in RAM)");
+  return ward_shard(comm.rank(), comm.size());
+}
+
 engine::ShardLayout plan_stage3_layout(const std::vector<engine::ParamShape>& params,
                                        const std::vector<std::string>& candidates,
                                        const Stage3EngineOptions& options, int world) {
@@ -68,6 +76,7 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
       comm_(std::move(comm)),
       options_(std::move(options)),
       steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch) {
+  const int ward = stage3_ward(options_, *comm_);
   std::vector<engine::ParamShape> shapes;
   std::vector<at::Tensor> replicated = model_->buffers();  // buffers and frozen parameters
   for (const auto& item : model_->named_parameters()) {
@@ -85,11 +94,13 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
                "sharded construction planned other units than the built model has");
     KRAB_CHECK((built->offload() != nullptr) == !options_.offload_dir.empty(),
                "sharded construction: the masters' offload file disagrees with the options");
+    KRAB_CHECK(built->ward() == ward,
+               "sharded construction: the storage keeps another ward than the options ask");
     storage_ = std::move(built);
   } else {
     storage_ = std::make_unique<Stage3Storage>(
         layout_, comm_->rank(),
-        open_stage3_offload(layout_, *comm_, options_.offload_dir, make_optimizer));
+        open_stage3_offload(layout_, *comm_, options_.offload_dir, make_optimizer), ward);
     // Unit by unit, so that at most one non-root flat is whole at a time beside the model.
     for (int u = 1; u < layout_.num_units(); ++u) storage_->adopt(u, params[u], *comm_, false);
     storage_->adopt(0, params[0], *comm_, true);
@@ -106,6 +117,12 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
   for (int u = 0; u < layout_.num_units(); ++u) masters.push_back(storage_->master(u));
   optimizers_ = std::make_unique<ShardOptimizers>(masters, make_optimizer);
   if (DiskOffload* offload = storage_->offload()) offload->install_state(masters, *optimizers_);
+  if (ward >= 0) {
+    std::vector<at::Tensor> wards;
+    for (int u = 0; u < layout_.num_units(); ++u) wards.push_back(storage_->ward_master(u));
+    buddy_ = std::make_unique<ShardBuddy>(layout_, 3, comm_->rank(), std::move(wards),
+                                          /*values_owned=*/true, make_optimizer);
+  }
   sharded_.layout = &layout_;
   sharded_.stage = 3;
   sharded_.values = masters;
@@ -128,6 +145,12 @@ void Stage3Engine::before_backward(int64_t micro, bool last) {
 void Stage3Engine::reduce_gradients() {
   reducer_->finish();
   runner_->finish_backward();
+  // Before the elastic commit vote: a rank votes only once its ward's gradient is here too.
+  if (buddy_) {
+    std::vector<at::Tensor> grads;
+    for (int u = 0; u < layout_.num_units(); ++u) grads.push_back(reducer_->grad_shard(u));
+    buddy_->exchange(*comm_, grads);
+  }
 }
 
 void Stage3Engine::apply(double lr) {
@@ -137,6 +160,7 @@ void Stage3Engine::apply(double lr) {
     offload->step(*optimizers_, lr);
   else
     optimizers_->step(lr);
+  if (buddy_) buddy_->step(lr);
   for (int u = 0; u < layout_.num_units(); ++u) storage_->master(u).mutable_grad() = at::Tensor();
   reducer_->release_shards();
 }
@@ -153,7 +177,12 @@ void Stage3Engine::settle() {
 }
 
 engine::TrainState Stage3Engine::state() {
-  return {model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  engine::TrainState s{model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  if (buddy_) {
+    s.ward = &buddy_->state();
+    s.ward_shard = buddy_->ward();
+  }
+  return s;
 }
 
 void Stage3Engine::after_restore() {
@@ -161,6 +190,8 @@ void Stage3Engine::after_restore() {
   if (const DiskOffload* offload = storage_->offload()) offload->release_all();
   storage_->refresh(0, *comm_);
   storage_->wait(0);
+  // The restore wrote the own masters; the ward's come from its owner (buddy.h).
+  if (buddy_) buddy_->resync(*comm_, sharded_);
 }
 
 bool Stage3Engine::visit_parameters(const engine::ParameterVisitor& fn) {
@@ -201,6 +232,12 @@ engine::MemoryStats Stage3Engine::memory() const {
   m.params = offload ? 0 : masters;
   m.optimizer = optimizers_->state_bytes() - (offload ? m.offloaded - masters : 0);
   m.working_set_peak = storage_->held_peak_bytes() + reducer_->peak_bucket_bytes();
+  if (buddy_) {
+    const WardBytes w = buddy_->bytes();
+    m.params += w.values;
+    m.grads += w.grads;
+    m.optimizer += w.optimizer;
+  }
   return m;
 }
 
@@ -216,6 +253,7 @@ nlohmann::json Stage3Engine::describe() const {
             {"alignment", layout_.alignment()},
             {"prefetch", options_.prefetch},
             {"offload", storage_->offload() ? "disk" : "none"},
+            {"replicate_shards", buddy_ != nullptr},
             {"activation_checkpointing", options_.activation_checkpointing},
             {"gathered_whole", gathered_whole_}}}};
 }

@@ -44,6 +44,15 @@
 // for bit (the same arithmetic on the same bytes). memory() counts masters and optimizer state
 // as offloaded.
 //
+// Shard replication (options.replicate_shards, elastic membership: buddy.h): rank r also keeps
+// a master copy of shard r−1 of every unit (its ward: the storage copies it out of the broadcast
+// flat at adoption) and a second set of unit optimizers over it. reduce_gradients() ends with the
+// ring exchange of the gradient shards and apply() steps the ward masters after the own ones,
+// so they stay equal to the owner's bit for bit; state() hands them out as TrainState::ward, and
+// after_restore() re-copies them from their owners (ShardBuddy::resync), so a restore fills the
+// own masters only. The parameters are those without replication, bit for bit. Not with offload
+// (InvalidArgument naming both keys); a group of one has no buddy and replicates nothing.
+//
 // Checkpoints: state() hands out the master shards and their optimizers (views of the offload
 // file with offload: a checkpoint reads them from it, a restore writes into it, and the shard
 // files are the same bytes either way); after_restore() drops the restored pages of the
@@ -67,6 +76,7 @@
 #include "engine/sharded_state.h"
 #include "models/model.h"
 #include "parallel/dp_engine.h"
+#include "parallel/zero/buddy.h"
 #include "parallel/zero/grad_reducer.h"
 #include "parallel/zero/shard_optimizer.h"
 #include "parallel/zero/stage3_runner.h"
@@ -86,6 +96,8 @@ struct Stage3EngineOptions {
   // parallel.offload: disk puts this rank's masters and optimizer state in
   // OFFLOAD_DIR/rank-R.bin (the trainer passes RUN_DIR/offload); empty keeps them in RAM.
   std::string offload_dir;
+  // elastic.replicate_shards: keep a copy of the previous rank's shard (buddy.h).
+  bool replicate_shards = false;
   // total_steps, global_micro_batch, broadcast_buffers, as for the data-parallel engine (the
   // bucket cap is not used: every unit is its own bucket, so its gradient goes at once).
   DataParallelEngineOptions data_parallel;
@@ -106,6 +118,11 @@ std::unique_ptr<DiskOffload> open_stage3_offload(const engine::ShardLayout& layo
                                                  comm::Communicator& comm, const std::string& dir,
                                                  const OptimizerFactory& make_optimizer);
 
+// The shard whose copy this rank keeps (Stage3Storage's ward): ward_shard(rank, size) with
+// options.replicate_shards on a group of two or more, else -1. InvalidArgument for
+// replicate_shards with offload_dir.
+int stage3_ward(const Stage3EngineOptions& options, const comm::Communicator& comm);
+
 class Stage3Engine : public engine::Engine {
  public:
   // Plans the units from the model's unit candidates (plan_stage3_layout), moves every unit's
@@ -113,8 +130,9 @@ class Stage3Engine : public engine::Engine {
   // too), keeps the master shards, frees every non-root flat, installs the runner and builds
   // one optimizer per master shard. With `built` (sharded construction, stage3_build.h) the
   // units were adopted while the model was built: its layout must be the one planned here
-  // (Error otherwise) and its masters must be in an offload file exactly when
-  // options.offload_dir is set. InvalidArgument for a wrap plan_units refuses, an optimizer
+  // (Error otherwise), its masters must be in an offload file exactly when
+  // options.offload_dir is set, and it must keep the ward masters stage3_ward() names.
+  // InvalidArgument for a wrap plan_units refuses, an optimizer
   // ShardOptimizers refuses, offload files that do not fit (open_offload); krab::Error naming
   // the file when it cannot be allocated.
   Stage3Engine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
@@ -146,6 +164,8 @@ class Stage3Engine : public engine::Engine {
   const engine::ShardLayout& layout() const { return layout_; }
   const Stage3Storage& storage() const { return *storage_; }
   const GradReducer& reducer() const { return *reducer_; }
+  // The copy of the ward's shard (replicate_shards on a group of two or more), else null.
+  const ShardBuddy* buddy() const { return buddy_.get(); }
 
  private:
   std::shared_ptr<models::Model> model_;
@@ -160,6 +180,7 @@ class Stage3Engine : public engine::Engine {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<Stage3Runner> runner_;
   std::unique_ptr<ShardOptimizers> optimizers_;
+  std::unique_ptr<ShardBuddy> buddy_;  // steps the storage's ward masters
   engine::ShardedState sharded_;
 };
 

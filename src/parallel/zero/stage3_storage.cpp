@@ -25,15 +25,20 @@ size_t largest_unit_bytes(const engine::ShardLayout& layout) {
 }  // namespace
 
 Stage3Storage::Stage3Storage(const engine::ShardLayout& layout, int rank,
-                             std::unique_ptr<DiskOffload> offload)
+                             std::unique_ptr<DiskOffload> offload, int ward)
     : layout_(layout),
       rank_(rank),
+      ward_(ward),
       offload_(std::move(offload)),
       pool_(largest_unit_bytes(layout)),
       units_(layout.num_units()) {
   KRAB_CHECK(!offload_ || (offload_->regions().master &&
                            static_cast<int>(offload_->regions().numel.size()) == num_units()),
              "Stage3Storage: the offload file has no master region per unit");
+  KRAB_CHECK_ARG(ward_ < 0 || !offload_,
+                 "parallel.offload: disk cannot be combined with elastic.replicate_shards (the "
+                 "ward masters would stay in RAM)");
+  KRAB_CHECK(ward_ < layout.world(), "Stage3Storage: ward ", ward_, " outside the world");
 }
 
 // Gloo threads may still write into a flat: never drop one under a gather. The model's
@@ -74,6 +79,10 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
     offload_->release_master(unit);
   } else {
     slot.master = flat.narrow(0, r.begin, r.size()).clone();
+  }
+  if (ward_ >= 0) {
+    const engine::Range w = layout_.shard(unit, ward_);
+    slot.ward_master = flat.narrow(0, w.begin, w.size()).clone();
   }
   // The flat's bytes so far came from malloc (freed below or kept: the root); every gather's
   // come from the pool (flat_pool.h).

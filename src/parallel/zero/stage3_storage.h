@@ -24,6 +24,10 @@
 //
 // Units of 0 elements have no storage and take part in no collective; they count as gathered.
 //
+// With a ward (shard replication, buddy.h) adopt() also keeps a copy of shard `ward` of the
+// broadcast flat, the ward master: the owner's master of that shard, bit for bit, without a
+// byte sent. ShardBuddy steps it; nothing here reads it again.
+//
 // With a DiskOffload (parallel.offload: disk, its regions planned with masters) the masters are
 // not in RAM: master(u) is a view of unit u's master field in the offload file. adopt() writes
 // the rank's shard into it and drops those pages (sharded construction never holds more than
@@ -51,9 +55,11 @@ namespace krab::parallel::zero {
 class Stage3Storage {
  public:
   // Nothing adopted yet. `rank` is this rank's index in the layout's world. With `offload`
-  // (regions with masters, one per unit of `layout`) the masters live in its file.
+  // (regions with masters, one per unit of `layout`) the masters live in its file. With
+  // `ward` >= 0 (a shard index of the layout's world) adopt() keeps ward masters too;
+  // InvalidArgument for a ward with offload (elastic.replicate_shards keeps it in RAM).
   Stage3Storage(const engine::ShardLayout& layout, int rank,
-                std::unique_ptr<DiskOffload> offload = nullptr);
+                std::unique_ptr<DiskOffload> offload = nullptr, int ward = -1);
   ~Stage3Storage();
   Stage3Storage(const Stage3Storage&) = delete;
   Stage3Storage& operator=(const Stage3Storage&) = delete;
@@ -91,6 +97,10 @@ class Stage3Storage {
   // fp32 [S_u]: this rank's master shard of unit u, what the optimizer steps (a view of the
   // offload file with one).
   const at::Tensor& master(int unit) const { return units_.at(unit).master; }
+  // The shard whose copy adopt() keeps, or -1.
+  int ward() const { return ward_; }
+  // fp32 [S_u]: the copy of shard ward() of unit u (undefined without a ward).
+  const at::Tensor& ward_master(int unit) const { return units_.at(unit).ward_master; }
   // The offload file holding the masters, or null.
   DiskOffload* offload() const { return offload_.get(); }
 
@@ -112,6 +122,7 @@ class Stage3Storage {
     bool adopted = false;
     at::Tensor flat;
     at::Tensor master;
+    at::Tensor ward_master;
     comm::WorkPtr work;   // the gather in flight
     bool pooled = false;  // the flat's bytes are the pool's (gathered, not adopted)
   };
@@ -120,6 +131,7 @@ class Stage3Storage {
 
   const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;
+  const int ward_;
   std::unique_ptr<DiskOffload> offload_;  // before units_: the masters are views of its mapping
   FlatPool pool_;                         // before units_: the flats name it as their allocator
   std::vector<Unit> units_;

@@ -19,6 +19,9 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
              options_.data_parallel.balance) {
   KRAB_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
                  "parallel.zero_stage: ZeroEngine runs stages 1 and 2, got ", options_.stage);
+  KRAB_CHECK_ARG(!options_.replicate_shards || options_.offload_dir.empty(),
+                 "parallel.offload: disk cannot be combined with elastic.replicate_shards (the "
+                 "ward's optimizer state would stay in RAM)");
   // Every replica starts from rank 0's values, as with the data-parallel engine.
   std::vector<at::Tensor> state = model_->parameters();
   for (auto& b : model_->buffers()) state.push_back(b);
@@ -44,6 +47,7 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
   for (int u = 0; u < layout_.num_units(); ++u) shards.push_back(storage_->shard(u));
   optimizers_ = std::make_unique<ShardOptimizers>(shards, make_optimizer);
   if (!options_.offload_dir.empty()) start_offload(shards);
+  if (options_.replicate_shards && comm_->size() > 1) start_buddy(make_optimizer);
   sharded_.layout = &layout_;
   sharded_.stage = options_.stage;
   sharded_.values = shards;
@@ -70,6 +74,19 @@ void ZeroEngine::install_gather_wait() {
   gather_wait_->install(*model_);
 }
 
+// The ward's values are its chunk of every flat: every rank holds all parameters, and the
+// initial broadcast made them the owner's.
+void ZeroEngine::start_buddy(const OptimizerFactory& make_optimizer) {
+  const int ward = ward_shard(comm_->rank(), comm_->size());
+  std::vector<at::Tensor> values;
+  for (int u = 0; u < layout_.num_units(); ++u) {
+    const engine::Range r = layout_.shard(u, ward);
+    values.push_back(storage_->flat(u).narrow(0, r.begin, r.size()));
+  }
+  buddy_ = std::make_unique<ShardBuddy>(layout_, options_.stage, comm_->rank(), std::move(values),
+                                        /*values_owned=*/false, make_optimizer);
+}
+
 // The room for every rank's file is agreed on before any is allocated (open_offload).
 void ZeroEngine::start_offload(const std::vector<at::Tensor>& shards) {
   std::vector<int64_t> numel;
@@ -93,7 +110,15 @@ void ZeroEngine::before_backward(int64_t micro, bool last) {
   reducer_->set_sync(options_.stage == 2 || last);
 }
 
-void ZeroEngine::reduce_gradients() { reducer_->finish(); }
+void ZeroEngine::reduce_gradients() {
+  reducer_->finish();
+  // Before the elastic commit vote: a rank votes only once its ward's gradient is here too.
+  if (buddy_) {
+    std::vector<at::Tensor> grads;
+    for (int u = 0; u < layout_.num_units(); ++u) grads.push_back(reducer_->grad_shard(u));
+    buddy_->exchange(*comm_, grads);
+  }
+}
 
 void ZeroEngine::apply(double lr) {
   // The step writes the shards, which are parts of the flats: no gather may still write them
@@ -105,6 +130,9 @@ void ZeroEngine::apply(double lr) {
     offload_->step(*optimizers_, lr);
   else
     optimizers_->step(lr);
+  // The ward's chunk is stepped in the flat too; the next all-gather rewrites it with the
+  // owner's bits, which are the same (buddy.h).
+  if (buddy_) buddy_->step(lr);
   for (int u = 0; u < layout_.num_units(); ++u) storage_->shard(u).mutable_grad() = at::Tensor();
   reducer_->release_shards();
   // Undefined rather than zero: the next backward's accumulation starts from nothing either
@@ -119,12 +147,19 @@ void ZeroEngine::after_step(const engine::StepPlan& plan) {
 }
 
 engine::TrainState ZeroEngine::state() {
-  return {model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  engine::TrainState s{model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  if (buddy_) {
+    s.ward = &buddy_->state();
+    s.ward_shard = buddy_->ward();
+  }
+  return s;
 }
 
 void ZeroEngine::after_restore() {
   storage_->start_gather(*comm_);
   storage_->wait();
+  // The restore wrote the own shards; the ward's state comes from its owner (buddy.h).
+  if (buddy_) buddy_->resync(*comm_, sharded_);
 }
 
 engine::MemoryStats ZeroEngine::memory() const {
@@ -143,6 +178,11 @@ engine::MemoryStats ZeroEngine::memory() const {
   m.optimizer = optimizers_->state_bytes() - offloaded;
   m.offloaded = offloaded;
   m.working_set_peak = reducer_->peak_bucket_bytes() + (options_.stage == 1 ? shard_bytes : 0);
+  if (buddy_) {  // the ward's gradient shards sit where the own ones are counted
+    const WardBytes w = buddy_->bytes();
+    m.optimizer += w.optimizer;
+    (options_.stage == 1 ? m.working_set_peak : m.grads) += w.grads;
+  }
   return m;
 }
 
@@ -161,6 +201,7 @@ nlohmann::json ZeroEngine::describe() const {
         {"recompute", gather_wait_ != nullptr && gather_wait_->recomputes()},
         {"alignment", layout_.alignment()},
         {"offload", offload_ ? "disk" : "none"},
+        {"replicate_shards", buddy_ != nullptr},
         {"gathered_whole", nlohmann::json::array()}}}};
   if (auto balance = steps_.describe(); !balance.is_null()) out["balance"] = balance;
   return out;

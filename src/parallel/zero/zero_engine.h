@@ -53,6 +53,16 @@
 // Checkpoints: state() hands out this rank's shard of every unit and its optimizer
 // (engine::ShardedState); after_restore() gathers restored shards into the parameters.
 //
+// Shard replication (options.replicate_shards, elastic membership: buddy.h): rank r also keeps
+// the optimizer state of shard r−1 (its ward) and steps the ward's chunk of every flat with it.
+// reduce_gradients() then ends with the ring exchange of the gradient shards (sends this rank's
+// to r+1, receives the ward's from r−1) and apply() steps the ward after the own shard; the
+// all-gather after the step overwrites the ward's chunk with the owner's bits, which are the
+// same. state() hands the ward out as TrainState::ward; after_restore() re-copies every ward
+// from its owner (ShardBuddy::resync), so a restore fills the own shards only. The parameters
+// are those without replication, bit for bit. Not with offload (InvalidArgument naming both keys);
+// a group of one has no buddy and replicates nothing.
+//
 // Thread safety: one training thread, like every engine.
 #pragma once
 
@@ -68,6 +78,7 @@
 #include "engine/sharded_state.h"
 #include "models/model.h"
 #include "parallel/dp_engine.h"
+#include "parallel/zero/buddy.h"
 #include "parallel/zero/gather_wait_runner.h"
 #include "parallel/zero/grad_reducer.h"
 #include "parallel/zero/offload.h"
@@ -89,6 +100,8 @@ struct ZeroEngineOptions {
   // parallel.offload: disk puts this rank's optimizer state in OFFLOAD_DIR/rank-R.bin
   // (offload.h; the trainer passes RUN_DIR/offload); empty keeps it in RAM.
   std::string offload_dir;
+  // elastic.replicate_shards: keep a copy of the previous rank's shard (buddy.h).
+  bool replicate_shards = false;
   // total_steps, global_micro_batch, bucket cap (data_parallel.bucket_mb), broadcast_buffers;
   // as for the data-parallel engine (data_parallel.broadcast_initial_state is always on).
   DataParallelEngineOptions data_parallel;
@@ -100,8 +113,9 @@ class ZeroEngine : public engine::Engine {
   // and their layout, moves the parameters into the unit flats, registers the gradient hooks,
   // builds one optimizer per unit shard and installs its unit runner on the model (taken off
   // again by the destructor). InvalidArgument for a stage other than 1 or 2,
-  // a wrap plan_units refuses, an optimizer ShardOptimizers refuses, or offload files that do
-  // not fit (check_offload_room); krab::Error naming the file when it cannot be allocated.
+  // a wrap plan_units refuses, an optimizer ShardOptimizers refuses, offload files that do
+  // not fit (check_offload_room) or offload with replicate_shards; krab::Error naming the file
+  // when it cannot be allocated.
   ZeroEngine(std::shared_ptr<models::Model> model, std::unique_ptr<comm::Communicator> comm,
              ZeroEngineOptions options, const OptimizerFactory& make_optimizer);
   ~ZeroEngine() override;
@@ -126,12 +140,15 @@ class ZeroEngine : public engine::Engine {
   const UnitStorage& storage() const { return *storage_; }
   const GradReducer& reducer() const { return *reducer_; }
   const DiskOffload* offload() const { return offload_.get(); }
+  // The copy of the ward's shard (replicate_shards on a group of two or more), else null.
+  const ShardBuddy* buddy() const { return buddy_.get(); }
   // Null when the model has no unit candidates (every gather is then waited before forward).
   const GatherWaitRunner* gather_wait() const { return gather_wait_.get(); }
 
  private:
   void start_offload(const std::vector<at::Tensor>& shards);
   void install_gather_wait();
+  void start_buddy(const OptimizerFactory& make_optimizer);
 
   std::shared_ptr<models::Model> model_;
   std::unique_ptr<comm::Communicator> comm_;
@@ -145,6 +162,7 @@ class ZeroEngine : public engine::Engine {
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ShardOptimizers> optimizers_;
   std::unique_ptr<DiskOffload> offload_;           // after the optimizers: its state is theirs
+  std::unique_ptr<ShardBuddy> buddy_;              // views of the flats: after the storage
   GatherWaitPlan waits_;                           // which gather is waited where
   std::unique_ptr<GatherWaitRunner> gather_wait_;  // uses the storage; uninstalled first
   std::string wrap_source_;                        // plan.h's wrap_source, for describe()
