@@ -171,31 +171,35 @@ nlohmann::json ElasticEngine::describe() const {
   return out;
 }
 
-// The next record this rank acts on. After a failure: the newest published after `after`,
-// waiting for one up to elastic.wait_s. After a proposal the vote carried (`exact`): that very
-// generation, which every rank of the group agreed on. A `waiting` record (fewer than
-// elastic.min_workers) is waited out; `stop` ends the run naming the key.
+// The next record this rank acts on. After a failure: the newest published after `after`.
+// After a proposal the vote carried (`exact`): that very generation, which every rank of the
+// group agreed on. A `waiting` record (fewer than elastic.min_workers) is waited out; `stop`
+// ends the run naming the key. The keeper decides within elastic.dead_after_ms of a failure
+// and stops a waiting run after elastic.wait_s, so a worker waits longer than either before it
+// gives up on its own: wait_s + comm.timeout_s, from the start and again from each `waiting`.
 GenerationRecord ElasticEngine::next_record(int64_t want, bool exact) {
-  const auto deadline = Clock::now() + millis(options_.wait_s);
+  const auto bound = millis(options_.wait_s) + options_.comm.timeout;
+  auto deadline = Clock::now() + bound;
   for (;;) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0)
       throw Timeout(str_cat("elastic: no usable membership generation from ", want, " within ",
-                            options_.wait_s, " s (elastic.wait_s)"));
+                            bound.count() / 1000.0, " s (elastic.wait_s + comm.timeout_s)"));
     GenerationRecord record = view_->wait_for(want, left);
     if (!exact && view_->newest() > record.generation) {  // the keeper moved on: skip ahead
       want = view_->newest();
       continue;
     }
     if (record.state == RecordState::kStop)
-      throw RunStopped(
-          str_cat("elastic: generation ", record.generation, " stops the run: ", record.workers(),
-                  " worker(s) left, fewer than elastic.min_workers (", lost_text(record), ")"),
-          rank_in(record, options_.self) == 0, applied_);
+      throw RunStopped(str_cat("elastic: generation ", record.generation, " stops the run: ",
+                               record.workers(), " worker(s) left, fewer than elastic.min_workers",
+                               record.lost.empty() ? "" : str_cat(" (", lost_text(record), ")")),
+                       rank_in(record, options_.self) == 0, applied_);
     if (record.state == RecordState::kWaiting) {
       want = record.generation + 1;
       exact = false;
+      deadline = Clock::now() + bound;
       continue;
     }
     return record;

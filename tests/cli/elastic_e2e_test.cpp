@@ -189,8 +189,9 @@ TEST_F(Elastic, BelowMinWorkersTheRunStopsResumably) {
   for (const auto& entry : std::filesystem::directory_iterator(dir_ / "low"))
     saved = saved || entry.path().filename().string().rfind("step-", 0) == 0;
   ASSERT_TRUE(saved) << log;
-  auto resumed = run(krab("train job.yaml --report resumed.json --set checkpoint.dir=low "
-                          "--set checkpoint.resume=true"));
+  auto resumed =
+      run(krab("train job.yaml --report resumed.json --set checkpoint.dir=low "
+               "--set checkpoint.resume=true"));
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   const auto report =
       nlohmann::json::parse(krab::core::read_file((dir_ / "resumed.json").string()));
