@@ -175,6 +175,41 @@ TEST_F(Elastic, AReplacementJoinsAndAWorkerLeavesGracefully) {
   expect_no_process_left("jl");
 }
 
+// A frozen worker (SIGSTOP: a hung process or a machine cut off) fails no op; the others
+// block in a collective until the keeper, seeing no heartbeat for elastic.dead_after_ms, drops
+// it (and kills it), and they go on without it.
+TEST_F(Elastic, AFrozenWorkerIsDroppedAfterDeadAfterMs) {
+  write("job.yaml", std::string(kElasticJob) + "elastic: {dead_after_ms: 1500}\n");
+  const pid_t launcher =
+      start_krab(dir_, (dir_ / "frozen.log").string(),
+                 {"train", "job.yaml", "--report", "frozen.json", "--progress-file", "progress",
+                  "--set", "checkpoint.dir=frozen", "--set", "elastic.enabled=true"});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (progress() < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  pid_t frozen = 0;
+  const nlohmann::json workers = workers_json("frozen");
+  for (const auto& w : workers["workers"])
+    if (w["rank"] == 1) frozen = w["pid"].get<pid_t>();
+  ASSERT_GT(frozen, 0) << workers.dump();
+  ::kill(frozen, SIGSTOP);
+  int status = 0;
+  const std::string log = [&] {
+    EXPECT_TRUE(wait_exit(launcher, 120, status));
+    return krab::core::read_file((dir_ / "frozen.log").string());
+  }();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log;
+  const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "frozen.json").string()));
+  EXPECT_EQ(report["steps"], 80);
+  ASSERT_EQ(report["membership"].size(), 1u) << report.dump();
+  const auto& change = report["membership"][0];
+  EXPECT_EQ(change["reason"], "freeze");
+  EXPECT_NE(change["lost"].get<std::string>().find("no heartbeat for"), std::string::npos);
+  EXPECT_LE(change["lost_steps"].get<int64_t>(), 1);
+  EXPECT_NE(::kill(frozen, 0), 0) << "the frozen worker is still there";
+  expect_no_process_left("frozen");
+}
+
 // Below elastic.min_workers for elastic.wait_s (§2.5): the keeper stops the run, the rank 0
 // of the survivors writes a checkpoint of the steps it applied, the launcher exits 1 saying
 // how to go on, and checkpoint.resume continues from it to the end.
