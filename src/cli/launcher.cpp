@@ -79,8 +79,11 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
           has(env, "SLURM_NTASKS_PER_NODE") ? env_int(env, "SLURM_NTASKS_PER_NODE") : 1;
     }
     KRAB_CHECK_ARG(p.world_size >= 1, "world size must be >= 1, got ", p.world_size);
-    KRAB_CHECK_ARG(p.rank >= 0 && p.rank < p.world_size, "rank ", p.rank, " is outside 0..",
-                   p.world_size - 1);
+    // An elastic joiner's rank comes from the generation that admits it; RANK is its slot,
+    // which an autoscaled run may place past the starting world.
+    const bool joiner = has(env, "KRAB_ELASTIC_JOIN");
+    KRAB_CHECK_ARG(p.rank >= 0 && (joiner || p.rank < p.world_size), "rank ", p.rank,
+                   " is outside 0..", p.world_size - 1);
     const std::string addr = has(env, "MASTER_ADDR") ? env.at("MASTER_ADDR") : "127.0.0.1";
     const std::string port = has(env, "MASTER_PORT") ? env.at("MASTER_PORT") : "29500";
     if (ours && has(env, "KRAB_STORE_FILE"))
@@ -296,7 +299,9 @@ class Supervisor {
     o.control = plan_.rendezvous;
     o.store_dir = plan_.elastic->store_dir;
     o.start_grace = plan_.elastic->start_grace;
+    o.autoscale = plan_.elastic->autoscale;
     keeper_ = std::make_unique<elastic::LocalKeeper>(o, members, elastic::now_instant());
+    next_slot_ = plan_.nproc_per_node;
     write_workers_json();
   }
 
@@ -344,6 +349,31 @@ class Supervisor {
                  next.str().c_str(), dead.local, dead.member.str().c_str());
   }
 
+  // elastic.autoscale.provider local (§8): an addition is a joiner in a new slot, a removal the
+  // newest member's graceful leave (SIGTERM to it); RUN_DIR/autoscale.json has what the policy
+  // measured and decided.
+  void scale(const elastic::ScaleDecision& d) {
+    std::fprintf(stderr, "krab: autoscale: %s a worker, %d -> %d (%s)\n",
+                 elastic::to_string(d.action), d.from, d.to, d.reason.c_str());
+    if (d.action == elastic::ScaleAction::kAdd) {
+      const elastic::MemberId member{plan_.node_rank, next_slot_++, 0};
+      std::vector<std::string> env =
+          child_environment(plan_, false, 0, member.slot, member.slot, member.str());
+      env.push_back("KRAB_ELASTIC_JOIN=1");
+      const std::string name = str_cat("member ", member.str());
+      children_.push_back(
+          {start_child(argv_, env, name, ::getpid()), name, false, member.slot, member});
+      ++alive_;
+      keeper_->expect_joiner(member, member.slot);
+    } else {
+      const elastic::Member& newest = keeper_->current().members.back();
+      for (const Child& c : children_)
+        if (c.pid > 0 && c.member == newest.id) ::kill(c.pid, SIGTERM);
+    }
+    core::write_file_atomic(plan_.elastic->run_dir + "/autoscale.json",
+                            elastic::autoscale_json(*keeper_->autoscale()));
+  }
+
   // The run is over once every member of the last generation exited 0: a replacement still
   // waiting to be admitted has nothing to join (and waits on no signal but SIGKILL).
   void finish_if_done() {
@@ -366,6 +396,7 @@ class Supervisor {
     exits_pending_ = false;
     const elastic::GenerationRecord before = keeper_->current();
     const std::optional<elastic::GenerationRecord> record = keeper_->poll(elastic::now_instant());
+    if (auto decision = keeper_->take_scale_decision()) scale(*decision);
     if (!record) return;
     std::fprintf(stderr, "krab: %s\n",
                  elastic::describe_change(before, *record, plan_.elastic->keeper).c_str());
@@ -391,6 +422,9 @@ class Supervisor {
   // generation is the one the workers ended in.
   int elastic_result() {
     if (exits_pending_) poll_keeper(/*force=*/true);
+    if (keeper_->autoscale())
+      core::write_file_atomic(plan_.elastic->run_dir + "/autoscale.json",
+                              elastic::autoscale_json(*keeper_->autoscale()));
     const elastic::GenerationRecord& last = keeper_->current();
     if (keeper_->stopped()) {
       std::string ranks = last.workers() == 1 ? "rank" : "ranks";
@@ -441,6 +475,7 @@ class Supervisor {
   std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();
   std::map<int, int> restarts_;  // elastic.replace_dead: replacements per slot
+  int next_slot_ = 0;            // autoscale: the slot of the next worker added
   bool finished_ = false;        // every member of the last generation exited 0
 };
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "comm/store.h"
+#include "elastic/autoscale.h"
 #include "elastic/keeper.h"
 
 namespace krab::cli {
@@ -57,6 +58,8 @@ struct ElasticLaunch {
   // at most max_restarts times per slot.
   bool replace_dead = false;
   int max_restarts = 3;
+  // elastic.autoscale.provider local: the policy's options (elastic/autoscale.h).
+  std::optional<elastic::AutoscaleOptions> autoscale;
 };
 
 struct LaunchPlan {

@@ -307,7 +307,7 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
 // elastic.enabled (one node, checked before): the launcher keeps the membership
 // (cli/launcher.h, elastic/local_keeper.h) in the private directory of the rendezvous file.
 cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& keys,
-                                  const PrivateDir& store_dir) {
+                                  const PrivateDir& store_dir, int workers) {
   const train::ElasticOptions e = train::ElasticOptions::from_config(config);
   cli::ElasticLaunch launch;
   launch.keeper.min_workers = e.min_workers;
@@ -322,6 +322,19 @@ cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& key
   launch.start_grace = keys.timeout;
   launch.replace_dead = e.replace_dead;
   launch.max_restarts = e.max_restarts;
+  if (e.autoscale == "local") {
+    elastic::AutoscaleOptions a;
+    a.up_efficiency = e.up_efficiency;
+    a.down_efficiency = e.down_efficiency;
+    a.window_steps = e.window_steps;
+    a.cooldown_steps = e.cooldown_steps;
+    a.min_workers = e.min_workers;
+    a.max_workers = e.max_workers > 0 ? e.max_workers : workers;
+    // The global batch is the starting world's for the whole run (§5.1).
+    a.examples_per_step = config.get_int("data.batch_size") * workers *
+                          std::max<int64_t>(1, config.get_int("train.grad_accum"));
+    launch.autoscale = a;
+  }
   return launch;
 }
 
@@ -341,7 +354,8 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   p.rendezvous.secret = job_secret(args, keys);
   std::unique_ptr<PrivateDir> store_dir;
   const std::unique_ptr<comm::StoreServer> server = host_rendezvous(args, keys, p, store_dir);
-  if (config.get_bool("elastic.enabled")) p.elastic = elastic_launch(config, keys, *store_dir);
+  if (config.get_bool("elastic.enabled"))
+    p.elastic = elastic_launch(config, keys, *store_dir, p.world_size);
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);

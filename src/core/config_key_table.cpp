@@ -473,6 +473,29 @@ std::vector<KeySpec> elastic_keys() {
               "`elastic.replace_dead`: most replacements per local worker slot in a run, so a "
               "worker that dies at every start does not loop.",
               0),
+      string_key("elastic.autoscale.provider", "none",
+                 "`elastic.enabled`: `local` lets the launcher add workers on this machine (up to "
+                 "`elastic.max_workers`) while the last addition paid and remove the last one "
+                 "when it did not: it measures samples/s at each size over "
+                 "`elastic.autoscale.window_steps` steps and compares each new worker's gain with "
+                 "the average worker's (its efficiency). Changes are joins and graceful leaves: "
+                 "no step is lost. `none`: the workers stay as they are.",
+                 {"none", "local"}),
+      float_key("elastic.autoscale.up_efficiency", "0.6",
+                "`elastic.autoscale.provider`: keep adding workers while the last addition's "
+                "efficiency (its samples/s gain over the average worker's before it) is at "
+                "least this.",
+                -10, 10),
+      float_key("elastic.autoscale.down_efficiency", "0.3",
+                "`elastic.autoscale.provider`: remove the last addition when its efficiency is "
+                "below this; between the two thresholds nothing moves.",
+                -10, 10),
+      int_key("elastic.autoscale.window_steps", "20",
+              "`elastic.autoscale.provider`: steps measured at each size (after 5 warm-up "
+              "steps); the rate is the global batch over the median step time.",
+              1),
+      int_key("elastic.autoscale.cooldown_steps", "60",
+              "`elastic.autoscale.provider`: no decision for this many steps after a removal.", 0),
       bool_key("elastic.replicate_shards", "true",
                "`elastic.enabled` with `parallel.zero_stage` > 0 (not built yet): every shard of "
                "the optimizer state is also kept by the next rank, so one death loses nothing."),

@@ -131,12 +131,14 @@ std::optional<ScaleDecision> AutoscalePolicy::decide(int64_t step, int capacity)
   const std::optional<double> e = efficiency(workers_);
   if (e && *e < options_.down_efficiency && workers_ - 1 >= options_.min_workers) {
     bad_[workers_] = latest_.at(workers_ - 1).rate;
+    ++strikes_[workers_];
     cooldown_until_ = step + options_.cooldown_steps;
     return record(ScaleAction::kRemove, step,
                   "e " + two_decimals(*e) + " < down " + two_decimals(options_.down_efficiency));
   }
   if (workers_ >= options_.max_workers || capacity < 1) return std::nullopt;
   if (e && *e < options_.up_efficiency) return std::nullopt;  // the hysteresis band
+  if (strikes_[workers_ + 1] > kBadSizeRetries) return std::nullopt;
   const auto bad = bad_.find(workers_ + 1);
   if (bad != bad_.end()) {
     const double moved = std::abs(latest_.at(workers_).rate - bad->second) / bad->second;

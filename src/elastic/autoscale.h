@@ -30,7 +30,8 @@
 //   - **add** (W → W+1) when W < max_workers, the provider has capacity ≥ 1, e_W ≥
 //     up_efficiency or e_W is undefined (W−1 never measured: the start, or after a death), and
 //     W+1 is not bad — a bad size may be re-added only once the current rate_W differs from its
-//     reference by more than kRateMovedShare (20%): something changed since it was judged;
+//     reference by more than kRateMovedShare (20%): something changed since it was judged; and
+//     at most kBadSizeRetries times: found bad once more, it stays out for the rest of the run;
 //   - otherwise **hold**. Between the two thresholds nothing moves (the hysteresis band).
 // A decision is pending until a record arrives with another size (the proposal took effect, or a
 // death intervened) or the adapter calls proposal_failed(); while pending, nothing is decided.
@@ -59,6 +60,10 @@ inline constexpr int64_t kAutoscaleWarmupSteps = 5;
 // How far (as a share of the reference) the current rate must move before a size found bad may
 // be tried again.
 inline constexpr double kRateMovedShare = 0.2;
+// How many times a size found bad may be tried again (each time after the rate moved): a size
+// found bad kBadSizeRetries + 1 times is never added again in the run. Without a limit, noise
+// above kRateMovedShare (a loaded machine) re-adds a bad size after every cooldown.
+inline constexpr int kBadSizeRetries = 1;
 
 // The policy's knobs: the elastic.autoscale.* keys of §7 (plus the elastic.* bounds and the
 // batch it needs), filled in by the caller from the job's config.
@@ -144,6 +149,7 @@ class AutoscalePolicy {
   int64_t quiet_since_ = 0;     // the last decision's step, or the first record's
   int64_t cooldown_until_ = 0;  // no decision before this step
   std::map<int, double> bad_;   // size found bad -> the reference rate of the size below it
+  std::map<int, int> strikes_;  // size -> how many times it was found bad
   std::map<int, SizeRate> latest_;
   std::vector<SizeRate> measurements_;
   std::vector<ScaleDecision> decisions_;

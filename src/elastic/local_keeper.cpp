@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "comm/peer_monitor.h"
@@ -62,6 +64,7 @@ LocalKeeper::LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial
           now),
       control_(comm::connect_store(options_.control, kStoreTimeout)),
       generation_start_ms_(now.steady_ms) {
+  if (options_.autoscale) autoscale_.emplace(*options_.autoscale);
   publish_record(*control_, keeper_.current());
 }
 
@@ -150,6 +153,47 @@ void LocalKeeper::read_progress(std::vector<Event>* events) {
   if (ec != std::errc() || (end != last && *end != ' ') || step <= progress_) return;
   progress_ = step;
   events->emplace_back(event::Progress{step});
+  if (!autoscale_ || end == last) return;
+  double unix_s = 0;
+  const auto [time_end, time_ec] = std::from_chars(end + 1, last, unix_s);
+  if (time_ec != std::errc() || time_end != last) return;
+  const int workers = keeper_.current().workers();
+  const int capacity =
+      std::max(0, keeper_.max_workers() - workers - static_cast<int>(joiners_.size()));
+  if (auto decision = autoscale_->on_progress(step, unix_s, workers, capacity))
+    scale_ = std::move(decision);
+}
+
+std::optional<ScaleDecision> LocalKeeper::take_scale_decision() {
+  std::optional<ScaleDecision> out = std::move(scale_);
+  scale_.reset();
+  return out;
+}
+
+std::string autoscale_json(const AutoscalePolicy& policy) {
+  nlohmann::json sizes = nlohmann::json::array(), decisions = nlohmann::json::array();
+  for (const SizeRate& r : policy.measurements())
+    sizes.push_back({{"workers", r.workers},
+                     {"step", r.step},
+                     {"median_step_s", r.median_step_s},
+                     {"rate", r.rate}});
+  for (const ScaleDecision& d : policy.decisions()) {
+    nlohmann::json j = {{"action", to_string(d.action)},
+                        {"step", d.step},
+                        {"from", d.from},
+                        {"to", d.to},
+                        {"rate", d.rate},
+                        {"reason", d.reason}};
+    if (d.rate_below) j["rate_below"] = *d.rate_below;
+    if (d.efficiency) j["efficiency"] = *d.efficiency;
+    decisions.push_back(std::move(j));
+  }
+  return nlohmann::json({{"workers", policy.workers()},
+                         {"settled", policy.settled()},
+                         {"sizes", sizes},
+                         {"decisions", decisions}})
+             .dump(1) +
+         "\n";
 }
 
 void LocalKeeper::expect_joiner(const MemberId& member, int local_rank) {

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "comm/store.h"
+#include "elastic/autoscale.h"
 #include "elastic/keeper.h"
 
 namespace krab::elastic {
@@ -64,6 +65,10 @@ struct LocalKeeperOptions {
   comm::Endpoint control;  // the job's FileStore (file and secret), as the workers reach it
   std::string store_dir;   // where g<g>.store files are created (the launcher's private dir)
   std::chrono::milliseconds start_grace{60000};  // see above; the launcher gives comm.timeout_s
+  // elastic.autoscale.provider local: the policy (elastic/autoscale.h) reads rank 0's progress
+  // records; its decisions come back through take_scale_decision() for the launcher to carry
+  // out (start a joiner in a new slot, or ask the newest member to leave).
+  std::optional<AutoscaleOptions> autoscale;
 };
 
 // Instant now, from the steady and the system clock.
@@ -84,6 +89,10 @@ class LocalKeeper {
   // it is ready to enter), the next poll feeds the Keeper its JoinRequest. The launcher spawned
   // it, so it is admitted without a secret or fingerprint check (§6.3 is for --join).
   void expect_joiner(const MemberId& member, int local_rank);
+
+  // The autoscale decision the last polls made, if any (once).
+  std::optional<ScaleDecision> take_scale_decision();
+  const AutoscalePolicy* autoscale() const { return autoscale_ ? &*autoscale_ : nullptr; }
 
   // Reads the store, decides, publishes. Returns the record published, if any.
   std::optional<GenerationRecord> poll(Instant now);
@@ -113,6 +122,8 @@ class LocalKeeper {
   std::set<MemberId> leaving_;       // leave requests already fed
   std::map<MemberId, int> joiners_;  // replacements expected to ask, with their local slot
   int64_t progress_ = -1;
+  std::optional<AutoscalePolicy> autoscale_;
+  std::optional<ScaleDecision> scale_;
   std::vector<Event> exits_;
   std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced
 };
@@ -124,6 +135,10 @@ class LocalKeeper {
 // to elastic.wait_s 60 s for more"; for state stop the line says the run stops.
 std::string describe_change(const GenerationRecord& before, const GenerationRecord& after,
                             const KeeperOptions& options);
+
+// RUN_DIR/autoscale.json's text: {"workers", "settled", "sizes": [{workers, step, median_step_s,
+// rate}], "decisions": [{action, step, from, to, rate, rate_below, efficiency, reason}]}.
+std::string autoscale_json(const AutoscalePolicy& policy);
 
 // RUN_DIR/workers.json's text: {"generation": g, "workers": [{"rank": r, "member": "n.s.i",
 // "pid": p}, ...]} in rank order, one line, ending in '\n'.

@@ -1,6 +1,8 @@
 #include "elastic/membership_view.h"
 
 #include <charconv>
+#include <chrono>
+#include <cstdio>
 
 #include "core/errors.h"
 
@@ -42,7 +44,11 @@ int64_t current_generation(c10d::Store& store) {
 }
 
 void publish_progress(c10d::Store& store, int64_t steps) {
-  store.set(kProgressKey, bytes_of(std::to_string(steps)));
+  const double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  char text[64];
+  std::snprintf(text, sizeof(text), "%lld %.6f", static_cast<long long>(steps), now);
+  store.set(kProgressKey, bytes_of(text));
 }
 
 GenerationRecord read_record(c10d::Store& store, int64_t generation) {

@@ -44,8 +44,9 @@ void publish_record(c10d::Store& store, const GenerationRecord& record);
 // The newest generation published, or -1 when none is (non-blocking).
 int64_t current_generation(c10d::Store& store);
 
-// Rank 0 of the running generation writes the steps the group completed after each step
-// (`elastic/progress`, decimal); the keeper reads it for the records' decided_step.
+// Rank 0 of the running generation writes the steps the group completed after each step and
+// the Unix time it completed them (`elastic/progress` = "<steps> <seconds with 6 decimals>");
+// the keeper reads the steps for the records' decided_step, the autoscale policy both.
 inline constexpr const char* kProgressKey = "elastic/progress";
 // A worker's requests to the keeper, under its member id: `elastic/join/<member>` = its pid (a
 // joiner, before it is a member), `elastic/leave/<member>` = "1" (a graceful leave, §2.4).

@@ -116,12 +116,23 @@ ElasticOptions ElasticOptions::from_config(const core::Config& c) {
   o.replace_dead = c.get_bool("elastic.replace_dead");
   o.max_restarts = static_cast<int>(c.get_int("elastic.max_restarts"));
   o.replicate_shards = c.get_bool("elastic.replicate_shards");
+  o.autoscale = c.get_string("elastic.autoscale.provider");
+  o.up_efficiency = c.get_float("elastic.autoscale.up_efficiency");
+  o.down_efficiency = c.get_float("elastic.autoscale.down_efficiency");
+  o.window_steps = c.get_int("elastic.autoscale.window_steps");
+  o.cooldown_steps = c.get_int("elastic.autoscale.cooldown_steps");
   return o;
 }
 
 void check_elastic_options(const core::Config& c, int workers, const std::string& workers_key) {
   const ElasticOptions e = ElasticOptions::from_config(c);
+  KRAB_CHECK_ARG(e.enabled || e.autoscale == "none", "elastic.autoscale.provider ", e.autoscale,
+                 " needs elastic.enabled: true (workers are added and removed as members of an "
+                 "elastic run)");
   if (!e.enabled) return;
+  KRAB_CHECK_ARG(e.down_efficiency <= e.up_efficiency, "elastic.autoscale.down_efficiency ",
+                 e.down_efficiency, " > elastic.autoscale.up_efficiency ", e.up_efficiency,
+                 ": the band between them is where nothing moves");
   const std::string& mode = c.get_string("sync.mode");
   KRAB_CHECK_ARG(mode != "async",
                  "elastic.enabled applies to sync.mode sync; sync.mode async already survives "
@@ -145,6 +156,9 @@ void check_elastic_options(const core::Config& c, int workers, const std::string
   KRAB_CHECK_ARG(e.min_workers <= max, "elastic.min_workers ", e.min_workers, " > ", max_text);
   KRAB_CHECK_ARG(workers >= e.min_workers && workers <= max, workers_key, " ", workers,
                  " is outside [elastic.min_workers ", e.min_workers, ", ", max_text, "]");
+  KRAB_CHECK_ARG(e.autoscale == "none" || max > workers, "elastic.autoscale.provider ", e.autoscale,
+                 " with ", max_text, ": no room to add a worker to the ", workers, " of ",
+                 workers_key, " (raise elastic.max_workers)");
   // The global batch is fixed for the run and re-split among the members (§5.1): every member
   // needs at least one example of it.
   const int64_t batch = c.get_int("data.batch_size");

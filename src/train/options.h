@@ -64,6 +64,11 @@ struct ElasticOptions {
   bool replace_dead = false;
   int max_restarts = 3;
   bool replicate_shards = true;
+  std::string autoscale;  // elastic.autoscale.provider: "none" or "local"
+  double up_efficiency = 0.6;
+  double down_efficiency = 0.3;
+  int64_t window_steps = 20;
+  int64_t cooldown_steps = 60;
 
   static ElasticOptions from_config(const core::Config& c);
 };

@@ -210,6 +210,52 @@ TEST_F(Elastic, AFrozenWorkerIsDroppedAfterDeadAfterMs) {
   expect_no_process_left("frozen");
 }
 
+// Item 7 with the local provider: from 1 worker (max 4) the launcher adds workers while the
+// last addition paid and removes the last one when it did not, and settles. Every decision in
+// RUN_DIR/autoscale.json must follow from the rates it records (add: no addition measured yet,
+// or efficiency >= up; remove: efficiency < down), every change is a join or a leave that lost
+// no step, and on a 2-core machine the run cannot settle above 2 workers: a third CNN worker
+// only shares the cores.
+TEST_F(Elastic, AutoscaleFromOneWorkerSettlesWhereTheLastAdditionStillPaid) {
+  write("job.yaml", R"(
+model: {name: cnn}
+data: {name: fashion-mnist, batch_size: 128}
+train: {steps: 300, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 1}
+elastic: {enabled: true, max_workers: 4,
+          autoscale: {provider: local, window_steps: 8, cooldown_steps: 30}}
+)");
+  auto r = run(krab("train job.yaml --report as.json --set checkpoint.dir=as"), 300);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto scale =
+      nlohmann::json::parse(krab::core::read_file((dir_ / "as" / "autoscale.json").string()));
+  const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "as.json").string()));
+  EXPECT_EQ(report["steps"], 300);
+  EXPECT_TRUE(scale["settled"].get<bool>()) << scale.dump(1);
+  const auto& decisions = scale["decisions"];
+  ASSERT_FALSE(decisions.empty()) << scale.dump(1);
+  EXPECT_EQ(decisions[0]["action"], "add");  // from 1 worker, nothing measured against
+  for (const auto& d : decisions) {
+    if (d["action"] == "add") {
+      EXPECT_TRUE(!d.contains("efficiency") || d["efficiency"].get<double>() >= 0.6) << d.dump();
+      EXPECT_EQ(d["to"].get<int>(), d["from"].get<int>() + 1);
+    } else {
+      ASSERT_TRUE(d.contains("efficiency")) << d.dump();
+      EXPECT_LT(d["efficiency"].get<double>(), 0.3) << d.dump();
+      EXPECT_EQ(d["to"].get<int>(), d["from"].get<int>() - 1);
+    }
+  }
+  int workers = 1;
+  for (const auto& change : report["membership"]) {
+    EXPECT_EQ(change["kind"], "proposal") << change.dump();
+    EXPECT_EQ(change["lost_steps"], 0) << change.dump();
+    workers = change["workers"].get<int>();
+  }
+  EXPECT_EQ(workers, scale["workers"].get<int>());
+  EXPECT_EQ(report["membership"].size(), decisions.size());
+  if (std::thread::hardware_concurrency() == 2) EXPECT_LE(workers, 2) << scale.dump(1);
+}
+
 // Below elastic.min_workers for elastic.wait_s (§2.5): the keeper stops the run, the rank 0
 // of the survivors writes a checkpoint of the steps it applied, the launcher exits 1 saying
 // how to go on, and checkpoint.resume continues from it to the end.

@@ -240,6 +240,27 @@ TEST(Autoscale, ABadSizeIsTriedAgainOnceTheRateMovedByMoreThanTwentyPercent) {
   expect_rederivable(policy, o);
 }
 
+// A loaded machine: the rate at 2 workers swings by 40% every 50 steps, so 3 (never worth it)
+// passes the 20% test after each cooldown. It is tried again once (kBadSizeRetries), found bad a
+// second time, and never added again: the run settles at 2.
+TEST(Autoscale, ASizeFoundBadTwiceIsNeverTriedAgain) {
+  const auto o = options(4);
+  AutoscalePolicy policy(o);
+  Clock run{[](int w, int64_t step) {
+    const double swing = (step / 50) % 2 == 0 ? 1.0 : 1.4;
+    const double rates[] = {100, 190 * swing, 200 * swing, 205 * swing};
+    return rates[w - 1];
+  }};
+  run.go(policy, 2000);
+  int adds_of_3 = 0;
+  for (const ScaleDecision& d : policy.decisions()) adds_of_3 += d.action == kAdd && d.to == 3;
+  EXPECT_EQ(adds_of_3, 1 + kBadSizeRetries);
+  EXPECT_EQ(run.workers, 2);
+  EXPECT_TRUE(policy.settled());
+  EXPECT_LT(policy.decisions().back().step, 1000);
+  expect_rederivable(policy, o);
+}
+
 TEST(Autoscale, BetweenTheThresholdsNothingMoves) {
   // e_3 = (233 − 190) / 95 = 0.45: neither worth another worker nor bad enough to remove one.
   const auto o = options(4);
