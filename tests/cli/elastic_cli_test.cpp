@@ -48,6 +48,22 @@ TEST_F(ElasticCli, ModesItDoesNotCoverAreRefusedNamingBothKeys) {
   expect_refusal("--set elastic.lease_s=1", {"elastic.lease_s"});
 }
 
+TEST_F(ElasticCli, AutoscaleWithoutRoomOrWithCrossedThresholdsIsRefused) {
+  expect_refusal("--set elastic.autoscale.provider=local",
+                 {"elastic.autoscale.provider local with elastic.max_workers 0 (= "
+                  "parallel.workers 2): no room to add a worker"});
+  expect_refusal(
+      "--set elastic.autoscale.provider=local --set elastic.max_workers=4 "
+      "--set elastic.autoscale.down_efficiency=0.7",
+      {"elastic.autoscale.down_efficiency 0.7 > elastic.autoscale.up_efficiency 0.6"});
+  write("job.yaml", kSmallJob);
+  const Result r = run(krab("train job.yaml --set elastic.autoscale.provider=local"), 60);
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("elastic.autoscale.provider local needs elastic.enabled: true"),
+            std::string::npos)
+      << r.output;
+}
+
 // The same job without elastic.enabled is not refused by any of these checks.
 TEST_F(ElasticCli, ElasticKeysAreInertWhenDisabled) {
   write("job.yaml", kSmallJob);
