@@ -65,6 +65,15 @@ std::optional<ScaleDecision> AutoscalePolicy::on_progress(int64_t step, double u
     start_stint(step, unix_s, workers);
     return std::nullopt;
   }
+  if (pending_) {
+    // The decided change is being carried out (a joiner starting shares the machine, a leaver
+    // is finishing): steps now say nothing about this size and would lower the reference the
+    // next size is judged against. Only the anchor moves.
+    last_step_ = std::max(last_step_, step);
+    last_time_ = unix_s;
+    window_.clear();
+    return std::nullopt;
+  }
   measure(step, unix_s);
   return decide(step, capacity);
 }

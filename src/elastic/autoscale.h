@@ -34,7 +34,9 @@
 //     at most kBadSizeRetries times: found bad once more, it stays out for the rest of the run;
 //   - otherwise **hold**. Between the two thresholds nothing moves (the hysteresis band).
 // A decision is pending until a record arrives with another size (the proposal took effect, or a
-// death intervened) or the adapter calls proposal_failed(); while pending, nothing is decided.
+// death intervened) or the adapter calls proposal_failed(); while pending, nothing is decided and
+// nothing is measured (a joiner starting up shares the machine: those steps would lower the
+// rate the next size is compared with).
 // Changes are proposals (§2.4), one worker at a time.
 //
 // "Settled": nothing pending, the current size measured in this stint, and no decision for

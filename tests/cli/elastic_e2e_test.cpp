@@ -220,7 +220,7 @@ TEST_F(Elastic, AutoscaleFromOneWorkerSettlesWhereTheLastAdditionStillPaid) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 128}
-train: {steps: 300, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+train: {steps: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 1}
 elastic: {enabled: true, max_workers: 4,
           autoscale: {provider: local, window_steps: 8, cooldown_steps: 30}}
@@ -230,7 +230,7 @@ elastic: {enabled: true, max_workers: 4,
   const auto scale =
       nlohmann::json::parse(krab::core::read_file((dir_ / "as" / "autoscale.json").string()));
   const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "as.json").string()));
-  EXPECT_EQ(report["steps"], 300);
+  EXPECT_EQ(report["steps"], 500);
   EXPECT_TRUE(scale["settled"].get<bool>()) << scale.dump(1);
   const auto& decisions = scale["decisions"];
   ASSERT_FALSE(decisions.empty()) << scale.dump(1);

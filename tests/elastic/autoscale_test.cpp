@@ -261,6 +261,30 @@ TEST(Autoscale, ASizeFoundBadTwiceIsNeverTriedAgain) {
   expect_rederivable(policy, o);
 }
 
+// While a joiner starts (the decision pending, the world not changed yet) the machine is shared
+// and the old size runs at half speed. Those steps must not become the old size's rate: with
+// 1, 2, 3 workers at 100, 190, 200 the third addition must still be judged against 190 (e 0.1:
+// removed), not against the ~95 of the slowed windows (which would make 3 look like e 1.1).
+TEST(Autoscale, StepsWhileADecisionIsPendingMeasureNothing) {
+  const auto o = options(4);
+  AutoscalePolicy policy(o);
+  Clock run{curve({100, 190, 200, 205})};
+  run.join_after = 40;  // a slow joiner: two windows pass at the old size
+  run.rate = [&policy](int w, int64_t) {
+    const double rates[] = {100, 190, 200, 205};
+    return policy.pending() ? rates[w - 1] / 2 : rates[w - 1];
+  };
+  run.go(policy, 600);
+  EXPECT_EQ(moves(policy), (std::vector<std::tuple<ScaleAction, int, int>>{
+                               {kAdd, 1, 2}, {kAdd, 2, 3}, {kRemove, 3, 2}}));
+  EXPECT_EQ(run.workers, 2);
+  for (const SizeRate& m : policy.measurements()) {
+    const double want = (std::vector<double>{100, 190, 200, 205})[m.workers - 1];
+    EXPECT_NEAR(m.rate, want, want * 1e-6) << m.workers << " workers at step " << m.step;
+  }
+  expect_rederivable(policy, o);
+}
+
 TEST(Autoscale, BetweenTheThresholdsNothingMoves) {
   // e_3 = (233 − 190) / 95 = 0.45: neither worth another worker nor bad enough to remove one.
   const auto o = options(4);
