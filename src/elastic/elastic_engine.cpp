@@ -28,8 +28,6 @@ int rank_in(const GenerationRecord& record, const MemberId& self) {
   return -1;
 }
 
-std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
-
 std::string lost_text(const GenerationRecord& record) {
   std::string out;
   for (const LostMember& l : record.lost)
@@ -94,8 +92,7 @@ void ElasticEngine::join() {
   joined_ = true;
   generation_ = -1;
   const int64_t seen = current_generation(*options_.control);
-  options_.control->set(str_cat(kJoinPrefix, options_.self.str()),
-                        bytes_of(std::to_string(::getpid())));
+  request_join(*options_.control, options_.self, ::getpid());
   view_ = std::make_unique<MembershipView>(options_.control, seen, options_.view_period,
                                            [this](const GenerationRecord& r) { on_abort(r); });
   const auto deadline = Clock::now() + millis(options_.wait_s);
@@ -159,7 +156,7 @@ void ElasticEngine::after_step(const engine::StepPlan& plan) {
   inner_->after_step(plan);
   if (inner_->group()->rank() == 0) publish_progress(*options_.control, applied_);
   if (!leave_asked_ && options_.leave_requested && options_.leave_requested()) {
-    options_.control->set(str_cat(kLeavePrefix, options_.self.str()), bytes_of("1"));
+    request_leave(*options_.control, options_.self);
     leave_asked_ = true;
   }
 }

@@ -51,6 +51,14 @@ void publish_progress(c10d::Store& store, int64_t steps) {
   store.set(kProgressKey, bytes_of(text));
 }
 
+void request_join(c10d::Store& store, const MemberId& member, int64_t pid) {
+  store.set(kJoinPrefix + member.str(), bytes_of(std::to_string(pid)));
+}
+
+void request_leave(c10d::Store& store, const MemberId& member) {
+  store.set(kLeavePrefix + member.str(), bytes_of("1"));
+}
+
 GenerationRecord read_record(c10d::Store& store, int64_t generation) {
   const std::string key = record_key(generation);
   try {

@@ -52,6 +52,8 @@ inline constexpr const char* kProgressKey = "elastic/progress";
 // joiner, before it is a member), `elastic/leave/<member>` = "1" (a graceful leave, §2.4).
 inline constexpr const char* kJoinPrefix = "elastic/join/";
 inline constexpr const char* kLeavePrefix = "elastic/leave/";
+void request_join(c10d::Store& store, const MemberId& member, int64_t pid);
+void request_leave(c10d::Store& store, const MemberId& member);
 void publish_progress(c10d::Store& store, int64_t steps);
 
 // Record `generation`, which must have been published (blocking up to the store's timeout).
