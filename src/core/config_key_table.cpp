@@ -497,8 +497,11 @@ std::vector<KeySpec> elastic_keys() {
       int_key("elastic.autoscale.cooldown_steps", "60",
               "`elastic.autoscale.provider`: no decision for this many steps after a removal.", 0),
       bool_key("elastic.replicate_shards", "true",
-               "`elastic.enabled` with `parallel.zero_stage` > 0 (not built yet): every shard of "
-               "the optimizer state is also kept by the next rank, so one death loses nothing."),
+               "`elastic.enabled` with `parallel.zero_stage` > 0: every shard of the "
+               "optimizer state (stage 3: and of the parameters) is also kept by the next rank "
+               "(its buddy), so one death loses "
+               "nothing: the survivors reshard the last committed step in memory. Costs one more "
+               "shard of optimizer state per rank and one gradient shard sent per step."),
   };
 }
 

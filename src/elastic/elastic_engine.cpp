@@ -11,6 +11,7 @@
 #include "comm/reaper.h"
 #include "core/errors.h"
 #include "elastic/commit_vote.h"
+#include "models/model.h"
 
 namespace krab::elastic {
 namespace {
@@ -71,7 +72,9 @@ ElasticEngine::ElasticEngine(ElasticEngineOptions options, InnerEngineFactory ma
   }
   comm::Communicator* raw = group.get();
   workers_ = group->size();
-  inner_ = make_inner_(std::move(group), nullptr, /*initial=*/true);
+  InnerEntry entry;
+  entry.initial = true;
+  inner_ = make_inner_(std::move(group), entry);
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     live_group_ = raw;
@@ -222,39 +225,43 @@ std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecor
 }
 
 // The survivors are at most one step apart (the commit vote): the one behind held the reduced
-// gradient of the step the others applied, and applies it now with the learning rate it kept.
-// A joiner (no optimizer yet) takes part and adopts the committed step; the transfer brings it
-// the state of that step.
-void ElasticEngine::reconcile(comm::Communicator& group, torch::optim::Optimizer* optimizer) {
-  auto steps = torch::tensor({optimizer != nullptr ? applied_ : int64_t{0}}, torch::kInt64);
+// gradient of the step the others applied (with ZeRO: its gradient shards and its ward's), and
+// applies it now with the learning rate it kept, on the previous generation's engine (its
+// update is local). A joiner (no previous engine) takes part and adopts the committed step;
+// the new engine brings it the state of that step.
+void ElasticEngine::reconcile(comm::Communicator& group, engine::Engine* previous) {
+  auto steps = torch::tensor({previous != nullptr ? applied_ : int64_t{0}}, torch::kInt64);
   group.allreduce(steps, comm::ReduceOp::kMax)->wait();
   const int64_t committed = steps.item<int64_t>();
-  if (optimizer == nullptr) {
+  if (previous == nullptr) {
     applied_ = committed;
     return;
   }
   KRAB_CHECK(committed - applied_ <= 1 && committed >= applied_, "elastic: rank ", group.rank(),
              " applied ", applied_, " steps, the group committed ", committed);
   if (committed > applied_) {
-    for (auto& g : optimizer->param_groups()) g.options().set_lr(pending_lr_);
-    optimizer->step();
+    previous->apply(pending_lr_);
     applied_ = committed;
   }
   // A backward cut by the failure leaves partial gradients behind (§15.2).
-  for (auto& g : optimizer->param_groups())
-    for (const at::Tensor& p : g.params())
-      if (p.grad().defined()) p.grad().zero_();
+  for (const at::Tensor& p : previous->model().parameters())
+    if (p.grad().defined()) p.mutable_grad() = at::Tensor();
 }
 
-// Builds the inner engine of `record`'s generation on `group` and brings every member to the
-// committed step: joiners receive it from rank 0 (`transfer`), the buffers come from rank 0.
+// Builds the inner engine of `record`'s generation on `group` from the previous one (null for
+// a joiner), which the factory brings every member to the committed step with; then the
+// previous engine goes (its group, taken before, outlives it: the caller buries it).
 void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
-                          std::unique_ptr<torch::optim::Optimizer> adopted, bool joining) {
-  bool joiners = joining;
+                          std::unique_ptr<engine::Engine> previous, bool joining) {
+  InnerEntry entry;
+  entry.previous = previous.get();
+  entry.joining = joining;
+  entry.joiners = joining;
+  entry.step = applied_;
   joined_ids_.clear();
   for (const Member& m : record.members)
     if (std::find(members_.begin(), members_.end(), m.id) == members_.end()) {
-      joiners = true;
+      entry.joiners = true;
       joined_ids_ += str_cat(joined_ids_.empty() ? "" : ", ", m.id.str());
     }
   {
@@ -262,17 +269,12 @@ void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::
     live_group_ = group.get();
     generation_ = record.generation;
   }
-  inner_ = make_inner_(std::move(group), std::move(adopted), /*initial=*/false);
+  inner_ = make_inner_(std::move(group), entry);
+  previous.reset();
   members_.clear();
   for (const Member& m : record.members) members_.push_back(m.id);
   workers_ = record.workers();
-  if (joiners) {
-    KRAB_CHECK(static_cast<bool>(options_.transfer), "elastic: generation ", record.generation,
-               " has joiners and the engine has no state transfer");
-    applied_ = options_.transfer(*inner_->group(), inner_->state(), applied_, joining);
-  }
   inner_->start_at(applied_);
-  inner_->broadcast_buffers();
 }
 
 nlohmann::json ElasticEngine::recover(const std::string& cause) {
@@ -285,25 +287,34 @@ nlohmann::json ElasticEngine::recover(const std::string& cause) {
       members_.push_back(m.id);
   const GenerationRecord record =
       next_record(planned ? proposed_ : generation_.load() + 1, planned);
-  // Leave the old generation: the optimizer goes on, the group goes to the reaper (never
-  // destroyed here: a frozen peer's op may hold it until comm.timeout_s).
-  std::unique_ptr<torch::optim::Optimizer> optimizer = inner_->take_optimizer();
+  // Leave the old generation: its engine stays until the new one has taken its state, its
+  // group goes to the reaper after it (never destroyed here: a frozen peer's op may hold it
+  // until comm.timeout_s).
   std::unique_ptr<comm::Communicator> old_group = inner_->take_group();
+  KRAB_CHECK(old_group != nullptr, "elastic: the inner engine cannot give its group up");
   {
     std::lock_guard<std::mutex> lock(group_mu_);
     live_group_ = nullptr;
   }
   old_group->abort(str_cat("generation ", record.generation, " replaces it"));
-  inner_.reset();
-  comm::Reaper::process().bury(std::move(old_group));
+  std::unique_ptr<engine::Engine> previous = std::move(inner_);
   if (planned && rank_in(record, options_.self) < 0) {  // this worker asked to leave
+    inner_ = std::move(previous);  // model() and state() stay answerable for the run's end
+    comm::Reaper::process().bury(std::move(old_group));
     generation_ = record.generation;
     return {{"left", true}, {"generation", record.generation}, {"step", applied_}};
   }
 
-  std::unique_ptr<comm::Communicator> group = connect(record);
-  reconcile(*group, optimizer.get());
-  enter(record, std::move(group), std::move(optimizer), /*joining=*/false);
+  try {
+    std::unique_ptr<comm::Communicator> group = connect(record);
+    reconcile(*group, previous.get());
+    enter(record, std::move(group), std::move(previous), /*joining=*/false);
+  } catch (...) {
+    previous.reset();
+    comm::Reaper::process().bury(std::move(old_group));
+    throw;
+  }
+  comm::Reaper::process().bury(std::move(old_group));
   ++changes_;
   // The step in flight is lost when it was handed out and not committed (the vote completed
   // nowhere); a failure after its vote completed somewhere, or a proposal, loses nothing.

@@ -29,14 +29,20 @@
 // the same step; the step completes, and the next next_step() throws MembershipChanged so the
 // loop calls recover(), which moves to exactly that generation (no step lost, nothing to
 // reconcile). A member the record leaves out (a leaver) gets {"left": true} back and ends its
-// run. When the new generation has members the old one did not (joiners), rank 0 sends its
-// state to every rank through `transfer` (a full replica's encoded checkpoint), and a joiner
-// starts from the step it receives. A joiner is an engine built without a group: its
-// constructor announces it (`elastic/join/<member>`), waits for the record that admits it,
-// joins that group and receives the state.
+// run. A joiner is an engine built without a group: its constructor announces it
+// (`elastic/join/<member>`), waits for the record that admits it, joins that group and
+// receives the state.
 //
-// Not yet: ZeRO (buddies, §4.2); waiting for joiners below min_workers (a `waiting` record is
-// waited out; `stop` ends the run with an error naming elastic.min_workers).
+// Which engine runs a generation, and how its state moves, is the factory's
+// (InnerEngineFactory): data parallel adopts the previous engine's optimizer, and when the
+// new generation has joiners rank 0 sends them its replica (train/peer_state.h); ZeRO stages
+// 1-3 build the new layout's shards and fill them from the previous generation's own and ward
+// shards, wherever they now live (train/live_reshard.h, parallel/zero/buddy.h). The previous
+// engine stays alive until the new one has its state.
+//
+// Not yet: waiting for joiners below min_workers (a `waiting` record is waited out; `stop`
+// ends the run with an error naming elastic.min_workers); a second failure during a recovery
+// ends the run (the reconcile and the state transfer are not retried).
 //
 // Process-wide effect: the constructor ignores SIGPIPE (a write to a dead peer's socket must
 // fail the op, not end the process).
@@ -58,7 +64,6 @@
 #include "elastic/generation.h"
 #include "elastic/membership_view.h"
 #include "engine/engine.h"
-#include "parallel/dp_engine.h"
 
 namespace krab::elastic {
 
@@ -71,24 +76,31 @@ struct ElasticEngineOptions {
   std::string iface;       // comm.iface
   double wait_s = 60;      // elastic.wait_s: longest wait for a record and for a rendezvous
   std::chrono::milliseconds view_period{50};
-  // Moves the committed state to joiners, on the new generation's group; collective. Rank 0
-  // sends `state` at `step` to every rank; a rank with `receiving` set loads it into `state`
-  // and returns the step it holds (the others return `step`).
-  std::function<int64_t(comm::Communicator& group, const engine::TrainState& state, int64_t step,
-                        bool receiving)>
-      transfer;
   // True once this worker was asked to leave (SIGTERM): at the next step boundary the engine
   // asks the keeper (`elastic/leave/<member>`), and leaves at the step its proposal takes effect.
   std::function<bool()> leave_requested;
 };
 
-// Builds generation g's inner engine on `group`. `initial`: the run's first group — the engine
-// broadcasts rank 0's state and makes its optimizer. Otherwise nothing is broadcast, and
-// `adopted` is the previous generation's optimizer to keep (null for a joiner: it makes its
-// own, and the state transfer fills it).
-using InnerEngineFactory = std::function<std::unique_ptr<parallel::DataParallelEngine>(
-    std::unique_ptr<comm::Communicator> group, std::unique_ptr<torch::optim::Optimizer> adopted,
-    bool initial)>;
+// What generation g's inner engine is built from (InnerEngineFactory).
+struct InnerEntry {
+  // The previous generation's engine: alive, its group aborted (it may not communicate), at
+  // the committed step; what the new engine starts from (its optimizer to adopt, its shards
+  // to reshard). Null for the run's first group and for a joiner.
+  engine::Engine* previous = nullptr;
+  bool initial = false;  // the run's first group: the engine broadcasts rank 0's state
+  bool joining = false;  // this process is a joiner: it holds nothing yet
+  bool joiners = false;  // the new generation has members the previous one did not
+  int64_t step = 0;      // the committed step, which every member starts from
+};
+
+// Builds generation g's inner engine on `group` and, unless `entry.initial`, brings this
+// member to the committed step: collective on `group` (every member calls it with the same
+// `joiners` and `step`). The data-parallel factory adopts the previous optimizer and, with
+// joiners, sends rank 0's replica (`transfer`); a sharded (ZeRO) one reshards the previous
+// generation's shards into the new layout (train/live_reshard.h). Either way the result holds
+// the committed step's state on every member, buffers included.
+using InnerEngineFactory = std::function<std::unique_ptr<engine::Engine>(
+    std::unique_ptr<comm::Communicator> group, const InnerEntry& entry)>;
 
 // The keeper stopped the run (a `stop` record: fewer than elastic.min_workers were left for
 // elastic.wait_s, §2.5). `writer()`: this worker is the record's rank 0 and writes the
@@ -131,7 +143,13 @@ class ElasticEngine : public engine::Engine {
   void after_step(const engine::StepPlan& plan) override;
   comm::Communicator* group() override { return inner_->group(); }
   engine::TrainState state() override { return inner_->state(); }
+  void settle() override { inner_->settle(); }
+  void after_restore() override { inner_->after_restore(); }
   engine::MemoryStats memory() const override { return inner_->memory(); }
+  bool visit_parameters(const engine::ParameterVisitor& fn) override {
+    return inner_->visit_parameters(fn);
+  }
+  void with_whole_model(const std::function<void()>& fn) override { inner_->with_whole_model(fn); }
   nlohmann::json describe() const override;
 
   bool can_recover() const override { return true; }
@@ -148,13 +166,13 @@ class ElasticEngine : public engine::Engine {
   GenerationRecord next_record(int64_t want, bool exact);
   std::unique_ptr<comm::Communicator> connect(const GenerationRecord& record);
   void enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
-             std::unique_ptr<torch::optim::Optimizer> adopted, bool joining);
-  void reconcile(comm::Communicator& group, torch::optim::Optimizer* optimizer);
+             std::unique_ptr<engine::Engine> previous, bool joining);
+  void reconcile(comm::Communicator& group, engine::Engine* previous);
   void on_abort(const GenerationRecord& record);
 
   ElasticEngineOptions options_;
   InnerEngineFactory make_inner_;
-  std::unique_ptr<parallel::DataParallelEngine> inner_;
+  std::unique_ptr<engine::Engine> inner_;
   std::atomic<int64_t> generation_;
   std::mutex group_mu_;  // the view's thread aborts the group the training thread replaces
   comm::Communicator* live_group_ = nullptr;  // guarded by group_mu_

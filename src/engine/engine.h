@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -196,6 +197,13 @@ class Engine {
   // with a fixed world cannot recover: the loop lets the error end the run, as before.
   virtual bool can_recover() const { return false; }
   virtual nlohmann::json recover(const std::string& cause) { return nullptr; }
+  // For the engine an elastic run wraps (elastic/elastic_engine.h), at a change of generation:
+  // the group leaves this engine, aborted or about to be, and outlives it (the caller hands it
+  // to the reaper once the engine is destroyed: a frozen peer's op may still hold it). From
+  // then on the engine only answers model(), state() and apply() — the catch-up of a step the
+  // others applied, local on every engine that gives its group up — until it is destroyed.
+  // Null (the default, engine.cpp): this engine cannot give its group up (it cannot be wrapped).
+  virtual std::unique_ptr<comm::Communicator> take_group();
 };
 
 }  // namespace krab::engine

@@ -65,11 +65,11 @@ class DataParallelEngine : public engine::Engine {
   engine::MemoryStats memory() const override;
   nlohmann::json describe() const override;
 
-  // For an elastic run's change of generation (elastic/elastic_engine.h): the optimizer and the
-  // group leave this engine, which must then only be destroyed. The group is handed to the
-  // reaper, off the training thread; the optimizer goes to the next generation's engine.
+  // For an elastic run's change of generation (elastic/elastic_engine.h): the group leaves
+  // this engine (Engine::take_group), then the optimizer, which goes to the next generation's
+  // engine; the engine must then only be destroyed.
   std::unique_ptr<torch::optim::Optimizer> take_optimizer();
-  std::unique_ptr<comm::Communicator> take_group();
+  std::unique_ptr<comm::Communicator> take_group() override;
   // Rank 0's buffers to every rank (a broadcast of an aborted generation may have reached only
   // some). Collective.
   void broadcast_buffers() { dp_.broadcast_buffers(); }

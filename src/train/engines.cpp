@@ -19,6 +19,7 @@
 #include "sync/ps_worker.h"
 #include "train/checkpoint.h"
 #include "train/job.h"
+#include "train/live_reshard.h"
 #include "train/peer_state.h"
 
 namespace krab::train {
@@ -86,9 +87,7 @@ int64_t zero_alignment(const core::Config& c) {
 // and freed twice a step, come from Stage3Storage's own pool of mappings
 // (parallel/zero/flat_pool.h), so they neither strand holes in the heap nor fault in fresh
 // pages on every gather.
-std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const TrainOptions& o,
-                                                   std::unique_ptr<comm::Communicator> group,
-                                                   const models::ModelSpec& spec,
+parallel::zero::Stage3EngineOptions stage3_options(const core::Config& c, const TrainOptions& o,
                                                    const parallel::DataParallelEngineOptions& dpo) {
   parallel::zero::Stage3EngineOptions so;
   const std::string wrap = c.get_string("parallel.wrap");
@@ -99,8 +98,15 @@ std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const 
   so.compression = compress::CompressionOptions::from_config(c);
   so.data_parallel = dpo;
   if (c.get_string("parallel.offload") == "disk") so.offload_dir = run_directory(c) + "/offload";
+  return so;
+}
+
+std::unique_ptr<engine::Engine> make_stage3_engine(const core::Config& c, const TrainOptions& o,
+                                                   std::unique_ptr<comm::Communicator> group,
+                                                   const models::ModelSpec& spec,
+                                                   const parallel::DataParallelEngineOptions& dpo) {
   return parallel::zero::make_stage3_engine(
-      spec, std::move(group), so,
+      spec, std::move(group), stage3_options(c, o, dpo),
       [&c](std::vector<at::Tensor> params) { return make_optimizer(c, std::move(params)); });
 }
 
@@ -129,9 +135,133 @@ parallel::SliceBalance slice_balance(const core::Config& c) {
           }};
 }
 
-// Data parallel on a changing membership: every generation's inner engine is built here on
-// the same model, the first one broadcasting rank 0's state, the later ones adopting the
-// previous generation's optimizer (elastic/elastic_engine.h).
+// parallel.zero_stage 1 or 2 (zero_engine.h), from the job.
+parallel::zero::ZeroEngineOptions zero_options(const core::Config& c, const TrainOptions& o,
+                                               const parallel::DataParallelEngineOptions& dpo) {
+  parallel::zero::ZeroEngineOptions zo;
+  zo.stage = o.zero_stage;
+  zo.wrap = c.get_string("parallel.wrap");
+  zo.activation_checkpointing = o.activation_checkpointing;
+  zo.data_parallel = dpo;
+  zo.compression = compress::CompressionOptions::from_config(c);
+  zo.alignment = zero_alignment(c);
+  if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
+  return zo;
+}
+
+// Generation g's data-parallel engine: the first broadcasts rank 0's state, the later ones
+// adopt the previous generation's optimizer, and rank 0's replica reaches the joiners as a
+// resume would read it (the same checks of model, signature and global batch:
+// train/peer_state.h).
+elastic::InnerEngineFactory data_parallel_generations(
+    const core::Config& c, std::shared_ptr<models::Model> model,
+    const parallel::DataParallelEngineOptions& dpo, const CheckpointMeta& meta) {
+  return
+      [&c, model, dpo, meta](std::unique_ptr<comm::Communicator> g,
+                             const elastic::InnerEntry& entry) -> std::unique_ptr<engine::Engine> {
+        parallel::DataParallelEngineOptions options = dpo;
+        options.data_parallel.broadcast_initial_state = entry.initial;
+        std::unique_ptr<torch::optim::Optimizer> adopted;
+        if (entry.previous != nullptr)
+          adopted = dynamic_cast<parallel::DataParallelEngine&>(*entry.previous).take_optimizer();
+        auto e = std::make_unique<parallel::DataParallelEngine>(
+            model, std::move(g), options,
+            parallel::make_compression_hook(compress::CompressionOptions::from_config(c)),
+            [&c](std::vector<at::Tensor> params) { return make_optimizer(c, std::move(params)); },
+            std::move(adopted));
+        if (entry.initial) return e;
+        if (entry.joiners) {
+          CheckpointMeta m = meta;
+          m.step = entry.step;
+          m.signature = model_signature(*model);
+          transfer_replica(*e->group(), e->state(), m, entry.joining);
+        }
+        e->broadcast_buffers();  // an aborted generation's broadcast may have reached only some
+        return e;
+      };
+}
+
+// Fills the new sharded engine `e` with the committed step from the previous generation's
+// shards (or, for a joiner, from the others' alone), then gathers and re-copies the wards.
+void reshard_into(engine::Engine& e, const elastic::InnerEntry& entry, const CheckpointMeta& meta,
+                  const std::function<engine::ShardLayout(int)>& layout_for) {
+  engine::TrainState before;
+  if (entry.previous != nullptr) before = entry.previous->state();
+  CheckpointMeta m = meta;
+  m.step = entry.step;
+  m.signature = model_signature(e.model());
+  reshard_live(*e.group(), entry.previous != nullptr ? &before : nullptr, e.state(), layout_for, m);
+  e.after_restore();
+}
+
+// Generation g's ZeRO stage 1-2 engine: the first broadcasts rank 0's state; a later one is
+// built on the model as it stands and gets the committed shards from the previous
+// generation's holders (train/live_reshard.h), then gathers them into the parameters and
+// re-copies the wards (after_restore), as a resume from a sharded checkpoint does.
+elastic::InnerEngineFactory zero_generations(const core::Config& c, const TrainOptions& o,
+                                             std::shared_ptr<models::Model> model,
+                                             const parallel::DataParallelEngineOptions& dpo,
+                                             const CheckpointMeta& meta) {
+  parallel::zero::ZeroEngineOptions zo = zero_options(c, o, dpo);
+  zo.replicate_shards = c.get_bool("elastic.replicate_shards");
+  return [&c, model, zo, meta](
+             std::unique_ptr<comm::Communicator> g,
+             const elastic::InnerEntry& entry) -> std::unique_ptr<engine::Engine> {
+    parallel::zero::ZeroEngineOptions options = zo;
+    options.broadcast_initial_state = entry.initial;
+    const parallel::OptimizerFactory optimizer = [&c](std::vector<at::Tensor> params) {
+      return make_optimizer(c, std::move(params));
+    };
+    auto e = std::make_unique<parallel::zero::ZeroEngine>(model, std::move(g), options, optimizer);
+    if (entry.initial) return e;
+    reshard_into(*e, entry, meta, [&e, &options](int world) {
+      return parallel::zero::plan_zero_layout(e->model(), options.wrap, world, options.alignment);
+    });
+    return e;
+  };
+}
+
+// Generation g's ZeRO stage 3 engine: the first is built as without elastic (sharded
+// construction: no rank holds the whole model); a later one on the same model with its units
+// adopted blank, its masters filled from the previous generation's (train/live_reshard.h). A
+// joiner builds the model whole once (its units are then adopted blank and freed).
+elastic::InnerEngineFactory stage3_generations(const core::Config& c, const TrainOptions& o,
+                                               const models::ModelSpec& spec,
+                                               const parallel::DataParallelEngineOptions& dpo,
+                                               const CheckpointMeta& meta) {
+  parallel::zero::Stage3EngineOptions so = stage3_options(c, o, dpo);
+  so.replicate_shards = c.get_bool("elastic.replicate_shards");
+  auto model = std::make_shared<std::shared_ptr<models::Model>>();
+  return [&c, spec, so, meta, model](
+             std::unique_ptr<comm::Communicator> g,
+             const elastic::InnerEntry& entry) -> std::unique_ptr<engine::Engine> {
+    const parallel::OptimizerFactory optimizer = [&c](std::vector<at::Tensor> params) {
+      return make_optimizer(c, std::move(params));
+    };
+    if (entry.initial) {
+      auto e = parallel::zero::make_stage3_engine(spec, std::move(g), so, optimizer);
+      *model = e->shared_model();
+      return e;
+    }
+    if (*model == nullptr) *model = models::make_model(spec);  // a joiner
+    parallel::zero::Stage3EngineOptions options = so;
+    options.broadcast_initial_state = false;
+    auto e =
+        std::make_unique<parallel::zero::Stage3Engine>(*model, std::move(g), options, optimizer);
+    reshard_into(*e, entry, meta, [&e, &options](int world) {
+      std::vector<engine::ParamShape> shapes;
+      for (const auto& item : e->model().named_parameters())
+        if (item.value().requires_grad())
+          shapes.push_back({item.key(), item.value().sizes().vec()});
+      return parallel::zero::plan_stage3_layout(shapes, e->model().unit_candidates(), options,
+                                                world);
+    });
+    return e;
+  };
+}
+
+// Training on a changing membership: every generation's inner engine is built on the same
+// model by the factory of the job's engine (elastic/elastic_engine.h).
 std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const TrainOptions& o,
                                                     const comm::WorldInfo& world,
                                                     const models::ModelSpec& spec,
@@ -148,31 +278,19 @@ std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const
   eo.secret = world.rendezvous.secret;
   eo.iface = world.iface;
   eo.wait_s = c.get_float("elastic.wait_s");
-  // A joiner receives rank 0's replica as a resume would read it: the same checks of model,
-  // signature and global batch (train/peer_state.h).
+  eo.leave_requested = elastic::leave_on_sigterm();
   const CheckpointMeta meta{0, c.get_string("model.name"), "",
                             dpo.global_micro_batch * o.micro_batches, o.seed};
-  eo.transfer = [meta](comm::Communicator& g, const engine::TrainState& state, int64_t step,
-                       bool receiving) {
-    CheckpointMeta m = meta;
-    m.step = step;
-    m.signature = model_signature(*state.model);
-    return transfer_replica(g, state, m, receiving);
-  };
-  eo.leave_requested = elastic::leave_on_sigterm();
   auto group = place.joining ? nullptr : connect_group(c, world);
-  std::shared_ptr<models::Model> model = models::make_model(spec);
-  auto inner = [&c, model, dpo](std::unique_ptr<comm::Communicator> g,
-                                std::unique_ptr<torch::optim::Optimizer> adopted, bool initial) {
-    parallel::DataParallelEngineOptions options = dpo;
-    options.data_parallel.broadcast_initial_state = initial;
-    return std::make_unique<parallel::DataParallelEngine>(
-        model, std::move(g), options,
-        parallel::make_compression_hook(compress::CompressionOptions::from_config(c)),
-        [&c](std::vector<at::Tensor> params) { return make_optimizer(c, std::move(params)); },
-        std::move(adopted));
-  };
-  return std::make_unique<elastic::ElasticEngine>(eo, inner, std::move(group), world.generation);
+  elastic::InnerEngineFactory inner;
+  if (o.zero_stage == 3)
+    inner = stage3_generations(c, o, spec, dpo, meta);
+  else if (o.zero_stage > 0)
+    inner = zero_generations(c, o, models::make_model(spec), dpo, meta);
+  else
+    inner = data_parallel_generations(c, models::make_model(spec), dpo, meta);
+  return std::make_unique<elastic::ElasticEngine>(eo, std::move(inner), std::move(group),
+                                                  world.generation);
 }
 
 }  // namespace
@@ -196,18 +314,9 @@ std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOp
   const parallel::OptimizerFactory optimizer = [&c](std::vector<at::Tensor> params) {
     return make_optimizer(c, std::move(params));
   };
-  if (o.zero_stage > 0) {  // options.cpp allows it with sync.mode: sync only
-    parallel::zero::ZeroEngineOptions zo;
-    zo.stage = o.zero_stage;
-    zo.wrap = c.get_string("parallel.wrap");
-    zo.activation_checkpointing = o.activation_checkpointing;
-    zo.data_parallel = dpo;
-    zo.compression = compress::CompressionOptions::from_config(c);
-    zo.alignment = zero_alignment(c);
-    if (c.get_string("parallel.offload") == "disk") zo.offload_dir = run_directory(c) + "/offload";
-    return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group), zo,
-                                                        optimizer);
-  }
+  if (o.zero_stage > 0)  // options.cpp allows it with sync.mode: sync only
+    return std::make_unique<parallel::zero::ZeroEngine>(std::move(model), std::move(group),
+                                                        zero_options(c, o, dpo), optimizer);
   if (o.sync_mode == SyncMode::kLocalSgd)
     return std::make_unique<sync::LocalSgdEngine>(
         std::move(model), std::move(group), dpo, std::move(hook), optimizer,

@@ -106,6 +106,10 @@ zero::MemoryInputs memory_inputs(const core::Config& c, int world,
                                                                       : zero::Offload::kNone;
   in.activation_checkpointing = bool_key_or(c, "model.activation_checkpointing", false);
   in.prefetch = static_cast<int>(int_key_or(c, "parallel.prefetch", 1));
+  // An elastic ZeRO run keeps each rank's ward shard too (parallel/zero/buddy.h).
+  in.replicate_shards = in.stage > 0 && in.offload == zero::Offload::kNone &&
+                        bool_key_or(c, "elastic.enabled", false) &&
+                        bool_key_or(c, "elastic.replicate_shards", true);
   // bucket_mb 0 gives every gradient a bucket of its own: at most one unit, which
   // predict_memory's max(cap, unit) already covers.
   in.bucket_bytes =

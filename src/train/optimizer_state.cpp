@@ -421,4 +421,36 @@ void install_param_state(Optimizer& optimizer, const at::Tensor& param,
   }
 }
 
+ParamStateValues param_state_values(const Optimizer& optimizer, const at::Tensor& param) {
+  ParamStateValues out;
+  const auto it = optimizer.state().find(state_id(param));
+  if (it == optimizer.state().end()) return out;
+  const auto put = [&out](const char* name, const at::Tensor& t) {
+    if (t.defined()) out.fields[name] = t;
+  };
+  switch (type_of(optimizer)) {
+    case Type::kSgd:
+      put("momentum_buffer",
+          static_cast<const torch::optim::SGDParamState&>(*it->second).momentum_buffer());
+      break;
+    case Type::kAdam: {
+      const auto& st = static_cast<const torch::optim::AdamParamState&>(*it->second);
+      out.step = st.step();
+      put("exp_avg", st.exp_avg());
+      put("exp_avg_sq", st.exp_avg_sq());
+      put("max_exp_avg_sq", st.max_exp_avg_sq());
+      break;
+    }
+    case Type::kAdamW: {
+      const auto& st = static_cast<const torch::optim::AdamWParamState&>(*it->second);
+      out.step = st.step();
+      put("exp_avg", st.exp_avg());
+      put("exp_avg_sq", st.exp_avg_sq());
+      put("max_exp_avg_sq", st.max_exp_avg_sq());
+      break;
+    }
+  }
+  return out;
+}
+
 }  // namespace krab::train

@@ -87,5 +87,9 @@ struct ParamStateValues {
 // its tensor and an absent step count is 0, so the state stays where it lives.
 void install_param_state(torch::optim::Optimizer& optimizer, const at::Tensor& param,
                          const ParamStateValues& values);
+// `param`'s state in `optimizer` as install_param_state() takes it: the optimizer's own tensors
+// (not copies; an absent field is left out) and Adam's step count; empty when it has none.
+ParamStateValues param_state_values(const torch::optim::Optimizer& optimizer,
+                                    const at::Tensor& param);
 
 }  // namespace krab::train

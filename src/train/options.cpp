@@ -146,8 +146,16 @@ void check_elastic_options(const core::Config& c, int workers, const std::string
                  "elastic.enabled needs comm.backend gloo: an MPI communicator cannot be "
                  "abandoned and rebuilt without a dead peer (comm.backend mpi)");
   const int64_t stage = c.get_int("parallel.zero_stage");
-  KRAB_CHECK_ARG(stage == 0, "elastic.enabled with parallel.zero_stage ", stage,
-                 ": elastic with ZeRO sharding is not built yet; use parallel.zero_stage 0");
+  if (stage > 0) {
+    const bool replicate = c.get_bool("elastic.replicate_shards");
+    KRAB_CHECK_ARG(replicate || c.get_int("checkpoint.every") > 0,
+                   "elastic.replicate_shards false with parallel.zero_stage ", stage,
+                   " and checkpoint.every 0: a single failure would lose a shard and the whole "
+                   "run; keep elastic.replicate_shards true or set checkpoint.every");
+    KRAB_CHECK_ARG(c.get_string("parallel.offload") != "disk",
+                   "elastic.enabled with parallel.offload disk is not built yet (a live reshard "
+                   "writes the shards in RAM); use parallel.offload none");
+  }
   // max_workers 0 stands for the workers at the start, which then also bound the run.
   const int max = e.max_workers > 0 ? e.max_workers : workers;
   const std::string max_text =

@@ -18,7 +18,10 @@
 #include "core/flat.h"
 #include "elastic/membership_view.h"
 #include "models/model.h"
+#include "parallel/zero/stage3_engine.h"
+#include "parallel/zero/zero_engine.h"
 #include "train/checkpoint.h"
+#include "train/live_reshard.h"
 #include "train/peer_state.h"
 
 namespace krab::elastic {
@@ -105,7 +108,57 @@ std::unique_ptr<comm::Communicator> join_first(const Stores& stores, int rank, i
 struct Role {
   bool joining = false;
   int leave_after = 0;
+  int zero_stage = 0;  // 1 or 2: ZeRO with replicated shards, resharded live at every change
 };
+
+// What train/engines.cpp builds for ZeRO: a later generation's engine is filled from the
+// previous generation's shards and wards (train/live_reshard.h), then gathers.
+std::unique_ptr<engine::Engine> zero_engine(std::shared_ptr<models::Model> model,
+                                            std::unique_ptr<comm::Communicator> group, int stage,
+                                            bool initial) {
+  parallel::DataParallelEngineOptions dpo;
+  dpo.total_steps = kSteps;
+  dpo.global_micro_batch = kBatch;
+  if (stage == 3) {
+    parallel::zero::Stage3EngineOptions so;
+    so.replicate_shards = true;
+    so.broadcast_initial_state = initial;
+    so.data_parallel = dpo;
+    return std::make_unique<parallel::zero::Stage3Engine>(model, std::move(group), so,
+                                                          optimizer_of("sgd"));
+  }
+  parallel::zero::ZeroEngineOptions zo;
+  zo.stage = stage;
+  zo.replicate_shards = true;
+  zo.broadcast_initial_state = initial;
+  zo.data_parallel = dpo;
+  return std::make_unique<parallel::zero::ZeroEngine>(model, std::move(group), zo,
+                                                      optimizer_of("sgd"));
+}
+
+engine::ShardLayout layout_of(models::Model& model, int stage, int world) {
+  if (stage < 3) return parallel::zero::plan_zero_layout(model, "auto", world, 16);
+  std::vector<engine::ParamShape> shapes;
+  for (const auto& item : model.named_parameters())
+    shapes.push_back({item.key(), item.value().sizes().vec()});
+  return parallel::zero::plan_stage3_layout(shapes, model.unit_candidates(), {}, world);
+}
+
+InnerEngineFactory zero_generations(std::shared_ptr<models::Model> model, int stage) {
+  return [model, stage](std::unique_ptr<comm::Communicator> group,
+                        const InnerEntry& entry) -> std::unique_ptr<engine::Engine> {
+    auto e = zero_engine(model, std::move(group), stage, entry.initial);
+    if (entry.initial) return e;
+    engine::TrainState before;
+    if (entry.previous != nullptr) before = entry.previous->state();
+    train::CheckpointMeta meta{entry.step, "mlp", train::model_signature(*model), kBatch, 0};
+    train::reshard_live(
+        *e->group(), entry.previous != nullptr ? &before : nullptr, e->state(),
+        [&](int world) { return layout_of(*model, stage, world); }, meta);
+    e->after_restore();
+    return e;
+  };
+}
 
 std::unique_ptr<ElasticEngine> make_engine(const Stores& stores, int rank, int size,
                                            std::shared_ptr<models::Model> model, Role role = {}) {
@@ -115,24 +168,31 @@ std::unique_ptr<ElasticEngine> make_engine(const Stores& stores, int rank, int s
   o.backend = "gloo";
   o.comm.timeout = 20s;
   o.wait_s = 20;
-  // What train/engines.cpp passes: rank 0's replica, encoded as a checkpoint.
-  o.transfer = [](comm::Communicator& g, const engine::TrainState& state, int64_t step,
-                  bool receiving) {
-    train::CheckpointMeta meta{step, "mlp", train::model_signature(*state.model), kBatch, 0};
-    return train::transfer_replica(g, state, meta, receiving);
-  };
   o.leave_requested = [steps = std::make_shared<int>(0), role] {
     return role.leave_after > 0 && ++*steps >= role.leave_after;
   };
-  auto inner = [model](std::unique_ptr<comm::Communicator> group,
-                       std::unique_ptr<torch::optim::Optimizer> adopted, bool initial) {
+  // What train/engines.cpp builds for data parallel: the previous optimizer adopted; rank 0's
+  // replica, encoded as a checkpoint, to joiners; rank 0's buffers.
+  InnerEngineFactory inner = [model](std::unique_ptr<comm::Communicator> group,
+                                     const InnerEntry& entry) -> std::unique_ptr<engine::Engine> {
     parallel::DataParallelEngineOptions dpo;
     dpo.total_steps = kSteps;
     dpo.global_micro_batch = kBatch;
-    dpo.data_parallel.broadcast_initial_state = initial;
-    return std::make_unique<parallel::DataParallelEngine>(model, std::move(group), dpo, nullptr,
-                                                          optimizer_of("sgd"), std::move(adopted));
+    dpo.data_parallel.broadcast_initial_state = entry.initial;
+    std::unique_ptr<torch::optim::Optimizer> adopted;
+    if (entry.previous != nullptr)
+      adopted = dynamic_cast<parallel::DataParallelEngine&>(*entry.previous).take_optimizer();
+    auto e = std::make_unique<parallel::DataParallelEngine>(
+        model, std::move(group), dpo, nullptr, optimizer_of("sgd"), std::move(adopted));
+    if (entry.initial) return e;
+    if (entry.joiners) {
+      train::CheckpointMeta meta{entry.step, "mlp", train::model_signature(*model), kBatch, 0};
+      train::transfer_replica(*e->group(), e->state(), meta, entry.joining);
+    }
+    e->broadcast_buffers();
+    return e;
   };
+  if (role.zero_stage > 0) inner = zero_generations(model, role.zero_stage);
   return std::make_unique<ElasticEngine>(
       o, inner, role.joining ? nullptr : join_first(stores, rank, size), 0);
 }
@@ -167,7 +227,10 @@ Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1,
         engine.after_step(*plan);
         if (after) after(plan->step);
       }
-      out.params = core::flatten(model.parameters()).clone();
+      // ZeRO: the last step's gathers may still be in flight; stage 3 holds the parameters
+      // only while every unit is gathered (collective).
+      engine.settle();
+      engine.with_whole_model([&] { out.params = core::flatten(model.parameters()).clone(); });
       return out;
     } catch (const PeerLost& e) {
       cause = e.what();
@@ -241,6 +304,17 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
 // Waits until the control store holds `key` (a worker's request to the keeper).
 void wait_for_key(c10d::Store& store, const std::string& key) {
   while (!store.check({key})) std::this_thread::sleep_for(5ms);
+}
+
+// Waits until rank 0 reported `steps` completed steps (elastic/progress).
+void wait_for_progress(c10d::Store& store, int64_t steps) {
+  for (;;) {
+    if (store.check({kProgressKey})) {
+      const std::vector<uint8_t> v = store.get(kProgressKey);
+      if (std::stoll(std::string(v.begin(), v.end())) >= steps) return;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
 }
 
 void expect_on_trajectory(const std::vector<Outcome>& outcomes, const std::vector<int>& ranks,
@@ -345,6 +419,72 @@ TEST(ElasticEngine, AStopRecordEndsTheRunNamingMinWorkers) {
   EXPECT_NE(outcomes[0].error.find("elastic.min_workers"), std::string::npos) << outcomes[0].error;
   EXPECT_NE(outcomes[0].error.find("member 0.1.0 killed by signal 9"), std::string::npos);
 }
+
+// ZeRO stages 1-3 with replicated shards (design §4.2-§4.3): rank `dead` of 4 dies before
+// step 5; its shard lives on in its buddy (rank dead + 1), and the three survivors reshard the
+// committed state into the layout for three — each new shard's elements from whichever
+// survivor holds them — and end within float order of one process on the whole batch,
+// bit-equal to each other. Then a joiner enters the three (generation 2) and receives its
+// shard the same way, from the others' shards alone.
+class ElasticZero : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ElasticZero, ALostShardComesBackFromItsBuddyAndAJoinerGetsItsShard) {
+  const auto [stage, dead] = GetParam();
+  Stores stores;
+  const Data data;
+  publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
+  std::vector<Outcome> outcomes(5);
+  std::atomic<bool> gone{false};
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 5; ++r)
+    ranks.emplace_back([&, r] {
+      Role role{r == 4, 0, stage};
+      // The joiner asks once generation 1 has completed a step (asking earlier, its join
+      // could be decided before every survivor read generation 1: see the race in
+      // elastic_engine.h's "Not yet").
+      if (r == 4) wait_for_progress(*stores.control, 6);
+      auto engine = make_engine(stores, r, 4, small_model("mlp", r == 4 ? 99 : 3), role);
+      outcomes[r] = train(*engine, data, r == dead ? 5 : -1, [&engine](int64_t step) {
+        // The survivors wait after step 7 until the join proposal is read, so that step 8's
+        // vote carries it (ten steps take milliseconds: the run would end first).
+        while (step == 7 && engine->generation() == 1 && engine->newest_seen() < 2)
+          std::this_thread::sleep_for(1ms);
+      });
+      if (r == dead) {
+        engine.reset();
+        gone = true;
+      }
+    });
+  while (!gone) std::this_thread::sleep_for(5ms);
+  std::vector<int> alive;
+  for (int r = 0; r < 4; ++r)
+    if (r != dead) alive.push_back(r);
+  publish_record(*stores.control, record_of(stores, 1, 3, RecordState::kRun,
+                                            {{{0, dead, 0}, "killed by signal 9"}}, alive));
+  wait_for_key(*stores.control, std::string(kJoinPrefix) + "0.4.0");
+  std::vector<int> next = alive;
+  next.push_back(4);
+  auto join = record_of(stores, 2, 4, RecordState::kRun, {}, next);
+  join.kind = RecordKind::kProposal;
+  join.reason = "join";
+  publish_record(*stores.control, join);
+  for (auto& t : ranks) t.join();
+
+  std::vector<int> ended = alive;
+  ended.push_back(4);
+  expect_on_trajectory(outcomes, ended, reference(data));
+  for (int r : alive) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ASSERT_EQ(outcomes[r].changes.size(), 2u);
+    EXPECT_EQ(outcomes[r].changes[0]["workers"], 3);
+    EXPECT_EQ(outcomes[r].changes[0]["step"], 5);
+    EXPECT_EQ(outcomes[r].changes[1]["workers"], 4);
+    EXPECT_EQ(outcomes[r].changes[1]["lost_steps"], 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ElasticZero,
+                         ::testing::Combine(::testing::Values(1, 2, 3), ::testing::Values(0, 2)));
 
 }  // namespace
 }  // namespace krab::elastic

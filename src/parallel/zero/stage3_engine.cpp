@@ -75,7 +75,8 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
     : model_(std::move(model)),
       comm_(std::move(comm)),
       options_(std::move(options)),
-      steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch) {
+      steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch),
+      rank_(comm_->rank()) {
   const int ward = stage3_ward(options_, *comm_);
   std::vector<engine::ParamShape> shapes;
   std::vector<at::Tensor> replicated = model_->buffers();  // buffers and frozen parameters
@@ -102,8 +103,16 @@ Stage3Engine::Stage3Engine(std::shared_ptr<models::Model> model,
         layout_, comm_->rank(),
         open_stage3_offload(layout_, *comm_, options_.offload_dir, make_optimizer), ward);
     // Unit by unit, so that at most one non-root flat is whole at a time beside the model.
-    for (int u = 1; u < layout_.num_units(); ++u) storage_->adopt(u, params[u], *comm_, false);
-    storage_->adopt(0, params[0], *comm_, true);
+    const bool blank = !options_.broadcast_initial_state;
+    for (int u = 1; u < layout_.num_units(); ++u)
+      if (blank)
+        storage_->adopt_blank(u, params[u], false);
+      else
+        storage_->adopt(u, params[u], *comm_, false);
+    if (blank)
+      storage_->adopt_blank(0, params[0], true);
+    else
+      storage_->adopt(0, params[0], *comm_, true);
   }
   broadcast_from_rank0(*comm_, replicated);
 
@@ -177,7 +186,9 @@ void Stage3Engine::settle() {
 }
 
 engine::TrainState Stage3Engine::state() {
-  engine::TrainState s{model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  // The layout's world, not the group's: after take_group() the state of the generation that
+  // ended is still handed out.
+  engine::TrainState s{model_.get(), nullptr, rank_, layout_.world(), &sharded_};
   if (buddy_) {
     s.ward = &buddy_->state();
     s.ward_shard = buddy_->ward();

@@ -98,6 +98,11 @@ struct Stage3EngineOptions {
   std::string offload_dir;
   // elastic.replicate_shards: keep a copy of the previous rank's shard (buddy.h).
   bool replicate_shards = false;
+  // False for an elastic run's later generations: the units are adopted blank
+  // (Stage3Storage::adopt_blank: the model's values are not read, the masters are 0), only
+  // buffers and frozen parameters come from rank 0, and the caller fills the masters
+  // (train/live_reshard.h) and calls after_restore(), as a resume does. Not with offload.
+  bool broadcast_initial_state = true;
   // total_steps, global_micro_batch, broadcast_buffers, as for the data-parallel engine (the
   // bucket cap is not used: every unit is its own bucket, so its gradient goes at once).
   DataParallelEngineOptions data_parallel;
@@ -149,6 +154,9 @@ class Stage3Engine : public engine::Engine {
   void apply(double lr) override;
   void after_step(const engine::StepPlan& plan) override;
   comm::Communicator* group() override { return comm_.get(); }
+  // Engine::take_group. apply() stays local (it steps the masters); state() hands out the
+  // masters of the generation that ended.
+  std::unique_ptr<comm::Communicator> take_group() override { return std::move(comm_); }
   engine::TrainState state() override;
   void settle() override;
   void after_restore() override;
@@ -162,6 +170,8 @@ class Stage3Engine : public engine::Engine {
   void with_whole_model(const std::function<void()>& fn) override;
 
   const engine::ShardLayout& layout() const { return layout_; }
+  // The model, for the engine of an elastic run's next generation (built on the same one).
+  const std::shared_ptr<models::Model>& shared_model() const { return model_; }
   const Stage3Storage& storage() const { return *storage_; }
   const GradReducer& reducer() const { return *reducer_; }
   // The copy of the ward's shard (replicate_shards on a group of two or more), else null.
@@ -172,6 +182,7 @@ class Stage3Engine : public engine::Engine {
   std::unique_ptr<comm::Communicator> comm_;
   Stage3EngineOptions options_;
   DataParallelSteps steps_;
+  int rank_;  // this rank's shard of layout_
   engine::ShardLayout layout_;
   std::vector<std::string> gathered_whole_;
   // Destroyed in reverse: the runner (hooks, model's runner slot) and the reducer before the

@@ -62,15 +62,33 @@ bool Stage3Storage::all_adopted() const {
 
 void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm::Communicator& comm,
                           bool keep_gathered) {
-  Unit& slot = units_.at(unit);
-  KRAB_CHECK(!slot.adopted, "Stage3Storage: unit ", unit, " adopted twice");
+  KRAB_CHECK(!units_.at(unit).adopted, "Stage3Storage: unit ", unit, " adopted twice");
   const engine::UnitLayout& u = layout_.unit(unit);
   torch::NoGradGuard no_grad;
   at::Tensor flat = flatten_into_views(u, params, "Stage3Storage");
   // Thread-ranks share one generator and processes may differ in what they drew: rank 0's
   // values are the model's, as the data-parallel engine's initial broadcast makes them.
   if (u.padded > 0) comm.broadcast(flat, 0)->wait();
+  keep(unit, std::move(flat), /*copy=*/true, keep_gathered);
+}
+
+void Stage3Storage::adopt_blank(int unit, const std::vector<at::Tensor>& params,
+                                bool keep_gathered) {
+  KRAB_CHECK(!units_.at(unit).adopted, "Stage3Storage: unit ", unit, " adopted twice");
+  KRAB_CHECK(offload_ == nullptr, "Stage3Storage: a blank adoption with offload");
+  torch::NoGradGuard no_grad;
+  at::Tensor flat = flatten_into_views(layout_.unit(unit), params, "Stage3Storage", false);
+  keep(unit, std::move(flat), /*copy=*/false, keep_gathered);
+}
+
+// The master (and ward master) of the adopted flat: copied out of it, or zeros of its size.
+void Stage3Storage::keep(int unit, at::Tensor flat, bool copy, bool keep_gathered) {
+  Unit& slot = units_.at(unit);
   const engine::Range r = layout_.shard(unit, rank_);
+  const auto cut = [&](const engine::Range& range) {
+    return copy ? flat.narrow(0, range.begin, range.size()).clone()
+                : torch::zeros({range.size()}, torch::kFloat);
+  };
   if (offload_) {
     KRAB_CHECK(offload_->regions().numel[unit] == r.size(),
                "Stage3Storage: the offload file's master of unit ", unit, " has another size");
@@ -78,12 +96,9 @@ void Stage3Storage::adopt(int unit, const std::vector<at::Tensor>& params, comm:
     slot.master.copy_(flat.narrow(0, r.begin, r.size()));
     offload_->release_master(unit);
   } else {
-    slot.master = flat.narrow(0, r.begin, r.size()).clone();
+    slot.master = cut(r);
   }
-  if (ward_ >= 0) {
-    const engine::Range w = layout_.shard(unit, ward_);
-    slot.ward_master = flat.narrow(0, w.begin, w.size()).clone();
-  }
+  if (ward_ >= 0) slot.ward_master = cut(layout_.shard(unit, ward_));
   // The flat's bytes so far came from malloc (freed below or kept: the root); every gather's
   // come from the pool (flat_pool.h).
   flat.storage().unsafeGetStorageImpl()->set_allocator(&pool_);

@@ -70,6 +70,11 @@ class Stage3Storage {
   // frees the flat unless `keep_gathered`. A unit is adopted once (Error otherwise).
   void adopt(int unit, const std::vector<at::Tensor>& params, comm::Communicator& comm,
              bool keep_gathered);
+  // As adopt(), for an elastic run's later generation (train/live_reshard.h): the parameters
+  // are pointed at the unit's flat without reading their values (a freed unit has none),
+  // nothing is broadcast, and the master (and ward master) are 0 until the caller's restore
+  // fills them. Local. Not with offload (Error).
+  void adopt_blank(int unit, const std::vector<at::Tensor>& params, bool keep_gathered);
   bool adopted(int unit) const { return units_.at(unit).adopted; }
   bool all_adopted() const;
 
@@ -128,6 +133,7 @@ class Stage3Storage {
   };
   void allocate(int unit);
   void note_peaks();
+  void keep(int unit, at::Tensor flat, bool copy, bool keep_gathered);
 
   const engine::ShardLayout layout_;  // a copy: the storage may be built before its engine
   const int rank_;

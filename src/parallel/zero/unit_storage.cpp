@@ -17,7 +17,7 @@ std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& l
 }
 
 at::Tensor flatten_into_views(const engine::UnitLayout& unit, const std::vector<at::Tensor>& params,
-                              const char* owner) {
+                              const char* owner, bool copy_values) {
   KRAB_CHECK_ARG(params.size() == unit.params.size(), owner, ": unit '", unit.name, "' has ",
                  unit.params.size(), " parameters in the layout, ", params.size(), " given");
   torch::NoGradGuard no_grad;
@@ -31,7 +31,7 @@ at::Tensor flatten_into_views(const engine::UnitLayout& unit, const std::vector<
                    "' must be a float32 CPU tensor, got ", p.scalar_type(), " on ", p.device());
     KRAB_CHECK_ARG(p.sizes().vec() == span.shape, owner, ": parameter '", span.name, "' has shape ",
                    p.sizes(), ", the layout says ", at::IntArrayRef(span.shape));
-    flat.narrow(0, span.offset, span.numel).view(span.shape).copy_(p);
+    if (copy_values) flat.narrow(0, span.offset, span.numel).view(span.shape).copy_(p);
     p.set_data(flat.narrow(0, span.offset, span.numel).view(span.shape));
   }
   return flat;

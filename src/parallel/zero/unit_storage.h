@@ -45,9 +45,11 @@ std::vector<std::vector<at::Tensor>> params_by_unit(const engine::ShardLayout& l
 // set_data (same TensorImpl, dtype and device: the grad accumulator and its hooks stay, and the
 // parameter's old storage goes once nothing else holds it). Returns the flat. InvalidArgument
 // naming the parameter for one that is not a float32 CPU tensor of its span's shape; `owner`
-// names the caller in the other messages.
+// names the caller in the other messages. Without `copy_values` the flat stays 0 and the
+// parameters' values are not read (a stage-3 parameter whose unit is freed has none): the
+// caller fills the flat.
 at::Tensor flatten_into_views(const engine::UnitLayout& unit, const std::vector<at::Tensor>& params,
-                              const char* owner);
+                              const char* owner, bool copy_values = true);
 
 class UnitStorage {
  public:

@@ -9,6 +9,15 @@
 
 namespace krab::parallel::zero {
 
+engine::ShardLayout plan_zero_layout(models::Model& model, const std::string& wrap, int world,
+                                     int64_t alignment) {
+  std::vector<engine::ParamShape> shapes;
+  for (const auto& item : model.named_parameters())
+    if (item.value().requires_grad()) shapes.push_back({item.key(), item.value().sizes().vec()});
+  KRAB_CHECK_ARG(!shapes.empty(), "parallel.zero_stage: the model has no trainable parameters");
+  return engine::plan_layout(plan_wrap(shapes, model.unit_candidates(), wrap), world, alignment);
+}
+
 ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
                        std::unique_ptr<comm::Communicator> comm, ZeroEngineOptions options,
                        const OptimizerFactory& make_optimizer)
@@ -16,26 +25,23 @@ ZeroEngine::ZeroEngine(std::shared_ptr<models::Model> model,
       comm_(std::move(comm)),
       options_(std::move(options)),
       steps_(options_.data_parallel.total_steps, options_.data_parallel.global_micro_batch,
-             options_.data_parallel.balance) {
+             options_.data_parallel.balance),
+      rank_(comm_->rank()) {
   KRAB_CHECK_ARG(options_.stage == 1 || options_.stage == 2,
                  "parallel.zero_stage: ZeroEngine runs stages 1 and 2, got ", options_.stage);
   KRAB_CHECK_ARG(!options_.replicate_shards || options_.offload_dir.empty(),
                  "parallel.offload: disk cannot be combined with elastic.replicate_shards (the "
                  "ward's optimizer state would stay in RAM)");
   // Every replica starts from rank 0's values, as with the data-parallel engine.
-  std::vector<at::Tensor> state = model_->parameters();
+  std::vector<at::Tensor> state;
+  for (const auto& p : model_->parameters())
+    if (options_.broadcast_initial_state || !p.requires_grad()) state.push_back(p);
   for (auto& b : model_->buffers()) state.push_back(b);
   broadcast_from_rank0(*comm_, state);
 
-  std::vector<engine::ParamShape> shapes;
-  for (const auto& item : model_->named_parameters())
-    if (item.value().requires_grad()) {
-      shapes.push_back({item.key(), item.value().sizes().vec()});
-      trainable_.push_back(item.value());
-    }
-  KRAB_CHECK_ARG(!shapes.empty(), "parallel.zero_stage: the model has no trainable parameters");
-  layout_ = engine::plan_layout(plan_wrap(shapes, model_->unit_candidates(), options_.wrap),
-                                comm_->size(), options_.alignment);
+  for (const auto& p : model_->parameters())
+    if (p.requires_grad()) trainable_.push_back(p);
+  layout_ = plan_zero_layout(*model_, options_.wrap, comm_->size(), options_.alignment);
   wrap_source_ = wrap_source(model_->unit_candidates(), options_.wrap);
   const auto params = params_by_unit(layout_, *model_);
   storage_ = std::make_unique<UnitStorage>(layout_, params, comm_->rank());
@@ -147,7 +153,9 @@ void ZeroEngine::after_step(const engine::StepPlan& plan) {
 }
 
 engine::TrainState ZeroEngine::state() {
-  engine::TrainState s{model_.get(), nullptr, comm_->rank(), comm_->size(), &sharded_};
+  // The layout's world and the shard this rank owns, not the group's: after take_group() the
+  // state of the generation that ended is still handed out.
+  engine::TrainState s{model_.get(), nullptr, rank_, layout_.world(), &sharded_};
   if (buddy_) {
     s.ward = &buddy_->state();
     s.ward_shard = buddy_->ward();

@@ -102,14 +102,26 @@ struct ZeroEngineOptions {
   std::string offload_dir;
   // elastic.replicate_shards: keep a copy of the previous rank's shard (buddy.h).
   bool replicate_shards = false;
+  // False for an elastic run's later generations: only buffers and frozen parameters come
+  // from rank 0; the trainable values are whatever the model holds, and the caller fills the
+  // shards (train/live_reshard.h) and calls after_restore(), as a resume does.
+  bool broadcast_initial_state = true;
   // total_steps, global_micro_batch, bucket cap (data_parallel.bucket_mb), broadcast_buffers;
   // as for the data-parallel engine (data_parallel.broadcast_initial_state is always on).
   DataParallelEngineOptions data_parallel;
 };
 
+// The layout a ZeroEngine plans for `model` on `world` ranks: its trainable parameters in
+// order, grouped by `wrap` (ZeroEngineOptions::wrap), shards aligned to `alignment`. An elastic
+// run's later generation plans the previous world's layout with it (train/live_reshard.h).
+// InvalidArgument as plan_wrap, or when the model has no trainable parameters.
+engine::ShardLayout plan_zero_layout(models::Model& model, const std::string& wrap, int world,
+                                     int64_t alignment);
+
 class ZeroEngine : public engine::Engine {
  public:
-  // Broadcasts rank 0's parameters and buffers (every replica starts equal), plans the units
+  // Broadcasts rank 0's parameters and buffers (every replica starts equal; without
+  // options.broadcast_initial_state the buffers and frozen parameters only), plans the units
   // and their layout, moves the parameters into the unit flats, registers the gradient hooks,
   // builds one optimizer per unit shard and installs its unit runner on the model (taken off
   // again by the destructor). InvalidArgument for a stage other than 1 or 2,
@@ -130,6 +142,9 @@ class ZeroEngine : public engine::Engine {
   void apply(double lr) override;
   void after_step(const engine::StepPlan& plan) override;
   comm::Communicator* group() override { return comm_.get(); }
+  // Engine::take_group. apply() stays local (it steps the shards in place); state() hands out
+  // the shards of the generation that ended.
+  std::unique_ptr<comm::Communicator> take_group() override { return std::move(comm_); }
   engine::TrainState state() override;
   void settle() override { storage_->wait(); }
   void after_restore() override;
@@ -154,6 +169,7 @@ class ZeroEngine : public engine::Engine {
   std::unique_ptr<comm::Communicator> comm_;
   ZeroEngineOptions options_;
   DataParallelSteps steps_;
+  int rank_;  // this rank's shard of layout_
   std::vector<at::Tensor> trainable_;
   engine::ShardLayout layout_;
   // Declared in dependency order: destroyed in reverse, the reducer (hooks, buckets in
