@@ -192,7 +192,7 @@ class Service final : public wire::ParameterServer::Service {
     try {
       const int64_t seq = run_step(*state_, *req, reply, [ctx] { return ctx->IsCancelled(); });
       // The answer is an acknowledgement: the mirror must have what it acknowledges.
-      if (replicator_) switch (replicator_->wait_acked(seq, ack_timeout_)) {
+      if (replicator_) switch (wait_mirrored(*ctx, seq)) {
           case Replicator::Outcome::kDeposed:
             return deposed();
           case Replicator::Outcome::kTimeout:
@@ -282,6 +282,17 @@ class Service final : public wire::ParameterServer::Service {
     if (it != md.end() && same_secret(secret_, it->second)) return true;
     log(ctx, call, "the job secret is missing or wrong");
     return false;
+  }
+
+  // In slices, so that a call the server cancels (shutting down) does not hold it up.
+  Replicator::Outcome wait_mirrored(const grpc::ServerContext& ctx, int64_t seq) {
+    const auto deadline = std::chrono::steady_clock::now() + ack_timeout_;
+    for (;;) {
+      const auto o = replicator_->wait_acked(seq, std::chrono::milliseconds(200));
+      if (o != Replicator::Outcome::kTimeout || ctx.IsCancelled() ||
+          std::chrono::steady_clock::now() >= deadline)
+        return o;
+    }
   }
 
   static grpc::Status deposed() {
