@@ -12,6 +12,8 @@
 
 namespace {
 
+using namespace krab::cli_test;
+
 // Slow rank 2 (and max_staleness 0: everyone waits for it) makes the 20 steps last seconds, so
 // the kill lands mid-run; the progress bar's lines say how far it got.
 const char* kMirroredJob = R"(
