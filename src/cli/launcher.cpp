@@ -281,6 +281,12 @@ class Supervisor {
                    how.c_str());
       return;
     }
+    if (code != 0 && !stopping_ && plan_.tolerate_server_loss && child->server &&
+        child->name != "parameter server 0" && ++servers_lost_ == 1) {
+      std::fprintf(stderr, "krab: %s %s; its shard's mirror goes on for it (sync.replicas)\n",
+                   child->name.c_str(), how.c_str());
+      return;
+    }
     if (code != 0 && !stopping_) {
       std::fprintf(stderr, "krab: %s %s; stopping the other %d process(es)\n", child->name.c_str(),
                    how.c_str(), alive_);
@@ -468,6 +474,7 @@ class Supervisor {
   int alive_;
   int result_ = 0;
   int workers_lost_ = 0;
+  int servers_lost_ = 0;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
   std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic only

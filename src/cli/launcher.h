@@ -77,6 +77,10 @@ struct LaunchPlan {
   // (unless it was the last one, or it failed on bad input, exit 2).
   int servers = 0;
   bool tolerate_worker_loss = false;
+  // sync.replicas: 1. A parameter server other than 0 (the chief) that dies does not stop the
+  // run: its shard's mirror on the next server answers for it. A second one does (two dead
+  // servers may be a shard and its mirror).
+  bool tolerate_server_loss = false;
   int ps_shard = -1;                     // worker role: this process is parameter server `ps_shard`
   std::optional<ElasticLaunch> elastic;  // node 0 of one node only; see ElasticLaunch
   // Extra variables for the workers' environment, added unless the launcher's own environment

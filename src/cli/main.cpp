@@ -350,6 +350,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   if (keys.async) {
     p.servers = keys.servers;
     p.tolerate_worker_loss = true;
+    p.tolerate_server_loss = config.get_int("sync.replicas") > 0;
   }
   p.rendezvous.secret = job_secret(args, keys);
   std::unique_ptr<PrivateDir> store_dir;

@@ -400,6 +400,13 @@ std::vector<KeySpec> sync_keys() {
               "`async`: parameter-server processes; the parameters are split evenly between "
               "them. Needed (>= 1) for `async`; krab's launcher starts them on node 0.",
               0),
+      int_key("sync.replicas", "0",
+              "`async`: copies of each parameter-server shard beyond its primary. 1 = server s "
+              "also mirrors shard s - 1: every update is applied on both before the worker's "
+              "call is answered, and the workers fail over to the mirror when a primary dies "
+              "(needs `sync.servers` >= 2; costs one more copy of each shard and one more hop "
+              "per push).",
+              0, 1),
       int_key("sync.max_staleness", "-1",
               "`async`: how many steps a worker may run ahead of the slowest live worker "
               "(stale-synchronous parallel). -1 = unbounded (a slow worker never slows the "

@@ -76,8 +76,9 @@ void to_wire(const WorkerSummary& s, wire::WorkerReport* r) {
 // The Step handler's work on a request as gRPC parsed it (Service::Step, serve_step()). The
 // gradient's length is the one thing only the bytes can tell; the shard checks the rest.
 // Throws InvalidArgument for a request the shard refuses, and what ShardState::step throws.
-void run_step(ShardState& state, const wire::StepRequest& req, wire::StepReply* reply,
-              const std::function<bool()>& cancelled) {
+// Returns the record the answer depends on (ShardState::Reply::seq).
+int64_t run_step(ShardState& state, const wire::StepRequest& req, wire::StepReply* reply,
+                 const std::function<bool()>& cancelled) {
   if (req.grad().size() % sizeof(float) != 0)
     throw InvalidArgument(
         str_cat("gradient of ", req.grad().size(), " bytes is not a float32 array"));
@@ -106,6 +107,35 @@ void run_step(ShardState& state, const wire::StepRequest& req, wire::StepReply* 
   reply->set_values(std::move(r.values));
   reply->set_stop(r.stop);
   reply->set_ticket(r.ticket);
+  return r.seq;
+}
+
+void to_wire(const Record& r, wire::MirrorRecord* w) {
+  w->set_seq(r.seq);
+  w->set_kind(static_cast<int>(r.kind));
+  w->set_worker(r.worker);
+  w->set_clock(r.clock);
+  w->set_base_version(r.base_version);
+  w->set_grad(r.grad);
+  for (int v : r.workers) w->add_workers(v);
+  w->set_version(r.version);
+}
+
+Record from_wire(const wire::MirrorRecord& w) {
+  if (w.kind() < 0 || w.kind() > static_cast<int>(Record::Kind::kRevive))
+    throw CorruptData(str_cat("mirror: record ", w.seq(), " of unknown kind ", w.kind()));
+  if (w.grad().size() % sizeof(float) != 0)
+    throw CorruptData(str_cat("mirror: record ", w.seq(), "'s gradient is not float32"));
+  Record r;
+  r.seq = w.seq();
+  r.kind = static_cast<Record::Kind>(w.kind());
+  r.worker = w.worker();
+  r.clock = w.clock();
+  r.base_version = w.base_version();
+  r.grad = w.grad();
+  r.workers.assign(w.workers().begin(), w.workers().end());
+  r.version = w.version();
+  return r;
 }
 
 // The chief's view of a Finish reply (finish_shard(), decode_finish_reply()).
@@ -119,6 +149,7 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
   f.bytes_received = reply.bytes_received();
   f.bytes_sent = reply.bytes_sent();
   f.version = reply.version();
+  f.promoted = reply.promoted();
   return f;
 }
 
@@ -145,15 +176,30 @@ FinalShard final_shard_from_wire(const wire::FinishReply& reply, const std::stri
 // worker clocks from them once); what was wrong goes to this server's stderr.
 class Service final : public wire::ParameterServer::Service {
  public:
-  Service(std::shared_ptr<ShardState> state, std::string secret)
-      : state_(std::move(state)), secret_(std::move(secret)) {}
+  Service(std::shared_ptr<ShardState> state, std::string secret,
+          std::shared_ptr<Replicator> replicator, std::chrono::milliseconds ack_timeout)
+      : state_(std::move(state)),
+        secret_(std::move(secret)),
+        replicator_(std::move(replicator)),
+        ack_timeout_(ack_timeout) {}
 
   grpc::Status Step(grpc::ServerContext* ctx, const wire::StepRequest* req,
                     wire::StepReply* reply) override {
     if (!authorised(*ctx, "Step")) return unauthenticated();
+    if (replicator_ && replicator_->deposed()) return deposed();
+    announce_promotion(*ctx);
     received_ += req->ByteSizeLong();
     try {
-      run_step(*state_, *req, reply, [ctx] { return ctx->IsCancelled(); });
+      const int64_t seq = run_step(*state_, *req, reply, [ctx] { return ctx->IsCancelled(); });
+      // The answer is an acknowledgement: the mirror must have what it acknowledges.
+      if (replicator_) switch (wait_mirrored(*ctx, seq)) {
+          case Replicator::Outcome::kDeposed:
+            return deposed();
+          case Replicator::Outcome::kTimeout:
+            return {grpc::StatusCode::DEADLINE_EXCEEDED, "the shard's mirror did not answer"};
+          default:
+            break;  // acked, or the mirror is lost and the shard goes on alone
+        }
     } catch (const InvalidArgument& e) {
       log(*ctx, "Step", e.what());
       return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -171,11 +217,14 @@ class Service final : public wire::ParameterServer::Service {
   grpc::Status Finish(grpc::ServerContext* ctx, const wire::FinishRequest*,
                       wire::FinishReply* reply) override {
     if (!authorised(*ctx, "Finish")) return unauthenticated();
+    announce_promotion(*ctx);
     while (!state_->wait_done(std::chrono::milliseconds(200)))
       if (ctx->IsCancelled()) return {grpc::StatusCode::CANCELLED, "chief went away"};
     at::Tensor v = state_->values();
     reply->set_values(std::string(static_cast<const char*>(v.data_ptr()), v.numel() * 4));
-    reply->set_version(state_->stats().version);
+    const ShardStats st = state_->stats();
+    reply->set_version(st.version);
+    reply->set_promoted(st.promoted);
     // The counters as they stand; the Finish reply itself is not in them.
     reply->set_bytes_received(received_.load());
     reply->set_bytes_sent(sent_.load());
@@ -184,6 +233,37 @@ class Service final : public wire::ParameterServer::Service {
       finish_answered_ = true;
     }
     cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Mirror(grpc::ServerContext* ctx, const wire::MirrorRequest* req,
+                      wire::MirrorReply* reply) override {
+    if (!authorised(*ctx, "Mirror")) return unauthenticated();
+    try {
+      for (const auto& w : req->records())
+        if (!state_->replay(from_wire(w)))
+          return {grpc::StatusCode::FAILED_PRECONDITION,
+                  "this server answers for the shard now (or holds no mirror)"};
+    } catch (const std::exception& e) {
+      log(*ctx, "Mirror", e.what());
+      return {grpc::StatusCode::DATA_LOSS, "the mirror could not apply the records"};
+    }
+    reply->set_applied_seq(state_->stats().replayed_seq);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const wire::SnapshotRequest*,
+                        wire::SnapshotReply* reply) override {
+    if (!authorised(*ctx, "Snapshot")) return unauthenticated();
+    const ShardStats st = state_->stats();
+    at::Tensor v = state_->values();
+    reply->set_values(std::string(static_cast<const char*>(v.data_ptr()), v.numel() * 4));
+    reply->set_version(st.version);
+    reply->set_pushes(st.pushes);
+    for (const auto& w : st.workers) reply->add_clocks(w.clock);
+    reply->set_replayed_seq(st.replayed_seq);
+    reply->set_mirror(state_->mirror());
+    reply->set_promoted(st.promoted);
     return grpc::Status::OK;
   }
 
@@ -204,6 +284,31 @@ class Service final : public wire::ParameterServer::Service {
     return false;
   }
 
+  // In slices, so that a call the server cancels (shutting down) does not hold it up.
+  Replicator::Outcome wait_mirrored(const grpc::ServerContext& ctx, int64_t seq) {
+    const auto deadline = std::chrono::steady_clock::now() + ack_timeout_;
+    for (;;) {
+      const auto o = replicator_->wait_acked(seq, std::chrono::milliseconds(200));
+      if (o != Replicator::Outcome::kTimeout || ctx.IsCancelled() ||
+          std::chrono::steady_clock::now() >= deadline)
+        return o;
+    }
+  }
+
+  static grpc::Status deposed() {
+    return {grpc::StatusCode::UNAVAILABLE, "this server no longer answers for its shard"};
+  }
+
+  // A mirror's first worker call or Finish: its primary is gone (the caller could not reach
+  // it), so this one answers for the shard from now on.
+  void announce_promotion(const grpc::ServerContext& ctx) {
+    if (!state_->mirror() || announced_.exchange(true)) return;
+    state_->promote();
+    std::fprintf(stderr,
+                 "krab: parameter server: a mirror takes over its shard (first call from %s)\n",
+                 ctx.peer().c_str());
+  }
+
   static grpc::Status unauthenticated() {
     return {grpc::StatusCode::UNAUTHENTICATED, "the job secret is missing or wrong"};
   }
@@ -215,6 +320,9 @@ class Service final : public wire::ParameterServer::Service {
 
   std::shared_ptr<ShardState> state_;
   const std::string secret_;
+  const std::shared_ptr<Replicator> replicator_;
+  const std::chrono::milliseconds ack_timeout_;
+  std::atomic<bool> announced_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   bool finish_answered_ = false;
@@ -236,10 +344,13 @@ struct ParamServer::Impl {
   int port = 0;
 };
 
-ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port, Access access)
+ParamServer::ParamServer(std::shared_ptr<ShardState> state, int port, Access access,
+                         std::shared_ptr<Replicator> replicator,
+                         std::chrono::milliseconds ack_timeout)
     : impl_(new Impl) {
   const int max_receive = message_limit(state->numel());
-  impl_->service = std::make_unique<Service>(std::move(state), std::move(access.secret));
+  impl_->service = std::make_unique<Service>(std::move(state), std::move(access.secret),
+                                             std::move(replicator), ack_timeout);
   grpc::ServerBuilder builder;
   // gRPC sets SO_REUSEPORT by default: a second server could share a taken port silently.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -270,8 +381,9 @@ uint64_t ParamServer::bytes_received() const { return impl_->service->received_.
 uint64_t ParamServer::bytes_sent() const { return impl_->service->sent_.load(); }
 
 struct PsClient::Impl {
-  std::vector<std::string> addresses;
+  std::vector<std::string> addresses, mirrors;
   std::vector<std::unique_ptr<wire::ParameterServer::Stub>> stubs;
+  std::vector<bool> failed_over;
   std::vector<ShardRange> ranges;
   std::vector<int64_t> versions;
   std::chrono::milliseconds timeout;
@@ -280,9 +392,12 @@ struct PsClient::Impl {
 };
 
 PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
-                   std::chrono::milliseconds timeout, std::string secret)
+                   std::chrono::milliseconds timeout, std::string secret,
+                   std::vector<std::string> mirrors)
     : impl_(new Impl), worker_(worker) {
   KRAB_CHECK_ARG(!addresses.empty(), "no parameter servers to talk to");
+  KRAB_CHECK_ARG(mirrors.empty() || mirrors.size() == addresses.size(), mirrors.size(),
+                 " mirror addresses for ", addresses.size(), " shards");
   const int n = static_cast<int>(addresses.size());
   impl_->total = total_numel;
   impl_->timeout = timeout;
@@ -294,10 +409,28 @@ PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total
                                   channel_args(message_limit(impl_->ranges[i].numel)))));
   }
   impl_->versions.assign(n, 0);
+  impl_->failed_over.assign(n, false);
   impl_->addresses = std::move(addresses);
+  impl_->mirrors = std::move(mirrors);
 }
 
 PsClient::~PsClient() = default;
+
+int PsClient::failovers() const {
+  return static_cast<int>(std::count(impl_->failed_over.begin(), impl_->failed_over.end(), true));
+}
+
+namespace {
+
+// A dead server's calls fail UNAVAILABLE at once (connection refused or reset), and so do a
+// deposed primary's; a server shutting down cancels the calls it holds (CANCELLED: this
+// client never cancels its own). A slow one's run into their deadline and are not retried.
+bool fail_over_on(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::CANCELLED;
+}
+
+}  // namespace
 
 PullResult PsClient::pull(at::Tensor& params) { return call_all(nullptr, false, nullptr, &params); }
 
@@ -356,6 +489,29 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return pending == 0; });
   }
+  for (int i = 0; i < n; ++i) {
+    if (statuses[i].ok() || impl_->mirrors.empty() || impl_->failed_over[i] ||
+        !fail_over_on(statuses[i]))
+      continue;
+    // The same request, clock and gradient included: the mirror either has this push (the
+    // primary forwarded it) and answers it as a retry, or applies it now (sync/shard.h).
+    std::fprintf(
+        stderr,
+        "krab: worker %d: parameter server %d (%s) failed (%s); going on with its mirror %s\n",
+        worker_, i, impl_->addresses[i].c_str(), statuses[i].error_message().c_str(),
+        impl_->mirrors[i].c_str());
+    impl_->failed_over[i] = true;
+    impl_->addresses[i] = impl_->mirrors[i];
+    impl_->stubs[i] = wire::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(impl_->mirrors[i], grpc::InsecureChannelCredentials(),
+                                  channel_args(message_limit(impl_->ranges[i].numel))));
+    grpc::ClientContext retry;
+    retry.set_deadline(std::chrono::system_clock::now() + impl_->timeout);
+    if (!impl_->secret.empty()) retry.AddMetadata(kSecretKey, impl_->secret);
+    bytes_sent_ += reqs[i].ByteSizeLong();
+    replies[i].Clear();
+    statuses[i] = impl_->stubs[i]->Step(&retry, reqs[i], &replies[i]);
+  }
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < n; ++i)
     if (!statuses[i].ok()) throw_status(statuses[i], i, impl_->addresses[i], impl_->timeout);
@@ -379,7 +535,16 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
 }
 
 FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout,
-                        const std::string& secret) {
+                        const std::string& secret, const std::string& mirror) {
+  if (!mirror.empty()) {
+    try {
+      return finish_shard(address, timeout, secret);
+    } catch (const PeerLost& e) {
+      std::fprintf(stderr, "krab: %s; collecting the shard from its mirror %s\n", e.what(),
+                   mirror.c_str());
+      return finish_shard(mirror, timeout, secret);
+    }
+  }
   auto stub = wire::ParameterServer::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args()));
   grpc::ClientContext ctx;
@@ -390,6 +555,54 @@ FinalShard finish_shard(const std::string& address, std::chrono::milliseconds ti
   grpc::Status st = stub->Finish(&ctx, req, &reply);
   if (!st.ok()) throw_status(st, -1, address, timeout);
   return final_shard_from_wire(reply, str_cat("parameter server ", address));
+}
+
+Replicator::Send mirror_sender(const std::string& address, std::chrono::milliseconds timeout,
+                               const std::string& secret) {
+  std::shared_ptr<wire::ParameterServer::Stub> stub = wire::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args()));
+  return [stub, address, timeout, secret](const std::vector<Record>& batch) {
+    wire::MirrorRequest req;
+    for (const Record& r : batch) to_wire(r, req.add_records());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    if (!secret.empty()) ctx.AddMetadata(kSecretKey, secret);
+    wire::MirrorReply reply;
+    const grpc::Status st = stub->Mirror(&ctx, req, &reply);
+    if (st.ok() && reply.applied_seq() >= batch.back().seq) return Replicator::SendResult::kApplied;
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+      return Replicator::SendResult::kRefused;
+    std::fprintf(stderr, "krab: parameter server: the mirror at %s: %s\n", address.c_str(),
+                 st.ok() ? "applied fewer records than sent" : st.error_message().c_str());
+    return Replicator::SendResult::kUnreachable;
+  };
+}
+
+ShardSnapshot snapshot_shard(const std::string& address, std::chrono::milliseconds timeout,
+                             const std::string& secret) {
+  auto stub = wire::ParameterServer::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), channel_args()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!secret.empty()) ctx.AddMetadata(kSecretKey, secret);
+  wire::SnapshotRequest req;
+  wire::SnapshotReply reply;
+  const grpc::Status st = stub->Snapshot(&ctx, req, &reply);
+  if (!st.ok()) throw_status(st, -1, address, timeout);
+  const auto& v = reply.values();
+  if (v.size() % sizeof(float) != 0)
+    throw CorruptData(str_cat("parameter server ", address, " sent a snapshot of ", v.size(),
+                              " bytes, not float32 values"));
+  ShardSnapshot out;
+  out.values = at::empty({static_cast<int64_t>(v.size() / 4)}, at::kFloat);
+  if (!v.empty()) std::memcpy(out.values.data_ptr(), v.data(), v.size());
+  out.version = reply.version();
+  out.pushes = reply.pushes();
+  out.replayed_seq = reply.replayed_seq();
+  out.clocks.assign(reply.clocks().begin(), reply.clocks().end());
+  out.mirror = reply.mirror();
+  out.promoted = reply.promoted();
+  return out;
 }
 
 std::string serve_step(ShardState& state, const std::string& request,

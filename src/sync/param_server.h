@@ -25,6 +25,13 @@
 // versions, sizes): the details go to the server's stderr. A server accepts messages up to
 // its shard's size plus 1 MiB; a shard too large for one message (2 GiB) is refused up front
 // (use more servers).
+//
+// Mirrors (sync.replicas: 1, sync/replication.h): a server whose shard has a mirror answers a
+// Step only once the mirror applied every record the answer depends on; a server that serves a
+// mirror takes Mirror calls until its first Step or Finish, which promote it. A deposed primary
+// answers Step with UNAVAILABLE, as a dead one would. The worker's client, given each shard's
+// mirror address, sends a call that failed UNAVAILABLE again to the mirror (with a fresh
+// comm.timeout_s) and talks to the mirror from then on; finish_shard() does the same.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -56,7 +63,11 @@ class ParamServer {
  public:
   // Serves `state` on access.host:port (0 = a free port). Throws InvalidArgument when the port
   // is taken.
-  ParamServer(std::shared_ptr<ShardState> state, int port, Access access = {});
+  // `replicator`: the shard's mirror link (its journal is state's); every Step answer waits up
+  // to `ack_timeout` for the mirror.
+  ParamServer(std::shared_ptr<ShardState> state, int port, Access access = {},
+              std::shared_ptr<Replicator> replicator = nullptr,
+              std::chrono::milliseconds ack_timeout = std::chrono::seconds(60));
   ~ParamServer();  // stops serving (in-flight calls are cancelled)
   int port() const;
   // Blocks until a Finish call was answered or `timeout` passed (false).
@@ -77,10 +88,12 @@ struct PullResult {
 // Worker side. Not thread-safe: one training loop uses it.
 class PsClient {
  public:
-  // `addresses[i]` ("host:port") serves shard i of a model of `total_numel` parameters.
-  // `timeout` bounds every call (staleness waits included). Every call carries `secret`.
+  // `addresses[i]` ("host:port") serves shard i of a model of `total_numel` parameters;
+  // `mirrors[i]`, when given (sync.replicas: 1), serves its mirror. `timeout` bounds every
+  // call (staleness waits included). Every call carries `secret`.
   PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
-           std::chrono::milliseconds timeout, std::string secret = "");
+           std::chrono::milliseconds timeout, std::string secret = "",
+           std::vector<std::string> mirrors = {});
   ~PsClient();
 
   // First call: fills `params` (total_numel floats) with the current model (unless stop).
@@ -96,6 +109,7 @@ class PsClient {
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
   double wait_seconds() const { return wait_seconds_; }
+  int failovers() const;  // shards this worker now reaches through their mirror
 
  private:
   PullResult call_all(const at::Tensor* grad, bool leave, const WorkerSummary* summary,
@@ -113,12 +127,30 @@ struct FinalShard {
   uint64_t bytes_received = 0;
   uint64_t bytes_sent = 0;
   int64_t version = 0;
+  bool promoted = false;  // a mirror answered: the shard's primary was gone
 };
 
-// The chief's Finish call on the server at `address` (blocks until its workers are done).
-// CorruptData when the reply's values are not a whole number of float32 values.
+// The chief's Finish call on the server at `address` (blocks until its workers are done); when
+// that server is unreachable and `mirror` is given, on the mirror. CorruptData when the
+// reply's values are not a whole number of float32 values.
 FinalShard finish_shard(const std::string& address, std::chrono::milliseconds timeout,
-                        const std::string& secret = "");
+                        const std::string& secret = "", const std::string& mirror = "");
+
+// The primary's link to the mirror at `address` for Replicator: one Mirror call per batch,
+// within `timeout`, carrying `secret`.
+Replicator::Send mirror_sender(const std::string& address, std::chrono::milliseconds timeout,
+                               const std::string& secret = "");
+
+struct ShardSnapshot {
+  at::Tensor values;
+  int64_t version = 0, pushes = 0, replayed_seq = 0;
+  std::vector<int64_t> clocks;
+  bool mirror = false, promoted = false;
+};
+
+// The Snapshot call: the state of the shard served at `address`.
+ShardSnapshot snapshot_shard(const std::string& address, std::chrono::milliseconds timeout,
+                             const std::string& secret = "");
 
 // The two ends of the protocol over serialised protobuf bytes, without gRPC: the same code the
 // Step handler and finish_shard() run on the messages gRPC hands them, for tests and the

@@ -54,7 +54,10 @@ void PsWorkerEngine::finish(const engine::RunSummary& summary) {
 }
 
 nlohmann::json PsWorkerEngine::describe() const {
-  return {{"rank", rank_}, {"steps", done_}, {"bytes_sent", client_->bytes_sent()}};
+  return {{"rank", rank_},
+          {"steps", done_},
+          {"bytes_sent", client_->bytes_sent()},
+          {"failovers", client_->failovers()}};
 }
 
 }  // namespace krab::sync

@@ -32,7 +32,7 @@ const char* status_name(WorkerState::Status s) {
 
 ShardState::ShardState(ShardOptions options, const at::Tensor& init,
                        const OptimizerFactory& make_optimizer)
-    : opt_(std::move(options)) {
+    : opt_(std::move(options)), mirror_(opt_.mirror) {
   KRAB_CHECK_ARG(opt_.workers >= 1, "a parameter server needs at least one worker, got ",
                  opt_.workers);
   KRAB_CHECK(init.dim() == 1 && init.scalar_type() == at::kFloat, "shard init must be 1-D float");
@@ -75,17 +75,87 @@ bool ShardState::budget_reached_locked() const {
 }
 
 void ShardState::count_out_silent_locked(Clock::time_point now) {
-  bool changed = false;
+  if (mirror_ && !promoted_) return;  // a passive mirror learns who is out from its primary
+  Record r;
+  r.kind = Record::Kind::kCountOut;
   for (int v = 0; v < opt_.workers; ++v)
     if (live(v) && in_call_[v] == 0 && now - last_seen_[v] > opt_.worker_timeout) {
       workers_[v].status = WorkerState::Status::kDead;
       ++workers_[v].times_counted_out;
-      changed = true;
+      r.workers.push_back(v);
     }
-  if (changed) {
+  if (!r.workers.empty()) {
     maybe_apply_round_locked();
+    record_locked(std::move(r));
     cv_.notify_all();
   }
+}
+
+// After the transition it describes, so r.version is the version it led to.
+void ShardState::record_locked(Record r) {
+  if (!opt_.journal) return;
+  r.version = version_;
+  opt_.journal->append(std::move(r));
+}
+
+void ShardState::promote_locked() {
+  if (!mirror_ || promoted_) return;
+  promoted_ = true;
+  // The workers were talking to the primary until now: their silence starts here.
+  last_seen_.assign(opt_.workers, Clock::now());
+  cv_.notify_all();
+}
+
+void ShardState::promote() {
+  std::lock_guard<std::mutex> lock(mu_);
+  promote_locked();
+}
+
+bool ShardState::replay(const Record& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!mirror_ || promoted_) return false;
+  if (r.seq <= replayed_seq_) return true;  // sent again: applied already
+  if (r.seq != replayed_seq_ + 1)
+    throw CorruptData(str_cat("mirror: record ", r.seq, " after record ", replayed_seq_));
+  const auto check_worker = [&](int w) {
+    if (w < 0 || w >= opt_.workers)
+      throw CorruptData(str_cat("mirror: record ", r.seq, " names worker ", w));
+  };
+  Step s;
+  s.worker = r.worker;
+  switch (r.kind) {
+    case Record::Kind::kPush:
+      check_worker(r.worker);
+      s.clock = r.clock;
+      s.grad = reinterpret_cast<const float*>(r.grad.data());
+      s.grad_numel = static_cast<int64_t>(r.grad.size() / sizeof(float));
+      s.base_version = r.base_version;
+      workers_[r.worker].status = WorkerState::Status::kRunning;
+      push_locked(s);
+      break;
+    case Record::Kind::kLeave:
+      check_worker(r.worker);
+      leave_locked(s);
+      break;
+    case Record::Kind::kCountOut:
+      for (int w : r.workers) {
+        check_worker(w);
+        workers_[w].status = WorkerState::Status::kDead;
+        ++workers_[w].times_counted_out;
+      }
+      maybe_apply_round_locked();
+      break;
+    case Record::Kind::kRevive:
+      check_worker(r.worker);
+      workers_[r.worker].status = WorkerState::Status::kRunning;
+      break;
+  }
+  if (version_ != r.version)
+    throw CorruptData(str_cat("mirror: at version ", version_, " after record ", r.seq,
+                              "; the primary was at ", r.version));
+  replayed_seq_ = r.seq;
+  cv_.notify_all();
+  return true;
 }
 
 void ShardState::apply_locked(const at::Tensor& grad, double lr_scale, int64_t t) {
@@ -143,6 +213,10 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
                  " is outside 0..", opt_.workers - 1);
   const int w = s.worker;
   WorkerState& me = workers_[w];
+  promote_locked();  // a mirror's first worker call: its primary is gone
+  // The old primary forwarded this leave but died before answering it.
+  if (promoted_ && s.leave && me.status == WorkerState::Status::kFinished)
+    return {version_, {}, false, -1, opt_.journal ? opt_.journal->last_seq() : 0};
   KRAB_CHECK_ARG(me.status != WorkerState::Status::kFinished, "worker ", w, " already left");
   ++in_call_[w];
   struct Leave {
@@ -154,17 +228,25 @@ ShardState::Reply ShardState::step(const Step& s, const std::function<bool()>& c
     }
   } leave_guard{this, w};
   last_seen_[w] = Clock::now();
+  const bool revived = me.status == WorkerState::Status::kDead;
   me.status = WorkerState::Status::kRunning;  // also counts a silent worker back in
+  if (revived) {
+    Record r;
+    r.kind = Record::Kind::kRevive;
+    r.worker = w;
+    record_locked(std::move(r));
+  }
 
   if (s.grad != nullptr) {
-    push_locked(s);
+    // A push the old primary forwarded before it died unanswered: the worker sends it again.
+    if (!(promoted_ && s.clock == me.clock && s.clock > 0)) push_locked(s);
   } else {
     KRAB_CHECK_ARG(s.clock == me.clock, "worker ", w, " pulled for clock ", s.clock, " at clock ",
                    me.clock);
   }
   if (s.leave) {
     leave_locked(s);
-    return {version_, {}};
+    return {version_, {}, false, -1, opt_.journal ? opt_.journal->last_seq() : 0};
   }
   while (!budget_reached_locked() && !ready_locked(me.clock, w)) {
     if (cancelled && cancelled()) throw Error(str_cat("worker ", w, "'s call was cancelled"));
@@ -208,6 +290,15 @@ void ShardState::push_locked(const Step& s) {
     } else {
       apply_group_locked(pushes_);
     }
+  }
+  if (opt_.journal) {
+    Record r;
+    r.kind = Record::Kind::kPush;
+    r.worker = w;
+    r.clock = s.clock;
+    r.base_version = s.base_version;
+    r.grad.assign(reinterpret_cast<const char*>(s.grad), s.grad_numel * sizeof(float));
+    record_locked(std::move(r));
   }
   cv_.notify_all();
 }
@@ -253,6 +344,10 @@ void ShardState::leave_locked(const Step& s) {
     for (auto& v : workers_) v.clock_when_first_finished = v.clock;
   }
   maybe_apply_round_locked();
+  Record r;
+  r.kind = Record::Kind::kLeave;
+  r.worker = s.worker;
+  record_locked(std::move(r));
   cv_.notify_all();
 }
 
@@ -261,6 +356,7 @@ ShardState::Reply ShardState::pull_locked(const Step& s) {
   const WorkerState& me = workers_[w];
   Reply r;
   r.version = version_;
+  r.seq = opt_.journal ? opt_.journal->last_seq() : 0;
   r.stop = budget_reached_locked();
   if (r.stop) return r;
   int64_t slowest = me.clock;
@@ -333,6 +429,8 @@ ShardStats ShardState::stats() const {
     s.seconds_after_warmup = std::chrono::duration<double>(t_last_push_ - t_warm_).count();
   }
   s.workers = workers_;
+  s.promoted = promoted_;
+  s.replayed_seq = replayed_seq_;
   return s;
 }
 

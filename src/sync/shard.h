@@ -33,6 +33,12 @@
 // it. A counted-out worker that calls again is counted back in. A worker that leaves
 // (finished) is never waited for. The shard is done when every worker finished or is dead.
 //
+// Mirrors (sync.replicas: 1, sync/replication.h): a primary shard writes each transition to its
+// `journal`; a shard made with `mirror` takes those records through replay(), by the same code,
+// and answers nothing else until promote() (its first worker call or Finish does it). A promoted
+// shard accepts a worker's push again at the clock it already has (the old primary forwarded it
+// but died before answering) as a retry: it is not applied twice.
+//
 // Thread safety: every method may be called from any thread (the gRPC server calls step()
 // from its pool, one call per worker at a time).
 #pragma once
@@ -47,6 +53,8 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "sync/replication.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -88,6 +96,10 @@ struct ShardOptions {
   int64_t total_pushes = 0;
   // Hand out data tickets 0, 1, 2, ... with the replies (server 0 does).
   bool issue_tickets = false;
+  // sync.replicas: 1. A primary's journal gets every transition (sync/replication.h); a mirror
+  // starts passive and takes replay() until promoted.
+  std::shared_ptr<Journal> journal;
+  bool mirror = false;
 };
 
 struct WorkerEval {
@@ -134,6 +146,8 @@ struct ShardStats {
   double seconds_after_warmup = 0;  // from push warmup_pushes to the last push
   int64_t pushes_after_warmup = 0;
   std::vector<WorkerState> workers;
+  bool promoted = false;     // a mirror that became this shard's primary
+  int64_t replayed_seq = 0;  // a mirror: the last record it applied
 };
 
 class ShardState {
@@ -157,6 +171,9 @@ class ShardState {
     std::string values;   // numel() floats as bytes; empty after leave or with stop
     bool stop = false;    // total_pushes reached: the worker should leave
     int64_t ticket = -1;  // with issue_tickets: the next data slice this worker computes
+    // With a journal: the last record this reply depends on (the caller waits until the
+    // mirror has it before answering).
+    int64_t seq = 0;
   };
 
   // Push then pull (see the header comment). `cancelled` is polled while waiting (the caller
@@ -164,12 +181,22 @@ class ShardState {
   // length or a clock that does not follow the worker's previous one; Error("cancelled").
   Reply step(const Step& s, const std::function<bool()>& cancelled);
 
+  // A mirror: applies `r` as the primary did. Returns false, applying nothing, on a shard
+  // that is no mirror or was promoted (the record comes from a deposed primary). A record already
+  // applied (seq not above the last) is skipped; CorruptData for a gap in the numbers or when the
+  // version after it is not the primary's (the two have diverged).
+  bool replay(const Record& r);
+  // A mirror becomes the primary: it stops taking records and counts workers silent from now
+  // on. No effect on a primary.
+  void promote();
+
   // Blocks until every worker finished or was counted out, or `timeout` passed (returns false).
   bool wait_done(std::chrono::milliseconds timeout);
   bool done() const;
 
   int64_t numel() const;
-  at::Tensor values() const;  // a copy
+  bool mirror() const { return mirror_; }  // made as a mirror (promoted or not)
+  at::Tensor values() const;               // a copy
   ShardStats stats() const;
 
  private:
@@ -181,6 +208,8 @@ class ShardState {
   void apply_group_locked(int64_t pushes);
   void apply_locked(const at::Tensor& grad, double lr_scale, int64_t t);
   int64_t predicted_staleness_locked(int worker) const;
+  void record_locked(Record r);
+  void promote_locked();
   bool live(int w) const;
   // The parts of step(), in order, with mu_ held. push_locked checks and takes in the
   // gradient (push_stale_locked: s != 0, where it is applied or grouped as it arrives);
@@ -213,6 +242,8 @@ class ShardState {
   int64_t round_count_ = 0;
   int64_t next_ticket_ = 0;
   bool any_finished_ = false;
+  bool mirror_ = false, promoted_ = false;
+  int64_t replayed_seq_ = 0;
   Clock::time_point t_warm_, t_last_push_;
 };
 

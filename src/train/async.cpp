@@ -34,6 +34,8 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 std::string server_key(int shard) { return str_cat("krab/ps/", shard); }
+// sync.replicas: 1 — where shard `shard`'s mirror listens (on server shard + 1 mod S).
+std::string mirror_key(int shard) { return str_cat("krab/ps/", shard, "/mirror"); }
 
 std::chrono::milliseconds comm_timeout(const core::Config& c) {
   return std::chrono::milliseconds(static_cast<int64_t>(c.get_float("comm.timeout_s") * 1000));
@@ -132,6 +134,7 @@ void draw_progress_until_done(const ServerJob& job, sync::ShardState& state, boo
 struct Collected {
   at::Tensor flat;
   uint64_t bytes_in = 0, bytes_out = 0;
+  int failovers = 0;  // shards whose mirror answered for their dead primary
 };
 
 Collected collect_shards(const ServerJob& job, const sync::ParamServer& server,
@@ -143,8 +146,14 @@ Collected collect_shards(const ServerJob& job, const sync::ParamServer& server,
   std::vector<at::Tensor> parts{state.values()};
   for (int i = 1; i < job.servers; ++i) {
     const auto v = store.get(server_key(i));
-    sync::FinalShard f =
-        sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(job.c), rendezvous.secret);
+    std::string mirror;
+    if (job.c.get_int("sync.replicas") > 0) {
+      const auto m = store.get(mirror_key(i));
+      mirror.assign(m.begin(), m.end());
+    }
+    sync::FinalShard f = sync::finish_shard(std::string(v.begin(), v.end()), comm_timeout(job.c),
+                                            rendezvous.secret, mirror);
+    out.failovers += f.promoted ? 1 : 0;
     KRAB_CHECK(f.values.numel() == sync::shard_range(job.numel, i, job.servers).numel, "shard ", i,
                " size");
     parts.push_back(f.values);
@@ -202,8 +211,10 @@ WorkerTotals worker_totals(const sync::ShardStats& st, int workers, Metric metri
 }
 
 nlohmann::json async_fields(const ServerJob& job, const sync::ShardOptions& so,
-                            const sync::ShardStats& st, const WorkerTotals& t) {
+                            const sync::ShardStats& st, const WorkerTotals& t, int failovers) {
   return {{"servers", job.servers},
+          {"replicas", job.c.get_int("sync.replicas")},
+          {"failovers", failovers},
           {"max_staleness", job.c.get_int("sync.max_staleness")},
           {"aggregate", so.aggregate},
           {"extrapolate", so.extrapolate},
@@ -257,15 +268,23 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
   out.bytes_sent_by_op = {{"push", col.bytes_in}, {"pull", col.bytes_out}};
   out.gradient_bytes = static_cast<uint64_t>(job.numel * 4);
   out.sync_mode = sync_mode_name(SyncMode::kAsync);
-  const nlohmann::json engine = {
-      {"backend", "grpc"}, {"compression", "none"}, {"async", async_fields(job, so, st, t)}};
+  const nlohmann::json engine = {{"backend", "grpc"},
+                                 {"compression", "none"},
+                                 {"async", async_fields(job, so, st, t, col.failovers)}};
   return make_report(out, engine, job.c.to_json());
 }
 
 }  // namespace
 
 void check_async_options(const core::Config& c) {
+  const int64_t replicas = c.get_int("sync.replicas");
+  KRAB_CHECK_ARG(replicas == 0 || c.get_string("sync.mode") == "async", "sync.replicas ", replicas,
+                 " mirrors parameter-server shards; it needs sync.mode: async (sync.mode is '",
+                 c.get_string("sync.mode"), "')");
   if (c.get_string("sync.mode") != "async") return;
+  KRAB_CHECK_ARG(replicas == 0 || c.get_int("sync.servers") >= 2, "sync.replicas ", replicas,
+                 " puts each shard's mirror on the next server; it needs sync.servers >= 2, got ",
+                 c.get_int("sync.servers"));
   KRAB_CHECK_ARG(c.get_int("sync.servers") >= 1,
                  "sync.servers must be >= 1 for sync.mode 'async' (the parameter servers that "
                  "apply the gradients), got ",
@@ -280,30 +299,76 @@ void check_async_options(const core::Config& c) {
                  "servers)");
 }
 
+namespace {
+
+// sync.replicas: 1 — this server's mirror of shard `shard` (the one before it), published so
+// that the primary of that shard and the workers find it.
+struct MirrorOfPrevious {
+  std::shared_ptr<sync::ShardState> state;
+  std::unique_ptr<sync::ParamServer> server;
+};
+
+MirrorOfPrevious serve_mirror(const ServerJob& job, const at::Tensor& flat, int shard,
+                              const sync::Access& access, c10d::Store& store,
+                              const comm::Endpoint& rendezvous) {
+  const int mirrored = (shard + job.servers - 1) % job.servers;
+  const sync::ShardRange range = sync::shard_range(job.numel, mirrored, job.servers);
+  sync::ShardOptions so = shard_options(job, mirrored);
+  so.mirror = true;
+  MirrorOfPrevious m;
+  // Built from the seed as the primary is: the two start equal and replay keeps them so.
+  m.state = std::make_shared<sync::ShardState>(
+      so, flat.narrow(0, range.offset, range.numel),
+      [&job](std::vector<at::Tensor> ps) { return make_optimizer(job.c, std::move(ps)); });
+  m.server = std::make_unique<sync::ParamServer>(m.state, 0, access);
+  const std::string address = str_cat(rendezvous.host, ":", m.server->port());
+  store.set(mirror_key(mirrored), std::vector<uint8_t>(address.begin(), address.end()));
+  return m;
+}
+
+}  // namespace
+
 nlohmann::json run_param_server(const core::Config& c, int shard, const comm::Endpoint& rendezvous,
                                 int workers, const WorkerOptions& options) {
   const auto t_start = Clock::now();
   ServerJob job(c, workers);
   at::Tensor flat = core::flatten(job.params);
   const sync::ShardRange range = sync::shard_range(job.numel, shard, job.servers);
-  const sync::ShardOptions so = shard_options(job, shard);
-  auto state = std::make_shared<sync::ShardState>(
-      so, flat.narrow(0, range.offset, range.numel),
-      [&c](std::vector<at::Tensor> ps) { return make_optimizer(c, std::move(ps)); });
+  sync::ShardOptions so = shard_options(job, shard);
   // One node (a loopback or file rendezvous): on loopback only. Otherwise the workers of the
   // other nodes must reach it, and the job secret keeps out everyone else (sync/param_server.h).
   sync::Access access;
   access.host =
       rendezvous.file.empty() && !comm::is_loopback(rendezvous.host) ? "0.0.0.0" : "127.0.0.1";
   access.secret = rendezvous.secret;
-  sync::ParamServer server(state, 0, access);
   auto store = comm::connect_store(rendezvous, comm_timeout(c));
+  MirrorOfPrevious mirror;
+  std::shared_ptr<sync::Replicator> link;
+  if (c.get_int("sync.replicas") > 0) {
+    // Mirror first, then wait for ours: every server publishes before it waits, so none waits
+    // on another that waits.
+    mirror = serve_mirror(job, flat, shard, access, *store, rendezvous);
+    const auto v = store->get(mirror_key(shard));
+    link = std::make_shared<sync::Replicator>(
+        shard, sync::mirror_sender(std::string(v.begin(), v.end()), comm_timeout(c), access.secret),
+        range.numel * 4);
+    so.journal = link;
+  }
+  auto state = std::make_shared<sync::ShardState>(
+      so, flat.narrow(0, range.offset, range.numel),
+      [&c](std::vector<at::Tensor> ps) { return make_optimizer(c, std::move(ps)); });
+  sync::ParamServer server(state, 0, access, link, 2 * comm_timeout(c));
   const std::string address = str_cat(rendezvous.host, ":", server.port());
   store->set(server_key(shard), std::vector<uint8_t>(address.begin(), address.end()));
 
   if (shard != 0) {
-    // Serve until the chief has collected this shard (the launcher stops us if it dies).
-    while (!server.wait_finish_answered(std::chrono::seconds(1))) {
+    // Serve until the chief has collected this shard, and the mirrored one too if its primary
+    // died and the chief collects it here (the launcher stops us if the chief dies).
+    const auto mirror_collected = [&] {
+      return !mirror.state || !mirror.state->stats().promoted ||
+             mirror.server->wait_finish_answered(std::chrono::milliseconds(0));
+    };
+    while (!server.wait_finish_answered(std::chrono::seconds(1)) || !mirror_collected()) {
     }
     return {{"shard", shard}};
   }

@@ -67,9 +67,15 @@ std::unique_ptr<engine::Engine> make_ps_worker(const core::Config& c, const Trai
     const auto v = store->get(str_cat("krab/ps/", i));  // waits for the server to publish
     addresses.emplace_back(v.begin(), v.end());
   }
-  auto client =
-      std::make_unique<sync::PsClient>(addresses, world.rank, models::parameter_count(*model),
-                                       comm_timeout(c), world.rendezvous.secret);
+  std::vector<std::string> mirrors;  // sync.replicas: 1 (train/async.cpp publishes them)
+  if (c.get_int("sync.replicas") > 0)
+    for (int i = 0; i < servers; ++i) {
+      const auto v = store->get(str_cat("krab/ps/", i, "/mirror"));
+      mirrors.emplace_back(v.begin(), v.end());
+    }
+  auto client = std::make_unique<sync::PsClient>(addresses, world.rank,
+                                                 models::parameter_count(*model), comm_timeout(c),
+                                                 world.rendezvous.secret, std::move(mirrors));
   return std::make_unique<sync::PsWorkerEngine>(std::move(model), std::move(client), world.rank,
                                                 world.size, o.batch * world.size);
 }

@@ -137,7 +137,8 @@ void check_elastic_options(const core::Config& c, int workers, const std::string
   KRAB_CHECK_ARG(mode != "async",
                  "elastic.enabled applies to sync.mode sync; sync.mode async already survives "
                  "workers (the parameter servers count a dead worker out and a returning one "
-                 "back in)");
+                 "back in), and covers its servers with sync.replicas: 1 (each shard mirrored "
+                 "on the next server)");
   KRAB_CHECK_ARG(mode != "local_sgd",
                  "elastic.enabled with sync.mode local_sgd is not supported yet: a dead "
                  "worker's local steps since the last average would be lost (use sync.mode: "

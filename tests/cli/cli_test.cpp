@@ -517,6 +517,17 @@ TEST_F(Cli, BadAsyncSettingsAreRefusedWithExitTwo) {
   expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 "
                           "--set sync.aggregate=-1")),
                  2, "sync.aggregate");
+  // Issue 27: a mirror lives on the next server, and only the parameter servers have shards.
+  const Result one_server =
+      run(krab("train ok.yaml --set sync.mode=async --set sync.servers=1 --set sync.replicas=1"));
+  expect_refused(one_server, 2, "sync.replicas 1");
+  expect_refused(one_server, 2, "sync.servers >= 2, got 1");
+  const Result sync_mode = run(krab("train ok.yaml --set sync.replicas=1"));
+  expect_refused(sync_mode, 2, "sync.replicas 1");
+  expect_refused(sync_mode, 2, "needs sync.mode: async (sync.mode is 'sync')");
+  expect_refused(run(krab("train ok.yaml --set sync.mode=async --set sync.servers=2 "
+                          "--set sync.replicas=2")),
+                 2, "sync.replicas");
   EXPECT_FALSE(fs::exists(dir_ / "runs"));
 }
 

@@ -36,7 +36,8 @@ TEST_F(ElasticCli, MembershipBoundsAreRefusedNamingBothKeys) {
 
 TEST_F(ElasticCli, ModesItDoesNotCoverAreRefusedNamingBothKeys) {
   expect_refusal("--set sync.mode=async",
-                 {"elastic.enabled applies to sync.mode sync; sync.mode async already survives"});
+                 {"elastic.enabled applies to sync.mode sync; sync.mode async already survives",
+                  "covers its servers with sync.replicas: 1"});
   expect_refusal("--set sync.mode=local_sgd",
                  {"elastic.enabled with sync.mode local_sgd is not supported yet"});
   expect_refusal("--set comm.backend=mpi", {"elastic.enabled needs comm.backend gloo", "mpi"});
