@@ -17,7 +17,7 @@
 # Exit: 0 pass, 1 fail, 77 skipped (not root, or no slurmctld/slurmd/munged: start_slurm.sh's
 # reasons). Bounded: the run itself by RUN_LIMIT seconds (below ctest's TIMEOUT).
 set -u
-KRAB=${1:?usage: slurm_autoscale.sh KRAB [PYTHON]}
+KRAB=$(realpath "${1:?usage: slurm_autoscale.sh KRAB [PYTHON]}")
 PY=${2:-python3}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 RUN_LIMIT=${RUN_LIMIT:-200}
@@ -131,8 +131,9 @@ check(joins >= 1, "no worker joined")
 check(workers == scale["workers"], f"membership ends at {workers}, the policy at {scale['workers']}")
 if cores == 2:
     check(workers <= 2, f"{workers} workers at the end on 2 cores")
-for s in sizes:
-    print(f"  size {s['workers']}: {s['rate']:.0f} samples/s (window ending at step {s['step']})")
+for i, s in enumerate(sizes):  # the last window of each stint at one size
+    if i + 1 == len(sizes) or sizes[i + 1]["workers"] != s["workers"]:
+        print(f"  size {s['workers']}: {s['rate']:.0f} samples/s (window ending at step {s['step']})")
 for d in decisions:
     print(f"  step {d['step']}: {d['action']} {d['from']} -> {d['to']} ({d['reason']})")
 print(f"  settled at {workers} worker(s)")
