@@ -311,7 +311,10 @@ elastic::SlurmOptions slurm_options(const core::Config& config, const train::Ela
   const char* path = std::getenv("PATH");
   elastic::SlurmOptions o;
   o.clients = elastic::find_slurm_clients(path ? path : "");
-  for (const auto& [k, v] : cli::current_environment()) o.env.push_back(k + "=" + v);
+  // The clients need SLURM_CONF, PATH and the like; none of krab's own variables (a secret
+  // the user exported among them). The workers' environment is the Supervisor's to build.
+  for (const auto& [k, v] : cli::current_environment())
+    if (k.rfind("KRAB_", 0) != 0) o.env.push_back(k + "=" + v);
   // sinfo against a controller that is down fails within its MessageTimeout (10 s by default).
   elastic::check_slurm_controller(o.clients, o.env, std::chrono::seconds(20));
   const std::string name = config.get_string("name");
