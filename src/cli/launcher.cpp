@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -16,6 +17,8 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "elastic/local_keeper.h"
+#include "elastic/providers/local.h"
+#include "elastic/providers/slurm.h"
 
 extern char** environ;
 
@@ -217,6 +220,15 @@ std::pair<int, std::string> describe_exit(int status) {
   return {0, ""};
 }
 
+// This binary's absolute path: a Slurm job runs it by name, not as /proc/self/exe of its
+// launcher.
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) throw Error(str_cat("cannot read /proc/self/exe: ", std::strerror(errno)));
+  return std::string(buf, static_cast<size_t>(n));
+}
+
 // Watches the children until every one has exited. The first that fails (or a signal to the
 // launcher) stops the others: SIGTERM, then SIGKILL once the grace period has passed. With
 // plan.elastic, failures go to the keeper instead (elastic_exit, poll_keeper).
@@ -247,6 +259,7 @@ class Supervisor {
         stop(128 + g_signal, std::chrono::seconds(3));
       }
       if (keeper_ && !stopping_) poll_keeper(/*force=*/false);
+      if (provider_ && !stopping_) poll_provider();
       if (stop_by_ && !stopping_ && std::chrono::steady_clock::now() > *stop_by_) {
         std::fprintf(stderr,
                      "krab: %d worker(s) still running %.0f s after the stop record; "
@@ -257,7 +270,10 @@ class Supervisor {
       if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return keeper_ && !stopping_ ? elastic_result() : result_;
+    const int code = keeper_ && !stopping_ ? elastic_result() : result_;
+    // Workers the provider started elsewhere (Slurm jobs) are not children: they end here.
+    if (provider_) provider_->shutdown();
+    return code;
   }
 
  private:
@@ -306,6 +322,14 @@ class Supervisor {
     o.store_dir = plan_.elastic->store_dir;
     o.start_grace = plan_.elastic->start_grace;
     o.autoscale = plan_.elastic->autoscale;
+    if (o.autoscale) {
+      if (plan_.elastic->slurm)
+        provider_ = std::make_unique<elastic::SlurmProvider>(*plan_.elastic->slurm);
+      else
+        provider_ = std::make_unique<elastic::LocalProvider>(
+            [this](const elastic::WorkerSpec& spec) { return spawn_member(spec); });
+      o.capacity = [p = provider_.get()] { return p->capacity(); };
+    }
     keeper_ = std::make_unique<elastic::LocalKeeper>(o, members, elastic::now_instant());
     next_slot_ = plan_.nproc_per_node;
     write_workers_json();
@@ -355,29 +379,67 @@ class Supervisor {
                  next.str().c_str(), dead.local, dead.member.str().c_str());
   }
 
-  // elastic.autoscale.provider local (§8): an addition is a joiner in a new slot, a removal the
-  // newest member's graceful leave (SIGTERM to it); RUN_DIR/autoscale.json has what the policy
-  // measured and decided.
+  // elastic.autoscale (§8): an addition is a joiner in a new slot, started by the provider (a
+  // child of this launcher, or a Slurm job); a removal the newest member's graceful leave
+  // (SIGTERM to it). RUN_DIR/autoscale.json has what the policy measured and decided.
   void scale(const elastic::ScaleDecision& d) {
     std::fprintf(stderr, "krab: autoscale: %s a worker, %d -> %d (%s)\n",
                  elastic::to_string(d.action), d.from, d.to, d.reason.c_str());
     if (d.action == elastic::ScaleAction::kAdd) {
-      const elastic::MemberId member{plan_.node_rank, next_slot_++, 0};
-      std::vector<std::string> env =
-          child_environment(plan_, false, 0, member.slot, member.slot, member.str());
-      env.push_back("KRAB_ELASTIC_JOIN=1");
-      const std::string name = str_cat("member ", member.str());
-      children_.push_back(
-          {start_child(argv_, env, name, ::getpid()), name, false, member.slot, member});
-      ++alive_;
-      keeper_->expect_joiner(member, member.slot);
+      add_worker();
     } else {
-      const elastic::Member& newest = keeper_->current().members.back();
-      for (const Child& c : children_)
-        if (c.pid > 0 && c.member == newest.id) ::kill(c.pid, SIGTERM);
+      const elastic::MemberId newest = keeper_->current().members.back().id;
+      if (auto it = added_.find(newest); it != added_.end()) {
+        provider_->remove(it->second);
+      } else {  // one of the starting workers (the additions died): it is a child
+        for (const Child& c : children_)
+          if (c.pid > 0 && c.member == newest) ::kill(c.pid, SIGTERM);
+      }
     }
     core::write_file_atomic(plan_.elastic->run_dir + "/autoscale.json",
                             elastic::autoscale_json(*keeper_->autoscale()));
+  }
+
+  void add_worker() {
+    const elastic::MemberId member{plan_.node_rank, next_slot_++, 0};
+    elastic::WorkerSpec spec{
+        member, argv_, child_environment(plan_, false, 0, member.slot, member.slot, member.str())};
+    spec.env.push_back("KRAB_ELASTIC_JOIN=1");
+    spec.argv[0] = self_exe();
+    keeper_->expect_joiner(member, member.slot);
+    try {
+      const elastic::WorkerHandle handle = provider_->add(spec);
+      added_[member] = handle;
+      if (plan_.elastic->slurm)
+        std::fprintf(stderr,
+                     "krab: autoscale: member %s is Slurm job %s (output in %s/slurm-%s.out)\n",
+                     member.str().c_str(), handle.id.c_str(), plan_.elastic->run_dir.c_str(),
+                     handle.id.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "krab: autoscale: %s\n", e.what());
+      keeper_->addition_failed(member);
+    }
+  }
+
+  // provider local: the addition as a child of this launcher, watched like the others.
+  pid_t spawn_member(const elastic::WorkerSpec& spec) {
+    const std::string name = str_cat("member ", spec.member.str());
+    const pid_t pid = start_child(spec.argv, spec.env, name, ::getpid());
+    children_.push_back({pid, name, false, spec.member.slot, spec.member});
+    ++alive_;
+    return pid;
+  }
+
+  // Additions the provider gave up on (a Slurm job pending past elastic.wait_s, or one that
+  // ended): one that never joined fails the policy's pending decision; the death of one that
+  // did is the heartbeats' to find.
+  void poll_provider() {
+    for (const elastic::WorkerHandle& gone : provider_->poll()) {
+      added_.erase(gone.member);
+      if (keeper_->addition_failed(gone.member))
+        std::fprintf(stderr, "krab: autoscale: member %s (%s %s) ended before it joined\n",
+                     gone.member.str().c_str(), provider_->name(), gone.id.c_str());
+    }
   }
 
   // The run is over once every member of the last generation exited 0: a replacement still
@@ -411,9 +473,11 @@ class Supervisor {
     // A proposal's lost members are leavers: they finish the step with the others and exit
     // by themselves (killing one now would break the step the others are in).
     if (record->kind == elastic::RecordKind::kAbort)
-      for (const elastic::LostMember& lost : record->lost)
+      for (const elastic::LostMember& lost : record->lost) {
         for (const Child& c : children_)
           if (c.pid > 0 && !c.server && c.member == lost.id) ::kill(c.pid, SIGKILL);
+        if (auto it = added_.find(lost.id); it != added_.end()) provider_->kill(it->second);
+      }
     write_workers_json();
     // The members write a checkpoint and exit (§2.5); that is bounded like any of their waits.
     if (record->state == elastic::RecordState::kStop) stop_by_ = now + plan_.elastic->start_grace;
@@ -481,9 +545,11 @@ class Supervisor {
   bool exits_pending_ = false;
   std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();
-  std::map<int, int> restarts_;  // elastic.replace_dead: replacements per slot
-  int next_slot_ = 0;            // autoscale: the slot of the next worker added
-  bool finished_ = false;        // every member of the last generation exited 0
+  std::map<int, int> restarts_;                  // elastic.replace_dead: replacements per slot
+  int next_slot_ = 0;                            // autoscale: the slot of the next worker added
+  std::unique_ptr<elastic::Provider> provider_;  // autoscale only
+  std::map<elastic::MemberId, elastic::WorkerHandle> added_;  // by provider_, not yet gone
+  bool finished_ = false;  // every member of the last generation exited 0
 };
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "comm/store.h"
 #include "elastic/autoscale.h"
 #include "elastic/keeper.h"
+#include "elastic/providers/slurm.h"
 
 namespace krab::cli {
 
@@ -58,8 +59,13 @@ struct ElasticLaunch {
   // at most max_restarts times per slot.
   bool replace_dead = false;
   int max_restarts = 3;
-  // elastic.autoscale.provider local: the policy's options (elastic/autoscale.h).
+  // elastic.autoscale.provider local or slurm: the policy's options (elastic/autoscale.h).
   std::optional<elastic::AutoscaleOptions> autoscale;
+  // provider slurm: how to reach Slurm (elastic/providers/slurm.h); empty for local. The
+  // launcher adds a worker through the provider (elastic/providers/provider.h): local spawns
+  // it as its child, slurm submits it as a batch job that joins through the same store file;
+  // at the end of the run the provider ends every job it submitted.
+  std::optional<elastic::SlurmOptions> slurm;
 };
 
 struct LaunchPlan {

@@ -304,6 +304,26 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
   return server;
 }
 
+// elastic.autoscale.provider slurm: the clients found in PATH and the controller answering
+// (refusals, exit 2, before anything is spawned), and what the provider needs to submit jobs.
+elastic::SlurmOptions slurm_options(const core::Config& config, const train::ElasticOptions& e,
+                                    const std::string& run_dir) {
+  const char* path = std::getenv("PATH");
+  elastic::SlurmOptions o;
+  o.clients = elastic::find_slurm_clients(path ? path : "");
+  // The clients need SLURM_CONF, PATH and the like; none of krab's own variables (a secret
+  // the user exported among them). The workers' environment is the Supervisor's to build.
+  for (const auto& [k, v] : cli::current_environment())
+    if (k.rfind("KRAB_", 0) != 0) o.env.push_back(k + "=" + v);
+  // sinfo against a controller that is down fails within its MessageTimeout (10 s by default).
+  elastic::check_slurm_controller(o.clients, o.env, std::chrono::seconds(20));
+  const std::string name = config.get_string("name");
+  o.job_name = "krab-" + (name.empty() ? std::string("job") : name);
+  o.run_dir = run_dir;
+  o.pending_limit = std::chrono::milliseconds(static_cast<int64_t>(e.wait_s * 1000));
+  return o;
+}
+
 // elastic.enabled (one node, checked before): the launcher keeps the membership
 // (cli/launcher.h, elastic/local_keeper.h) in the private directory of the rendezvous file.
 cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& keys,
@@ -322,7 +342,7 @@ cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& key
   launch.start_grace = keys.timeout;
   launch.replace_dead = e.replace_dead;
   launch.max_restarts = e.max_restarts;
-  if (e.autoscale == "local") {
+  if (e.autoscale != "none") {
     elastic::AutoscaleOptions a;
     a.up_efficiency = e.up_efficiency;
     a.down_efficiency = e.down_efficiency;
@@ -335,6 +355,7 @@ cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& key
                           std::max<int64_t>(1, config.get_int("train.grad_accum"));
     launch.autoscale = a;
   }
+  if (e.autoscale == "slurm") launch.slurm = slurm_options(config, e, launch.run_dir);
   return launch;
 }
 

@@ -486,8 +486,11 @@ std::vector<KeySpec> elastic_keys() {
                  "when it did not: it measures samples/s at each size over "
                  "`elastic.autoscale.window_steps` steps and compares each new worker's gain with "
                  "the average worker's (its efficiency). Changes are joins and graceful leaves: "
-                 "no step is lost. `none`: the workers stay as they are.",
-                 {"none", "local"}),
+                 "no step is lost. `slurm`: the same, each added worker a one-task Slurm batch "
+                 "job (`sbatch`, `scancel`, `sinfo` in PATH; the job's node must see the "
+                 "launcher's TMPDIR: this machine, or a shared filesystem). `none`: the workers "
+                 "stay as they are.",
+                 {"none", "local", "slurm"}),
       float_key("elastic.autoscale.up_efficiency", "0.6",
                 "`elastic.autoscale.provider`: keep adding workers while the last addition's "
                 "efficiency (its samples/s gain over the average worker's before it) is at "

@@ -158,8 +158,10 @@ void LocalKeeper::read_progress(std::vector<Event>* events) {
   const auto [time_end, time_ec] = std::from_chars(end + 1, last, unix_s);
   if (time_ec != std::errc() || time_end != last) return;
   const int workers = keeper_.current().workers();
-  const int capacity =
-      std::max(0, keeper_.max_workers() - workers - static_cast<int>(joiners_.size()));
+  int capacity = std::max(0, keeper_.max_workers() - workers - static_cast<int>(joiners_.size()));
+  // The provider is asked only when the room below max_workers would let the policy add: for
+  // Slurm it is a client call.
+  if (capacity > 0 && options_.capacity) capacity = std::min(capacity, options_.capacity());
   if (auto decision = autoscale_->on_progress(step, unix_s, workers, capacity))
     scale_ = std::move(decision);
 }
@@ -198,6 +200,12 @@ std::string autoscale_json(const AutoscalePolicy& policy) {
 
 void LocalKeeper::expect_joiner(const MemberId& member, int local_rank) {
   joiners_[member] = local_rank;
+}
+
+bool LocalKeeper::addition_failed(const MemberId& member) {
+  if (joiners_.erase(member) == 0) return false;
+  if (autoscale_) autoscale_->proposal_failed(std::max<int64_t>(progress_, 0));
+  return true;
 }
 
 void LocalKeeper::read_requests(std::vector<Event>* events) {

@@ -48,6 +48,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -69,6 +70,9 @@ struct LocalKeeperOptions {
   // records; its decisions come back through take_scale_decision() for the launcher to carry
   // out (start a joiner in a new slot, or ask the newest member to leave).
   std::optional<AutoscaleOptions> autoscale;
+  // The provider's capacity (elastic/providers/provider.h), asked when the policy may add; the
+  // policy sees the smaller of it and the room below max_workers. Empty: no bound of its own.
+  std::function<int()> capacity;
 };
 
 // Instant now, from the steady and the system clock.
@@ -89,6 +93,13 @@ class LocalKeeper {
   // it is ready to enter), the next poll feeds the Keeper its JoinRequest. The launcher spawned
   // it, so it is admitted without a secret or fingerprint check (§6.3 is for --join).
   void expect_joiner(const MemberId& member, int local_rank);
+
+  // An addition the launcher started as `member` will never join (the provider could not start
+  // it, its job pended too long, or it ended first): it is no longer expected, and the policy's
+  // pending decision fails (AutoscalePolicy::proposal_failed at the last progress step: a
+  // cooldown, as after a removal). Returns false, and does nothing, when `member` is not
+  // expected any more (it joined, or was given up before).
+  bool addition_failed(const MemberId& member);
 
   // The autoscale decision the last polls made, if any (once).
   std::optional<ScaleDecision> take_scale_decision();

@@ -64,7 +64,7 @@ struct ElasticOptions {
   bool replace_dead = false;
   int max_restarts = 3;
   bool replicate_shards = true;
-  std::string autoscale;  // elastic.autoscale.provider: "none" or "local"
+  std::string autoscale;  // elastic.autoscale.provider: "none", "local" or "slurm"
   double up_efficiency = 0.6;
   double down_efficiency = 0.3;
   int64_t window_steps = 20;

@@ -67,6 +67,40 @@ TEST_F(ElasticCli, AutoscaleWithoutRoomOrWithCrossedThresholdsIsRefused) {
       << r.output;
 }
 
+// provider slurm needs Slurm's client in PATH and a controller that answers; both are checked
+// before anything is spawned, with exit 2 naming the key.
+TEST_F(ElasticCli, SlurmProviderWithoutSlurmIsRefused) {
+  const std::string sets = "--set elastic.autoscale.provider=slurm --set elastic.max_workers=3 ";
+  write("job.yaml", kSmallJob);
+  // The variable before the command sets it for krab alone (krab() starts with a cd).
+  auto with = [&](const std::string& var) {
+    return "cd " + dir_.string() + " && " + var + " " + kKrab +
+           " train job.yaml --set elastic.enabled=true " + sets;
+  };
+  const Result no_client = run(with("PATH=" + (dir_ / "no-slurm-here").string()), 60);
+  EXPECT_EQ(no_client.code, 2) << no_client.output;
+  EXPECT_NE(no_client.output.find("elastic.autoscale.provider slurm: sbatch is not in PATH: "
+                                  "slurm-wlm's client is not installed; or provider: local"),
+            std::string::npos)
+      << no_client.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs")) << no_client.output;
+  if (std::system("command -v sinfo >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no sinfo: the dead-controller case needs Slurm's client";
+  // A controller on a port nobody listens on: sinfo gives up after its retries (~9 s).
+  write("dead.conf", "ClusterName=krabdead\nSlurmctldHost=localhost\nSlurmctldPort=" +
+                         std::to_string(free_port()) +
+                         "\nAuthType=auth/none\nCredType=cred/none\n"
+                         "NodeName=localhost CPUs=1 State=UNKNOWN\n"
+                         "PartitionName=t Nodes=localhost Default=YES State=UP\n");
+  const Result dead = run(with("SLURM_CONF=" + (dir_ / "dead.conf").string()), 90);
+  EXPECT_EQ(dead.code, 2) << dead.output;
+  EXPECT_NE(dead.output.find("elastic.autoscale.provider slurm: the Slurm controller does not "
+                             "answer: slurm_load_partitions: Unable to contact slurm controller"),
+            std::string::npos)
+      << dead.output;
+  EXPECT_FALSE(fs::exists(dir_ / "runs")) << dead.output;
+}
+
 // The same job without elastic.enabled is not refused by any of these checks.
 TEST_F(ElasticCli, ElasticKeysAreInertWhenDisabled) {
   write("job.yaml", kSmallJob);

@@ -346,5 +346,51 @@ TEST(LocalKeeper, WorkersJsonAndTheWaitingAndStopLines) {
   EXPECT_EQ(workers_json(GenerationRecord{}), "{\"generation\": 0, \"workers\": []}\n");
 }
 
+// Autoscale through the keeper (§8): the provider's capacity gates an addition, and an
+// addition that will never join (its Slurm job pended too long) fails the pending decision,
+// which then cools down like a removal.
+TEST(LocalKeeper, ProviderCapacityGatesAnAdditionAndAFailedOneCoolsDown) {
+  Job job;
+  LocalKeeperOptions o = job.options();
+  o.keeper.max_workers = 2;
+  AutoscaleOptions a;
+  a.window_steps = 2;
+  a.cooldown_steps = 10;
+  a.max_workers = 2;
+  a.examples_per_step = 64;
+  o.autoscale = a;
+  int capacity = 0, asked = 0;
+  o.capacity = [&] { return ++asked, capacity; };
+  LocalKeeper keeper(o, {{0, 0, 0, 100, {0, 0, 0}}}, at(0));
+  int64_t step = 0;
+  auto steps = [&](int n) {  // rank 0 completes n steps, 0.1 s apart
+    for (int i = 0; i < n; ++i, ++step) {
+      job.put("elastic/progress", str_cat(step + 1, " ", 1000 + 0.1 * step));  // 6 digits
+      keeper.poll(at(100 * step));
+    }
+  };
+  steps(10);  // warm-up and a window: measured, but no capacity
+  EXPECT_GT(asked, 0);
+  EXPECT_FALSE(keeper.take_scale_decision().has_value());
+  capacity = 1;
+  steps(1);
+  const std::optional<ScaleDecision> add = keeper.take_scale_decision();
+  ASSERT_TRUE(add.has_value());
+  EXPECT_EQ(add->action, ScaleAction::kAdd);
+  keeper.expect_joiner({0, 1, 0}, 1);
+  EXPECT_TRUE(keeper.autoscale()->pending());
+  EXPECT_TRUE(keeper.addition_failed({0, 1, 0}));
+  EXPECT_FALSE(keeper.autoscale()->pending());
+  EXPECT_FALSE(keeper.addition_failed({0, 1, 0})) << "given up twice";
+  steps(9);  // within cooldown_steps of the failure: nothing
+  EXPECT_FALSE(keeper.take_scale_decision().has_value());
+  steps(3);
+  EXPECT_TRUE(keeper.take_scale_decision().has_value()) << "tried again after the cooldown";
+  // The member never asked: its join key appearing now admits nobody.
+  job.put("elastic/join/0.1.0", "4242");
+  keeper.poll(at(100 * step));
+  EXPECT_EQ(keeper.current().workers(), 1);
+}
+
 }  // namespace
 }  // namespace krab::elastic
