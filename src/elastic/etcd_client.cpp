@@ -523,4 +523,20 @@ EtcdStatus EtcdClient::status() {
           int64_field(header, "raft_term", "etcd status")};
 }
 
+EtcdStatus require_etcd(const std::string& flag, const std::string& list,
+                        std::chrono::milliseconds timeout, const std::string& timeout_key) {
+  EtcdClient::Options options;
+  options.endpoints = EtcdClient::parse_endpoints(list, flag);
+  options.timeout = timeout;
+  options.attempt_timeout = std::min(options.attempt_timeout, timeout);
+  EtcdClient client(std::move(options));
+  try {
+    return client.status();
+  } catch (const Timeout& e) {
+    throw InvalidArgument(str_cat(flag, " ", list, ": no etcd answered within ",
+                                  timeout.count() / 1000.0, " s (", timeout_key, ") [", e.what(),
+                                  "]"));
+  }
+}
+
 }  // namespace krab::elastic

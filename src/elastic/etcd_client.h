@@ -178,4 +178,13 @@ class EtcdClient {
   std::unique_ptr<Impl> impl_;
 };
 
+// The launcher's start-time check of an etcd endpoint list (§6.2): parses `list` and asks for a
+// member's status, bounded by `timeout`. Returns that status. A list that does not parse, or
+// no member answering in time, throws InvalidArgument (exit 2) naming `flag` and the list,
+// e.g. "--rdzv-endpoints 10.0.0.1:2379,10.0.0.2:2379: no etcd answered within 60 s
+// (comm.timeout_s) [etcd status: ... 10.0.0.1:2379: connect timed out; ...]" — `timeout_key`
+// names where the bound came from; the bracket is the client's Timeout, each endpoint's error.
+EtcdStatus require_etcd(const std::string& flag, const std::string& list,
+                        std::chrono::milliseconds timeout, const std::string& timeout_key);
+
 }  // namespace krab::elastic

@@ -74,6 +74,30 @@ TEST(EtcdUnreachable, TimesOutWithinTheBoundNamingEachEndpoint) {
   }
 }
 
+// The launcher's start-time check: exit 2 (InvalidArgument) naming the flag, the list, the
+// bound and its key, within the bound.
+TEST(EtcdUnreachable, RequireEtcdRefusesAListWhereNothingAnswers) {
+  const std::string list = "127.0.0.1:" + std::to_string(test::closed_port()) +
+                           ",127.0.0.1:" + std::to_string(test::closed_port());
+  const auto t0 = Clock::now();
+  try {
+    require_etcd("--rdzv-endpoints", list, milliseconds(500), "comm.timeout_s");
+    FAIL() << "require_etcd accepted closed ports";
+  } catch (const InvalidArgument& e) {
+    EXPECT_LT(seconds_since(t0), 1.0);
+    EXPECT_EQ(e.exit_code(), 2);
+    const std::string what = e.what();
+    EXPECT_EQ(
+        what.rfind("--rdzv-endpoints " + list + ": no etcd answered within 0.5 s (comm.timeout_s)",
+                   0),
+        0u)
+        << what;
+    std::printf("require_etcd: %s\n", what.c_str());
+  }
+  EXPECT_THROW(require_etcd("--rdzv-endpoints", "127.0.0.1", milliseconds(500), "comm.timeout_s"),
+               InvalidArgument);
+}
+
 class EtcdClientTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { etcd_ = test::EtcdDaemon::start(1, &skip_).release(); }
@@ -345,6 +369,15 @@ TEST_F(EtcdClientTest, RequestsOverTheKeptAliveConnectionTakeAboutAMillisecond) 
   EXPECT_LT(put_ms, 20.0);
   EXPECT_LT(get_ms, 20.0);
   EXPECT_LT(range_ms, 20.0);
+}
+
+TEST_F(EtcdClientTest, RequireEtcdReturnsTheStatusOfALiveMember) {
+  const EtcdStatus st =
+      require_etcd("--rdzv-endpoints", etcd_->endpoints(), milliseconds(5000), "comm.timeout_s");
+  EXPECT_EQ(st.endpoint, etcd_->endpoints());
+  EXPECT_NE(st.member_id, 0u);
+  EXPECT_EQ(st.leader_id, st.member_id);  // one member leads itself
+  EXPECT_GE(st.raft_term, 1);
 }
 
 TEST_F(EtcdClientTest, FailsOverFromADeadEndpointToALiveOne) {
