@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <type_traits>
 
 #include "core/errors.h"
 
@@ -261,17 +262,31 @@ struct Refusal {
   std::string message;
 };
 
+// A field of an error answer, or `fallback` when it is absent or of another type: an error
+// answer is read for its message, and an odd one must not hide the failure it reports.
+template <typename T>
+T field_or(const json& object, const char* name, T fallback) {
+  const auto it = object.find(name);
+  if (it == object.end()) return fallback;
+  if constexpr (std::is_same_v<T, std::string>) {
+    return it->is_string() ? it->get<std::string>() : fallback;
+  } else {
+    return it->is_number_integer() ? it->get<T>() : fallback;
+  }
+}
+
 std::optional<Refusal> refusal_of(int status, const json& body) {
-  const auto error = body.is_object() ? body.find("error") : body.end();
-  if (status == 200 && (error == body.end() || !error->is_object())) return std::nullopt;
+  const auto error = body.find("error");
+  const bool stream_error = error != body.end() && error->is_object();
+  if (status == 200 && !stream_error) return std::nullopt;
   Refusal r{status, 0, ""};
-  if (error != body.end() && error->is_object()) {
-    r.http_status = error->value("http_code", status);
-    r.grpc_code = error->value("grpc_code", 0);
-    r.message = error->value("message", "");
-  } else if (body.is_object()) {
-    r.grpc_code = body.value("code", 0);
-    r.message = body.value("message", body.value("error", ""));
+  if (stream_error) {
+    r.http_status = field_or(*error, "http_code", status);
+    r.grpc_code = field_or(*error, "grpc_code", 0);
+    r.message = field_or<std::string>(*error, "message", "");
+  } else {
+    r.grpc_code = field_or(body, "code", 0);
+    r.message = field_or<std::string>(body, "message", field_or<std::string>(body, "error", ""));
   }
   if (r.message.empty()) r.message = str_cat("HTTP ", status);
   return r;
@@ -477,11 +492,15 @@ EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compare,
   const json answer = impl_->call("txn", first_key, "/v3/kv/txn", request);
 
   EtcdTxnResult result;
-  result.succeeded = answer.value("succeeded", false);  // absent when false (proto3)
+  const auto succeeded = answer.find("succeeded");  // absent when false (proto3)
+  if (succeeded != answer.end() && !succeeded->is_boolean())
+    throw CorruptData(str_cat("etcd txn: field succeeded is not a boolean: ", succeeded->dump()));
+  result.succeeded = succeeded != answer.end() && succeeded->get<bool>();
   result.revision = int64_field(answer.value("header", json::object()), "revision", "etcd txn");
   const std::vector<EtcdOp>& ran = result.succeeded ? success : failure;
   result.ranges.resize(ran.size());
   const json responses = answer.value("responses", json::array());
+  if (!responses.is_array()) throw CorruptData("etcd txn: field responses is not an array");
   for (size_t i = 0; i < ran.size() && i < responses.size(); ++i) {
     const auto range = responses[i].find("response_range");
     if (range != responses[i].end()) result.ranges[i] = decode_kvs(*range, "etcd txn");
