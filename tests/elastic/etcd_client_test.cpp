@@ -2,7 +2,7 @@
 // one private single-member etcd for the suite (each case under its own key prefix), a
 // three-member cluster for the member-loss case, and closed ports for the unreachable cases.
 // Skipped when there is no etcd binary. Lease cases wait out real TTLs (2 s, etcd's minimum):
-// the suite takes ~15 s.
+// the suite takes ~20 s.
 #include "elastic/etcd_client.h"
 
 #include <gtest/gtest.h>
