@@ -4,71 +4,21 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
-#include <type_traits>
 
 #include "core/errors.h"
+#include "core/printable.h"
+#include "elastic/etcd_wire.h"
 
 namespace krab::elastic {
 
 using json = nlohmann::json;
+using etcd_wire::base64_encode;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string base64_encode(const std::string& bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t n = uint32_t(uint8_t(bytes[i])) << 16 | uint32_t(uint8_t(bytes[i + 1])) << 8 |
-                       uint8_t(bytes[i + 2]);
-    for (int shift : {18, 12, 6, 0}) out += kBase64[(n >> shift) & 63];
-  }
-  if (i < bytes.size()) {
-    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    out += kBase64[(n >> 18) & 63];
-    out += kBase64[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? kBase64[(n >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
-}
-
-// Strict: etcd's gateway writes padded standard base64; anything else means the answer did
-// not come from etcd.
-std::string base64_decode(const std::string& text, const std::string& where) {
-  auto fail = [&] {
-    throw CorruptData(str_cat(where, ": '", text.substr(0, 40), "' is not base64"));
-  };
-  if (text.size() % 4 != 0) fail();
-  std::string out;
-  out.reserve(text.size() / 4 * 3);
-  for (size_t i = 0; i < text.size(); i += 4) {
-    uint32_t n = 0;
-    int pad = 0;
-    for (size_t j = 0; j < 4; ++j) {
-      const char c = text[i + j];
-      const char* at = c == '=' ? nullptr : std::strchr(kBase64, c);
-      if (c == '=' && i + 4 == text.size() && j >= 2) {
-        ++pad;
-      } else if (at == nullptr || c == '\0' || pad > 0) {
-        fail();
-      }
-      n = n << 6 | (at ? uint32_t(at - kBase64) : 0);
-    }
-    out += char(n >> 16);
-    if (pad < 2) out += char(n >> 8 & 0xff);
-    if (pad < 1) out += char(n & 0xff);
-  }
-  return out;
-}
 
 // The range_end that selects every key starting with `prefix`: the prefix with its last byte
 // below 0xff incremented and what follows dropped. A prefix of only 0xff bytes (or an empty
@@ -79,74 +29,6 @@ std::string prefix_end(const std::string& prefix) {
   if (end.empty()) return std::string(1, '\0');
   end.back() = char(uint8_t(end.back()) + 1);
   return end;
-}
-
-// A key or value for a message: printable ASCII kept, other bytes as \xNN, at most 60 bytes.
-std::string printable(const std::string& bytes) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < bytes.size() && i < 60; ++i) {
-    const auto c = uint8_t(bytes[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += char(c);
-    } else {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
-  if (bytes.size() > 60) out += "...";
-  return out;
-}
-
-// int64 fields arrive as JSON strings (as numbers from some gateways); absent means 0.
-int64_t int64_field(const json& object, const char* name, const std::string& where) {
-  const auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return 0;
-  if (it->is_number_integer()) return it->get<int64_t>();
-  if (it->is_string()) {
-    const std::string& s = it->get_ref<const std::string&>();
-    int64_t v = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc() && end == s.data() + s.size()) return v;
-  }
-  throw CorruptData(str_cat(where, ": field ", name, " is not an int64: ", it->dump()));
-}
-
-// Member IDs are uint64s (often above 2^63), as strings.
-uint64_t uint64_field(const json& object, const char* name, const std::string& where) {
-  const auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return 0;
-  if (it->is_number_unsigned()) return it->get<uint64_t>();
-  if (it->is_string()) {
-    const std::string& s = it->get_ref<const std::string&>();
-    uint64_t v = 0;
-    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (ec == std::errc() && end == s.data() + s.size()) return v;
-  }
-  throw CorruptData(str_cat(where, ": field ", name, " is not a uint64: ", it->dump()));
-}
-
-std::string bytes_field(const json& object, const char* name, const std::string& where) {
-  const auto it = object.find(name);
-  if (it == object.end() || it->is_null()) return {};
-  if (!it->is_string()) throw CorruptData(str_cat(where, ": field ", name, " is not a string"));
-  return base64_decode(it->get_ref<const std::string&>(), str_cat(where, ": field ", name));
-}
-
-std::vector<EtcdKeyValue> decode_kvs(const json& range, const std::string& where) {
-  std::vector<EtcdKeyValue> kvs;
-  const auto it = range.find("kvs");
-  if (it == range.end()) return kvs;
-  if (!it->is_array()) throw CorruptData(str_cat(where, ": kvs is not an array"));
-  for (const json& kv : *it) {
-    if (!kv.is_object()) throw CorruptData(str_cat(where, ": a kv is not an object"));
-    kvs.push_back({bytes_field(kv, "key", where), bytes_field(kv, "value", where),
-                   int64_field(kv, "create_revision", where),
-                   int64_field(kv, "mod_revision", where), int64_field(kv, "version", where),
-                   int64_field(kv, "lease", where)});
-  }
-  return kvs;
 }
 
 // etcd refuses an empty key; every key is the range from "\0" to "\0" (the end of the space).
@@ -242,61 +124,19 @@ Answer post(httplib::Client& client, const std::string& path, const std::string&
     trailer = r.has_header("Trailer");
     return true;
   };
+  // An answer is kept up to one byte past etcd_wire's bound, and then the read stops:
+  // parse_answer refuses it as too large (whoever sends it is no etcd member).
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    answer.body.append(data, n);
-    return true;
+    answer.body.append(data, std::min(n, etcd_wire::kMaxAnswerBytes + 1 - answer.body.size()));
+    return answer.body.size() <= etcd_wire::kMaxAnswerBytes;
   };
   answer.error = client.send(req).error();
+  if (answer.body.size() > etcd_wire::kMaxAnswerBytes) answer.error = httplib::Error::Success;
   if (answer.error == httplib::Error::Read && trailer && answer.status != 0 &&
       json::accept(answer.body))
     answer.error = httplib::Error::Success;
   return answer;
 }
-
-// etcd's failure answers, both shapes (§15.6): unary calls send {"error":M,"message":M,"code":N}
-// with the HTTP status; the keepalive stream sends {"error":{"grpc_code":N,"http_code":H,
-// "message":M}}, possibly under HTTP 200 as the stream had begun.
-struct Refusal {
-  int http_status = 0;
-  int grpc_code = 0;
-  std::string message;
-};
-
-// A field of an error answer, or `fallback` when it is absent or of another type: an error
-// answer is read for its message, and an odd one must not hide the failure it reports.
-template <typename T>
-T field_or(const json& object, const char* name, T fallback) {
-  const auto it = object.find(name);
-  if (it == object.end()) return fallback;
-  if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->get<std::string>() : fallback;
-  } else {
-    return it->is_number_integer() ? it->get<T>() : fallback;
-  }
-}
-
-std::optional<Refusal> refusal_of(int status, const json& body) {
-  const auto error = body.find("error");
-  const bool stream_error = error != body.end() && error->is_object();
-  if (status == 200 && !stream_error) return std::nullopt;
-  Refusal r{status, 0, ""};
-  if (stream_error) {
-    r.http_status = field_or(*error, "http_code", status);
-    r.grpc_code = field_or(*error, "grpc_code", 0);
-    r.message = field_or<std::string>(*error, "message", "");
-  } else {
-    r.grpc_code = field_or(body, "code", 0);
-    r.message = field_or<std::string>(body, "message", field_or<std::string>(body, "error", ""));
-  }
-  if (r.message.empty()) r.message = str_cat("HTTP ", status);
-  return r;
-}
-
-// A member that answers 5xx cannot serve the request now (no leader, no quorum, leader
-// changed, its own deadline); another member may. A 4xx is etcd's verdict on the request.
-bool worth_another_member(const Refusal& r) { return r.http_status >= 500; }
-
-constexpr int kGrpcNotFound = 5;
 
 }  // namespace
 
@@ -357,7 +197,7 @@ struct EtcdClient::Impl {
 json EtcdClient::Impl::call(const std::string& op, const std::string& key, const std::string& path,
                             const json& request) {
   std::lock_guard<std::mutex> lock(mu);
-  const std::string what = key.empty() ? op : str_cat(op, " '", printable(key), "'");
+  const std::string what = key.empty() ? op : str_cat(op, " '", core::printable(key, 60), "'");
   const std::string body = request.dump();
   const size_t n = clients.size();
   std::vector<std::string> last_error(n, "not tried");
@@ -381,28 +221,19 @@ json EtcdClient::Impl::call(const std::string& op, const std::string& key, const
         last_error[i] = describe(res.error);
         continue;
       }
-      const json answer = json::parse(res.body, nullptr, /*allow_exceptions=*/false);
-      if (answer.is_discarded() || !answer.is_object())
-        throw CorruptData(str_cat("etcd ", what, " at ", endpoint, ": HTTP ", res.status,
-                                  " with a body that is not etcd's JSON: '", printable(res.body),
-                                  "'"));
-      const std::optional<Refusal> refusal = refusal_of(res.status, answer);
+      json answer =
+          etcd_wire::parse_answer(res.body, res.status, str_cat("etcd ", what, " at ", endpoint));
+      const std::optional<etcd_wire::Refusal> refusal = etcd_wire::decode_error(res.status, answer);
       if (!refusal) {
         current = i;
         return answer;
       }
-      if (worth_another_member(*refusal)) {
+      if (etcd_wire::worth_another_member(*refusal)) {
         last_error[i] =
             str_cat("etcd says '", refusal->message, "' (HTTP ", refusal->http_status, ")");
         continue;
       }
-      const std::string message =
-          str_cat("etcd ", what, " at ", endpoint, ": ", refusal->message, " (HTTP ",
-                  refusal->http_status, ", gRPC code ", refusal->grpc_code, ")");
-      if (refusal->grpc_code == kGrpcNotFound &&
-          refusal->message.find("lease not found") != std::string::npos)
-        throw PeerLost(message);
-      throw Error(message);
+      etcd_wire::throw_refusal(*refusal, str_cat("etcd ", what), endpoint);
     }
     const auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) {
@@ -448,13 +279,13 @@ int64_t EtcdClient::put(const std::string& key, const std::string& value, int64_
   json request = {{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease != 0) request["lease"] = std::to_string(lease);
   const json answer = impl_->call("put", key, "/v3/kv/put", request);
-  return int64_field(answer.value("header", json::object()), "revision", "etcd put");
+  return etcd_wire::decode_put(answer, "etcd put");
 }
 
 std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
   KRAB_CHECK_ARG(!key.empty(), "etcd get: the key is empty");
   const json answer = impl_->call("get", key, "/v3/kv/range", range_request(key, false));
-  std::vector<EtcdKeyValue> kvs = decode_kvs(answer, "etcd get");
+  std::vector<EtcdKeyValue> kvs = etcd_wire::decode_range(answer, "etcd get");
   if (kvs.empty()) return std::nullopt;
   return std::move(kvs.front());
 }
@@ -462,19 +293,19 @@ std::optional<EtcdKeyValue> EtcdClient::get(const std::string& key) {
 std::vector<EtcdKeyValue> EtcdClient::get_prefix(const std::string& prefix) {
   const json answer =
       impl_->call("get prefix", prefix, "/v3/kv/range", range_request(prefix, true));
-  return decode_kvs(answer, "etcd get prefix");
+  return etcd_wire::decode_range(answer, "etcd get prefix");
 }
 
 int64_t EtcdClient::erase(const std::string& key) {
   KRAB_CHECK_ARG(!key.empty(), "etcd delete: the key is empty");
   const json answer = impl_->call("delete", key, "/v3/kv/deleterange", range_request(key, false));
-  return int64_field(answer, "deleted", "etcd delete");
+  return etcd_wire::decode_delete(answer, "etcd delete");
 }
 
 int64_t EtcdClient::erase_prefix(const std::string& prefix) {
   const json answer =
       impl_->call("delete prefix", prefix, "/v3/kv/deleterange", range_request(prefix, true));
-  return int64_field(answer, "deleted", "etcd delete prefix");
+  return etcd_wire::decode_delete(answer, "etcd delete prefix");
 }
 
 EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compare,
@@ -490,30 +321,14 @@ EtcdTxnResult EtcdClient::txn(const std::vector<EtcdCompare>& compare,
   for (const EtcdOp& op : failure) request["failure"].push_back(op_request(op));
   const std::string first_key = compare.empty() ? std::string() : compare.front().key;
   const json answer = impl_->call("txn", first_key, "/v3/kv/txn", request);
-
-  EtcdTxnResult result;
-  const auto succeeded = answer.find("succeeded");  // absent when false (proto3)
-  if (succeeded != answer.end() && !succeeded->is_boolean())
-    throw CorruptData(str_cat("etcd txn: field succeeded is not a boolean: ", succeeded->dump()));
-  result.succeeded = succeeded != answer.end() && succeeded->get<bool>();
-  result.revision = int64_field(answer.value("header", json::object()), "revision", "etcd txn");
-  const std::vector<EtcdOp>& ran = result.succeeded ? success : failure;
-  result.ranges.resize(ran.size());
-  const json responses = answer.value("responses", json::array());
-  if (!responses.is_array()) throw CorruptData("etcd txn: field responses is not an array");
-  for (size_t i = 0; i < ran.size() && i < responses.size(); ++i) {
-    const auto range = responses[i].find("response_range");
-    if (range != responses[i].end()) result.ranges[i] = decode_kvs(*range, "etcd txn");
-  }
-  return result;
+  return etcd_wire::decode_txn(answer, success.size(), failure.size(), "etcd txn");
 }
 
 EtcdLease EtcdClient::grant(int64_t ttl_s) {
   KRAB_CHECK_ARG(ttl_s >= 1, "etcd lease grant: TTL ", ttl_s, " s is below 1 s");
   const json answer =
       impl_->call("lease grant", "", "/v3/lease/grant", {{"TTL", std::to_string(ttl_s)}});
-  return {int64_field(answer, "ID", "etcd lease grant"),
-          int64_field(answer, "TTL", "etcd lease grant")};
+  return etcd_wire::decode_grant(answer, "etcd lease grant");
 }
 
 int64_t EtcdClient::keepalive(int64_t lease) {
@@ -521,7 +336,7 @@ int64_t EtcdClient::keepalive(int64_t lease) {
   // An expired lease's result simply has no TTL.
   const json answer = impl_->call(str_cat("lease keepalive ", lease), "", "/v3/lease/keepalive",
                                   {{"ID", std::to_string(lease)}});
-  return int64_field(answer.value("result", json::object()), "TTL", "etcd lease keepalive");
+  return etcd_wire::decode_keepalive(answer, "etcd lease keepalive");
 }
 
 bool EtcdClient::revoke(int64_t lease) {
@@ -536,10 +351,7 @@ bool EtcdClient::revoke(int64_t lease) {
 
 EtcdStatus EtcdClient::status() {
   const json answer = impl_->call("status", "", "/v3/maintenance/status", json::object());
-  const json header = answer.value("header", json::object());
-  return {current_endpoint(), uint64_field(header, "member_id", "etcd status"),
-          uint64_field(answer, "leader", "etcd status"),
-          int64_field(header, "raft_term", "etcd status")};
+  return etcd_wire::decode_status(answer, current_endpoint(), "etcd status");
 }
 
 EtcdStatus require_etcd(const std::string& flag, const std::string& list,
