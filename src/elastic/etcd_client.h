@@ -35,7 +35,8 @@
 //                    whatever that lease held is gone. Thrown by put/txn with a lease;
 //                    keepalive and revoke report it by their return value instead.
 //   Error            etcd refused the request for another reason (its gRPC code and message).
-//   CorruptData      an answer that is not the JSON etcd sends (a proxy, a wrong port).
+//   CorruptData      an answer that is not the JSON etcd sends (a proxy, a wrong port), or
+//                    larger or deeper than etcd's answers can be (elastic/etcd_wire.h).
 //   InvalidArgument  the caller's mistake: a malformed endpoint list (names the item), an empty
 //                    key, a TTL below 1.
 //

@@ -1,5 +1,6 @@
 #include "elastic/etcd_wire.h"
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <type_traits>
@@ -195,14 +196,14 @@ std::string base64_decode(std::string_view text, const std::string& where) {
 }
 
 json parse_answer(std::string_view body, int http_status, const std::string& where) {
-  auto refuse = [&](const char* why) {
+  auto refuse = [&](const std::string& why) {
     throw CorruptData(str_cat(where, ": HTTP ", http_status, " with a body that ", why, ": '",
                               core::printable(body, 60), "'"));
   };
   if (body.size() > kMaxAnswerBytes)
-    refuse(str_cat("is larger than ", kMaxAnswerBytes >> 20, " MiB").c_str());
+    refuse(str_cat("is larger than ", kMaxAnswerBytes >> 20, " MiB"));
   if (nesting_depth(body, kMaxAnswerDepth) > kMaxAnswerDepth)
-    refuse(str_cat("nests deeper than ", kMaxAnswerDepth, " levels").c_str());
+    refuse(str_cat("nests deeper than ", kMaxAnswerDepth, " levels"));
   json answer = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (answer.is_discarded() || !answer.is_object()) refuse("is not etcd's JSON");
   return answer;

@@ -13,7 +13,7 @@
 //
 // Bounds. parse_answer refuses a body over kMaxAnswerBytes and JSON nested deeper than
 // kMaxAnswerDepth before nlohmann builds anything: etcd's deepest answer (a txn's kv) is 6
-// levels, and nlohmann copies and prints values recursively, so a forged answer a million
+// levels, and nlohmann prints (dump) values recursively, so a forged answer a million
 // levels deep would otherwise overflow the stack. Decoded keys and values are never larger
 // than the body.
 //
