@@ -35,7 +35,7 @@ test: build
 # parallel, compress and the parameter-server shard. The ASan build uses clang, which makes it the
 # fuzzing build too (docs/fuzzing.md): its tests include a short run of every fuzz target
 # (FUZZ_CI_SECONDS each); `make fuzz` runs them longer (FUZZ_SECONDS each).
-SANITIZE_TARGETS = core_config_test core_record_test data_test data_images_test models_test comm_gloo_test parallel_test train_test compress_test sync_shard_test sync_rpc_test sync_engines_test sync_replication_test secagg_test fl_test elastic_test elastic_engine_test
+SANITIZE_TARGETS = core_config_test core_record_test data_test data_images_test models_test comm_gloo_test parallel_test train_test compress_test sync_shard_test sync_rpc_test sync_engines_test sync_replication_test secagg_test fl_test elastic_test elastic_engine_test etcd_client_test
 ASAN_CC  ?= clang-14
 ASAN_CXX ?= clang++-14
 FUZZ_CI_SECONDS ?= 15

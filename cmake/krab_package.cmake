@@ -40,6 +40,7 @@ set(KRAB_PACKAGE_ROOTS krab_train)
 # An item outside this list stops the configure: add its find_dependency there and here.
 set(KRAB_PACKAGE_EXTERNAL yaml-cpp nlohmann_json::nlohmann_json ZLIB::ZLIB Threads::Threads
     OpenSSL::Crypto gRPC::grpc++ protobuf::libprotobuf MPI::MPI_C PNG::PNG JPEG::JPEG
+    PkgConfig::KRAB_HTTPLIB
     ${TORCH_LIBRARIES})
 
 # Depth-first over LINK_LIBRARIES (a static library's private dependencies are link
@@ -140,6 +141,7 @@ set(KRAB_DEBIAN_DEPENDS
   libsodium23                                # secure aggregation
   libpng16-16 libjpeg62-turbo                # image folders (data.name images)
   libopenmpi3                                # the MPI backend
+  libcpp-httplib0.11                         # the etcd client (elastic rendezvous)
   libstdc++6 libgcc-s1 libc6)
 list(JOIN KRAB_DEBIAN_DEPENDS ", " CPACK_DEBIAN_PACKAGE_DEPENDS)
 # Not needed to run: OpenBLAS makes LibTorch's matmul much faster on CPUs, mpirun launches the

@@ -23,7 +23,7 @@ packages=(
   python3-torchvision                 # bench/real_networks.py: ResNet and MobileNet, random init
   iproute2                            # network-namespace tests
   etcd-server etcd-client             # elastic: the etcd rendezvous and its tests (a private etcd)
-  libcpp-httplib-dev                  # elastic: the etcd v3 JSON gateway client (header-only)
+  libcpp-httplib-dev                  # elastic: the etcd client (compiled, not header-only)
   slurm-wlm munge                     # elastic: the Slurm autoscale provider and its test
 )
 
