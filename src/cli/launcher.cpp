@@ -502,10 +502,13 @@ class Supervisor {
         ranks += str_cat(m.rank == 0 ? " " : ", ", m.rank);
       std::fprintf(stderr,
                    "krab: elastic.min_workers %d: %d worker(s) left (%s of generation %lld) "
-                   "after waiting elastic.wait_s %g s; the workers wrote a checkpoint in %s: run "
-                   "again with checkpoint.resume: true\n",
+                   "after waiting elastic.wait_s %g s; %s %s: run again with "
+                   "checkpoint.resume: true\n",
                    plan_.elastic->keeper.min_workers, last.workers(), ranks.c_str(),
                    static_cast<long long>(last.generation), plan_.elastic->keeper.wait_s,
+                   plan_.elastic->sharded
+                       ? "the last periodic checkpoint (checkpoint.every) is in"
+                       : "the workers wrote a checkpoint in",
                    plan_.elastic->run_dir.c_str());
       return 1;
     }

@@ -53,6 +53,9 @@ struct ElasticLaunch {
   elastic::KeeperOptions keeper;
   std::string store_dir;  // where generation g >= 1's store files go (the private directory)
   std::string run_dir;    // RUN_DIR: workers.json
+  // parallel.zero_stage > 0: a stopped run leaves no checkpoint of its last step (each worker
+  // holds one shard, and the group is gone): the stop message says so.
+  bool sharded = false;
   std::chrono::milliseconds start_grace{60000};  // comm.timeout_s: generation 0's first beats
   // elastic.replace_dead: a worker that dies is respawned in its slot as a new member (the next
   // incarnation, KRAB_ELASTIC_JOIN=1) that joins at a step boundary and receives the state;

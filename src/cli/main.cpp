@@ -337,6 +337,7 @@ cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& key
   launch.keeper.wait_s = e.wait_s;
   launch.store_dir = store_dir.path;
   launch.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
+  launch.sharded = config.get_int("parallel.zero_stage") > 0;
   // Generation 0's workers load LibTorch, data and model before their heartbeats begin; they
   // must build their group within comm.timeout_s anyway.
   launch.start_grace = keys.timeout;

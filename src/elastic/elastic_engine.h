@@ -42,7 +42,11 @@
 //
 // Not yet: waiting for joiners below min_workers (a `waiting` record is waited out; `stop`
 // ends the run with an error naming elastic.min_workers); a second failure during a recovery
-// ends the run (the reconcile and the state transfer are not retried).
+// ends the run (the reconcile and the state transfer are not retried). The race: when the
+// keeper publishes g+2 while the survivors of g are reading g+1, one may build g+1's group
+// while the others skip to g+2; it then waits for g+1's rendezvous until comm.timeout_s and
+// the run ends (the keeper publishes one record per failure, so this takes two changes within
+// one rebuild).
 //
 // Process-wide effect: the constructor ignores SIGPIPE (a write to a dead peer's socket must
 // fail the op, not end the process).

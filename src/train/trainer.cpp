@@ -332,6 +332,12 @@ bool Trainer::Loop::recover(const std::string& cause) {
     if (e.writer() && state.sharded == nullptr)
       last_checkpoint = save_checkpoint(run_dir, meta(e.step()), *state.model, *state.optimizer,
                                         seal_key, seal_job, o.checkpoint_keep);
+    else if (e.writer())  // a sharded checkpoint is written by every rank of a live group
+      std::fprintf(stderr,
+                   "krab: parallel.zero_stage %d: no checkpoint of step %lld is written (each "
+                   "worker holds one shard and the group is gone); resume from the last "
+                   "checkpoint.every checkpoint\n",
+                   o.zero_stage, static_cast<long long>(e.step()));
     throw;
   }
   if (change.value("left", false)) {
