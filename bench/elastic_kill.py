@@ -189,7 +189,8 @@ def krab_run(a, krab, job, tmp, tag, rank=None, step=None):
     progress = os.path.join(tmp, f"krab-{tag}.progress")
     cmd = [krab, "train", job, "--report", report, "--progress-file", progress,
            "--set", f"checkpoint.dir={run_dir}", "--set", "elastic.enabled=true",
-           "--set", f"parallel.workers={a.workers}", "--set", f"train.epochs={a.epochs}"]
+           "--set", f"parallel.workers={a.workers}", "--set", f"train.epochs={a.epochs}",
+           "--set", f"parallel.zero_stage={a.zero_stage}"]
     run = Run(cmd, progress, os.path.join(tmp, f"krab-{tag}.log"), a.timeout_s)
     pids = set()
     kill = {}
@@ -406,6 +407,8 @@ def main():
     p.add_argument("--seed", type=int, default=27, help="seeds the victims' ranks and steps")
     p.add_argument("--checkpoint-every", type=int, default=50, help="torchrun's checkpoints")
     p.add_argument("--no-peer", action="store_true", help="krab only, no torchrun")
+    p.add_argument("--zero-stage", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="krab's parallel.zero_stage (> 0: shards kept by buddies, resharded live)")
     p.add_argument("--timeout-s", type=float, default=1200, help="per run")
     p.add_argument("--krab", default=os.path.join(REPO, "build", "bin", "krab"))
     p.add_argument("--json", help="write every run's numbers to this file")
@@ -421,8 +424,8 @@ def main():
         shutil.copy2(a.krab, krab)
         job = write_cnn_job(os.path.join(tmp, "cnn.yaml"), "bench-kill", os.path.join(tmp, "ck"))
         print(f"elastic_kill: {cpu_name()}; CNN on Fashion-MNIST, {a.workers} workers, batch 64 "
-              f"each, {a.epochs} epoch(s) = {steps} steps; {a.trials} kill(s), seed {a.seed}: "
-              f"{plan}", flush=True)
+              f"each, {a.epochs} epoch(s) = {steps} steps, krab parallel.zero_stage "
+              f"{a.zero_stage}; {a.trials} kill(s), seed {a.seed}: {plan}", flush=True)
         base = krab_run(a, krab, job, tmp, "whole")
         print(f"krab uninterrupted: exit {base['exit']}, {fmt(base.get('steps'), 'd')} steps, "
               f"test accuracy {fmt(acc_pt(base.get('test_accuracy')))} %, wall "

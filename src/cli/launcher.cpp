@@ -507,7 +507,7 @@ class Supervisor {
                    plan_.elastic->keeper.min_workers, last.workers(), ranks.c_str(),
                    static_cast<long long>(last.generation), plan_.elastic->keeper.wait_s,
                    plan_.elastic->sharded
-                       ? "the last periodic checkpoint (checkpoint.every) is in"
+                       ? "the last periodic checkpoint (checkpoint.every_steps) is in"
                        : "the workers wrote a checkpoint in",
                    plan_.elastic->run_dir.c_str());
       return 1;

@@ -59,9 +59,9 @@ Holding holding_of(const engine::TrainState* prev, const std::string& type) {
 }
 
 std::vector<Holding> gather_holdings(comm::Communicator& group, const Holding& mine) {
-  auto in = torch::tensor({mine.old_rank, mine.old_world, mine.ward, mine.has_state, mine.step,
-                           mine.fields},
-                          torch::kInt64);
+  auto in = torch::tensor(
+      {mine.old_rank, mine.old_world, mine.ward, mine.has_state, mine.step, mine.fields},
+      torch::kInt64);
   auto out = torch::empty({group.size() * kHoldingInts}, torch::kInt64);
   group.allgather(in, out)->wait();
   std::vector<Holding> all(group.size());
@@ -112,8 +112,8 @@ class PeerReader : public StateReader {
       std::copy(src, src + (hi - lo), dst + (lo - a));
       covered += hi - lo;
     }
-    KRAB_CHECK(covered == n, "reshard_live: ", covered, " of ", n, " elements of ", param,
-               " at ", a, " arrived");
+    KRAB_CHECK(covered == n, "reshard_live: ", covered, " of ", n, " elements of ", param, " at ",
+               a, " arrived");
   }
 
   bool has_field(const std::string& param, const std::string& field, int64_t) override {
@@ -167,8 +167,9 @@ class PeerReader : public StateReader {
 // The payload of `move` from this process's copy of its old shard: values, then each field.
 at::Tensor payload(const engine::TrainState& prev, const engine::ShardLayout& old_layout,
                    const elastic::Move& move, const std::vector<std::string>& fields) {
-  KRAB_CHECK(move.old_shard == prev.shard || (prev.ward != nullptr && move.old_shard == prev.ward_shard),
-             "reshard_live: the plan reads old shard ", move.old_shard, " from rank ", prev.shard);
+  KRAB_CHECK(
+      move.old_shard == prev.shard || (prev.ward != nullptr && move.old_shard == prev.ward_shard),
+      "reshard_live: the plan reads old shard ", move.old_shard, " from rank ", prev.shard);
   const engine::ShardedState& s = move.old_shard == prev.shard ? *prev.sharded : *prev.ward;
   const engine::Loc loc = *old_layout.locate(move.param);
   const int64_t at = loc.offset + move.offset - old_layout.shard(loc.unit, move.old_shard).begin;
@@ -176,7 +177,8 @@ at::Tensor payload(const engine::TrainState& prev, const engine::ShardLayout& ol
   if (!fields.empty()) {
     const ParamStateValues v =
         param_state_values(unit_optimizer(s, loc.unit), unit_param(s, loc.unit));
-    for (const std::string& f : fields) parts.push_back(v.fields.at(f).view(-1).narrow(0, at, move.count));
+    for (const std::string& f : fields)
+      parts.push_back(v.fields.at(f).view(-1).narrow(0, at, move.count));
   }
   return torch::cat(parts);
 }

@@ -149,10 +149,11 @@ void check_elastic_options(const core::Config& c, int workers, const std::string
   const int64_t stage = c.get_int("parallel.zero_stage");
   if (stage > 0) {
     const bool replicate = c.get_bool("elastic.replicate_shards");
-    KRAB_CHECK_ARG(replicate || c.get_int("checkpoint.every") > 0,
-                   "elastic.replicate_shards false with parallel.zero_stage ", stage,
-                   " and checkpoint.every 0: a single failure would lose a shard and the whole "
-                   "run; keep elastic.replicate_shards true or set checkpoint.every");
+    KRAB_CHECK_ARG(
+        replicate || c.get_int("checkpoint.every_steps") > 0,
+        "elastic.replicate_shards false with parallel.zero_stage ", stage,
+        " and checkpoint.every_steps 0: a single failure would lose a shard and the whole "
+        "run; keep elastic.replicate_shards true or set checkpoint.every_steps");
     KRAB_CHECK_ARG(c.get_string("parallel.offload") != "disk",
                    "elastic.enabled with parallel.offload disk is not built yet (a live reshard "
                    "writes the shards in RAM); use parallel.offload none");

@@ -336,7 +336,7 @@ bool Trainer::Loop::recover(const std::string& cause) {
       std::fprintf(stderr,
                    "krab: parallel.zero_stage %d: no checkpoint of step %lld is written (each "
                    "worker holds one shard and the group is gone); resume from the last "
-                   "checkpoint.every checkpoint\n",
+                   "checkpoint.every_steps checkpoint\n",
                    o.zero_stage, static_cast<long long>(e.step()));
     throw;
   }

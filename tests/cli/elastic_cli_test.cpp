@@ -43,7 +43,7 @@ TEST_F(ElasticCli, ModesItDoesNotCoverAreRefusedNamingBothKeys) {
   expect_refusal("--set comm.backend=mpi", {"elastic.enabled needs comm.backend gloo", "mpi"});
   expect_refusal("--set parallel.zero_stage=2 --set elastic.replicate_shards=false",
                  {"elastic.replicate_shards false with parallel.zero_stage 2 and "
-                  "checkpoint.every 0: a single failure would lose a shard"});
+                  "checkpoint.every_steps 0: a single failure would lose a shard"});
   expect_refusal("--set parallel.zero_stage=1 --set parallel.offload=disk",
                  {"elastic.enabled with parallel.offload disk is not built yet"});
   expect_refusal("--nnodes 2 --node-rank 0 --rdzv 127.0.0.1:29999",
