@@ -429,7 +429,9 @@ TEST(ElasticEngine, AStopRecordEndsTheRunNamingMinWorkers) {
 class ElasticZero : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(ElasticZero, ALostShardComesBackFromItsBuddyAndAJoinerGetsItsShard) {
-  const auto [stage, dead] = GetParam();
+  // Plain variables, not a structured binding: the lambdas below capture them (clang 14).
+  const int stage = std::get<0>(GetParam());
+  const int dead = std::get<1>(GetParam());
   Stores stores;
   const Data data;
   publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
