@@ -380,6 +380,18 @@ bool ParamServer::wait_finish_answered(std::chrono::milliseconds timeout) {
 uint64_t ParamServer::bytes_received() const { return impl_->service->received_.load(); }
 uint64_t ParamServer::bytes_sent() const { return impl_->service->sent_.load(); }
 
+namespace {
+
+// A dead server's calls fail UNAVAILABLE at once (connection refused or reset), and so do a
+// deposed primary's; a server shutting down cancels the calls it holds (CANCELLED: this
+// client never cancels its own). A slow one's run into their deadline and are not retried.
+bool fail_over_on(const grpc::Status& st) {
+  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         st.error_code() == grpc::StatusCode::CANCELLED;
+}
+
+}  // namespace
+
 struct PsClient::Impl {
   std::vector<std::string> addresses, mirrors;
   std::vector<std::unique_ptr<wire::ParameterServer::Stub>> stubs;
@@ -389,6 +401,30 @@ struct PsClient::Impl {
   std::chrono::milliseconds timeout;
   int64_t total = 0;
   std::string secret;
+
+  // Shard i's primary failed the call with `status`: with a mirror not yet used, sends the same
+  // request (clock and gradient included) to it and stays there; the mirror either has this
+  // push (the primary forwarded it) and answers it as a retry, or applies it now
+  // (sync/shard.h). Returns the status to judge the call by; adds the bytes sent again.
+  grpc::Status fail_over(int i, int worker, grpc::Status status, const wire::StepRequest& req,
+                         wire::StepReply& reply, uint64_t& bytes_sent) {
+    if (status.ok() || mirrors.empty() || failed_over[i] || !fail_over_on(status)) return status;
+    std::fprintf(
+        stderr,
+        "krab: worker %d: parameter server %d (%s) failed (%s); going on with its mirror %s\n",
+        worker, i, addresses[i].c_str(), status.error_message().c_str(), mirrors[i].c_str());
+    failed_over[i] = true;
+    addresses[i] = mirrors[i];
+    stubs[i] = wire::ParameterServer::NewStub(
+        grpc::CreateCustomChannel(mirrors[i], grpc::InsecureChannelCredentials(),
+                                  channel_args(message_limit(ranges[i].numel))));
+    grpc::ClientContext retry;
+    retry.set_deadline(std::chrono::system_clock::now() + timeout);
+    if (!secret.empty()) retry.AddMetadata(kSecretKey, secret);
+    bytes_sent += req.ByteSizeLong();
+    reply.Clear();
+    return stubs[i]->Step(&retry, req, &reply);
+  }
 };
 
 PsClient::PsClient(std::vector<std::string> addresses, int worker, int64_t total_numel,
@@ -419,18 +455,6 @@ PsClient::~PsClient() = default;
 int PsClient::failovers() const {
   return static_cast<int>(std::count(impl_->failed_over.begin(), impl_->failed_over.end(), true));
 }
-
-namespace {
-
-// A dead server's calls fail UNAVAILABLE at once (connection refused or reset), and so do a
-// deposed primary's; a server shutting down cancels the calls it holds (CANCELLED: this
-// client never cancels its own). A slow one's run into their deadline and are not retried.
-bool fail_over_on(const grpc::Status& st) {
-  return st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         st.error_code() == grpc::StatusCode::CANCELLED;
-}
-
-}  // namespace
 
 PullResult PsClient::pull(at::Tensor& params) { return call_all(nullptr, false, nullptr, &params); }
 
@@ -489,29 +513,9 @@ PullResult PsClient::call_all(const at::Tensor* grad, bool leave, const WorkerSu
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return pending == 0; });
   }
-  for (int i = 0; i < n; ++i) {
-    if (statuses[i].ok() || impl_->mirrors.empty() || impl_->failed_over[i] ||
-        !fail_over_on(statuses[i]))
-      continue;
-    // The same request, clock and gradient included: the mirror either has this push (the
-    // primary forwarded it) and answers it as a retry, or applies it now (sync/shard.h).
-    std::fprintf(
-        stderr,
-        "krab: worker %d: parameter server %d (%s) failed (%s); going on with its mirror %s\n",
-        worker_, i, impl_->addresses[i].c_str(), statuses[i].error_message().c_str(),
-        impl_->mirrors[i].c_str());
-    impl_->failed_over[i] = true;
-    impl_->addresses[i] = impl_->mirrors[i];
-    impl_->stubs[i] = wire::ParameterServer::NewStub(
-        grpc::CreateCustomChannel(impl_->mirrors[i], grpc::InsecureChannelCredentials(),
-                                  channel_args(message_limit(impl_->ranges[i].numel))));
-    grpc::ClientContext retry;
-    retry.set_deadline(std::chrono::system_clock::now() + impl_->timeout);
-    if (!impl_->secret.empty()) retry.AddMetadata(kSecretKey, impl_->secret);
-    bytes_sent_ += reqs[i].ByteSizeLong();
-    replies[i].Clear();
-    statuses[i] = impl_->stubs[i]->Step(&retry, reqs[i], &replies[i]);
-  }
+  for (int i = 0; i < n; ++i)
+    statuses[i] =
+        impl_->fail_over(i, worker_, std::move(statuses[i]), reqs[i], replies[i], bytes_sent_);
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (int i = 0; i < n; ++i)
     if (!statuses[i].ok()) throw_status(statuses[i], i, impl_->addresses[i], impl_->timeout);
