@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <limits>
 
 #include "comm/reaper.h"
 #include "core/errors.h"
@@ -109,7 +110,7 @@ void ElasticEngine::join() {
     const GenerationRecord record = view_->wait_for(want, left);
     if (rank_in(record, options_.self) < 0) continue;
     std::unique_ptr<comm::Communicator> group = connect(record);
-    reconcile(*group, nullptr);
+    reconcile(*group, nullptr, 0);
     enter(record, std::move(group), nullptr, /*joining=*/true);
     return;
   }
@@ -228,12 +229,21 @@ std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecor
 // gradient of the step the others applied (with ZeRO: its gradient shards and its ward's), and
 // applies it now with the learning rate it kept, on the previous generation's engine (its
 // update is local). A joiner (no previous engine) takes part and adopts the committed step;
-// the new engine brings it the state of that step.
-void ElasticEngine::reconcile(comm::Communicator& group, engine::Engine* previous) {
-  auto steps = torch::tensor({previous != nullptr ? applied_ : int64_t{0}}, torch::kInt64);
+// the new engine brings it the state of that step. The same all-reduce finds the fewest steps
+// whose end a member ran (a joiner, which ran none, does not count): when that is below the
+// committed step, the loop's collectives after the last committed step were cut short on some
+// member, and every member runs them again (unended_step()).
+void ElasticEngine::reconcile(comm::Communicator& group, engine::Engine* previous,
+                              int64_t steps_ended) {
+  const bool survivor = previous != nullptr;
+  auto steps = torch::tensor({survivor ? applied_ : int64_t{0},
+                              survivor ? -steps_ended : -std::numeric_limits<int64_t>::max()},
+                             torch::kInt64);
   group.allreduce(steps, comm::ReduceOp::kMax)->wait();
-  const int64_t committed = steps.item<int64_t>();
-  if (previous == nullptr) {
+  const int64_t committed = steps[0].item<int64_t>();
+  const int64_t fewest_ended = -steps[1].item<int64_t>();
+  unended_ = fewest_ended < committed ? committed - 1 : -1;
+  if (!survivor) {
     applied_ = committed;
     return;
   }
@@ -277,7 +287,7 @@ void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::
   inner_->start_at(applied_);
 }
 
-nlohmann::json ElasticEngine::recover(const std::string& cause) {
+nlohmann::json ElasticEngine::recover(const std::string& cause, int64_t steps_ended) {
   const auto t_start = Clock::now();
   const int64_t before = applied_;
   const int old_world = inner_->group()->size();
@@ -307,7 +317,7 @@ nlohmann::json ElasticEngine::recover(const std::string& cause) {
 
   try {
     std::unique_ptr<comm::Communicator> group = connect(record);
-    reconcile(*group, previous.get());
+    reconcile(*group, previous.get(), steps_ended);
     enter(record, std::move(group), std::move(previous), /*joining=*/false);
   } catch (...) {
     previous.reset();

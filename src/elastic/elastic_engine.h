@@ -12,12 +12,13 @@
 //                  hands the old group to the reaper, builds the new group in this process,
 //                  reconciles the committed step (an all-reduce of each survivor's applied
 //                  steps: the one behind applies the gradient it holds with the learning rate
-//                  it kept), builds the next inner engine on the same model adopting the same
-//                  optimizer (no copy, no initial broadcast: every survivor holds the same
-//                  parameters), has rank 0 broadcast its buffers, clears the gradients, and
-//                  resumes the step counter at the committed step. next_step() then hands out
-//                  the first uncommitted step, sliced for the new world: the global batch is
-//                  fixed (the inner engine's global micro-batch), only its split changes.
+//                  it kept) and the end of that step (the same all-reduce carries the steps
+//                  whose end each member ran: unended_step()), builds the next inner engine on the
+//                  same model adopting the same optimizer (no copy, no initial broadcast: every
+//                  survivor holds the same parameters), has rank 0 broadcast its buffers, clears
+//                  the gradients, and resumes the step counter at the committed step. next_step()
+//                  then hands out the first uncommitted step, sliced for the new world: the global
+//                  batch is fixed (the inner engine's global micro-batch), only its split changes.
 //
 // Who decides: never this engine. The keeper (the launcher on one machine) publishes the
 // records (elastic/membership_view.h); the engine's MembershipView thread aborts the group the
@@ -60,6 +61,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "comm/communicator.h"
 #include "comm/factory.h"
@@ -157,7 +159,8 @@ class ElasticEngine : public engine::Engine {
   nlohmann::json describe() const override;
 
   bool can_recover() const override { return true; }
-  nlohmann::json recover(const std::string& cause) override;
+  nlohmann::json recover(const std::string& cause, int64_t steps_ended) override;
+  int64_t unended_step() override { return std::exchange(unended_, -1); }
 
   int64_t generation() const { return generation_.load(); }
   // The newest generation this worker's view has read (a proposal not yet in force included).
@@ -171,7 +174,7 @@ class ElasticEngine : public engine::Engine {
   std::unique_ptr<comm::Communicator> connect(const GenerationRecord& record);
   void enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
              std::unique_ptr<engine::Engine> previous, bool joining);
-  void reconcile(comm::Communicator& group, engine::Engine* previous);
+  void reconcile(comm::Communicator& group, engine::Engine* previous, int64_t steps_ended);
   void on_abort(const GenerationRecord& record);
 
   ElasticEngineOptions options_;
@@ -193,6 +196,7 @@ class ElasticEngine : public engine::Engine {
   bool joined_ = false;            // built as a joiner
   bool leave_asked_ = false;       // elastic/leave/<member> written
   std::string joined_ids_;         // the members the last change added ("0.1.1, ...")
+  int64_t unended_ = -1;           // unended_step()'s answer, from the last reconcile
 };
 
 }  // namespace krab::elastic

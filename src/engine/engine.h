@@ -189,14 +189,22 @@ class Engine {
 
   // Elastic membership (docs/design/elastic.md §2.3). A step in flight can be abandoned: any
   // call above may throw comm::MembershipChanged (the group of this generation was aborted),
-  // PeerLost or Timeout. When can_recover(), the loop then calls recover(cause), which returns
-  // once the engine runs on the group of the next generation, holding the last committed
-  // step's state; next_step() then hands out the first step not committed, sliced for the new
-  // world. recover() returns the change for the report's `membership` (generation, workers,
-  // reason, lost, step: the committed steps, lost_steps, detect_seconds, decided_at). Engines
-  // with a fixed world cannot recover: the loop lets the error end the run, as before.
+  // PeerLost or Timeout. When can_recover(), the loop then calls recover(cause, steps_ended),
+  // which returns once the engine runs on the group of the next generation, holding the last
+  // committed step's state; next_step() then hands out the first step not committed, sliced
+  // for the new world. recover() returns the change for the report's `membership` (generation,
+  // workers, reason, lost, step: the committed steps, lost_steps, detect_seconds, decided_at).
+  // Engines with a fixed world cannot recover: the loop lets the error end the run, as before.
   virtual bool can_recover() const { return false; }
-  virtual nlohmann::json recover(const std::string& cause) { return nullptr; }
+  // `steps_ended`: the steps whose end (the shared loss, a checkpoint, an evaluation: the
+  // loop's collectives between two steps) this rank ran. A failure can cut that end short on
+  // some ranks and not on others; the new group agrees on it in the same exchange that agrees
+  // on the committed step, and unended_step() says so to every member, joiners included.
+  virtual nlohmann::json recover(const std::string& cause, int64_t steps_ended) { return nullptr; }
+  // After a change of generation, once: the committed step whose end some member of the new
+  // group did not run (every member runs that end again on the new group, the ones that had
+  // run it taking part in its collectives only), or -1. Read by the loop before its next step.
+  virtual int64_t unended_step() { return -1; }
   // For the engine an elastic run wraps (elastic/elastic_engine.h), at a change of generation:
   // the group leaves this engine, aborted or about to be, and outlives it (the caller hands it
   // to the reaper once the engine is destroyed: a frozen peer's op may still hold it). From

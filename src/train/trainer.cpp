@@ -85,11 +85,11 @@ struct Trainer::Loop {
   bool recover(const std::string& cause);
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
-  void end_of_step(int64_t step, double loss, int64_t examples);
+  void end_of_step(int64_t step, double loss, int64_t examples, bool again = false);
   bool loss_is_shared(int64_t done) const;
   double share_loss(double loss, int64_t examples);
-  void maybe_checkpoint(int64_t done);
-  void maybe_evaluate(int64_t done);
+  void maybe_checkpoint(int64_t done, bool again);
+  void maybe_evaluate(int64_t done, bool again);
   void maybe_snapshot(const engine::StepPlan& plan);
   void report_progress(int64_t step, int64_t done);
   void write_progress_file(int64_t done);
@@ -151,6 +151,8 @@ struct Trainer::Loop {
   int64_t committed = 0;         // steps committed when the last change was recovered
   double step_loss = 0;          // the last step computed: its loss and examples, for an
   int64_t step_examples = 0;     // end_of_step() a change cut short
+  double ended_loss = 0;         // the same of the last step whose end_of_step() ran, for
+  int64_t ended_examples = 0;    // taking part in it again (a joiner has none)
   bool awaiting_resume = false;  // a change was recovered; its first step has not completed
 };
 
@@ -281,11 +283,16 @@ nlohmann::json Trainer::Loop::run() {
 }
 
 void Trainer::Loop::train_steps() {
-  // A step committed whose end_of_step() the change cut short (its checkpoint, evaluation or
-  // shared loss) ends now, on the new group.
-  if (ended < committed) {
-    end_of_step(committed - 1, step_loss, step_examples);
-    ended = committed;
+  // A step committed whose end_of_step() a change cut short on some member (its shared loss,
+  // checkpoint or evaluation) ends now, on the new group: every member runs its collectives
+  // again, the ones that had ended it without recording anything twice (a joiner takes part
+  // with no examples).
+  if (const int64_t unended = engine->unended_step(); unended >= 0) {
+    if (ended > unended)
+      end_of_step(unended, ended_loss, ended_examples, /*again=*/true);
+    else
+      end_of_step(unended, step_loss, step_examples);
+    ended = std::max(ended, unended + 1);
   }
   while (const auto plan = engine->next_step()) {
     maybe_snapshot(*plan);
@@ -294,10 +301,10 @@ void Trainer::Loop::train_steps() {
       eval_before_warm = eval_secs;
     }
     const double loss = compute(*plan);
+    step_loss = loss;  // kept for the step's end, which a failure in apply() may postpone
+    step_examples = plan->slice.size();
     engine->reduce_gradients();
     engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
-    step_loss = loss;
-    step_examples = plan->slice.size();
     engine->after_step(*plan);
     ++computed;
     end_of_step(plan->step, loss, plan->slice.size());
@@ -323,7 +330,7 @@ bool Trainer::Loop::recover(const std::string& cause) {
   }
   nlohmann::json change;
   try {
-    change = engine->recover(cause);
+    change = engine->recover(cause, ended);
   } catch (const elastic::RunStopped& e) {
     // Too few workers were left for too long: the run ends resumable (§2.5). A survivor holds
     // a full replica of the steps it applied (at most one behind the others': that step is
@@ -416,19 +423,26 @@ std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
   return data::gather(d.training(), sampler->slice(sampler_step, part));
 }
 
-void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples) {
-  last_loss = loss;
+// `again`: this rank ran this step's end before a change cut it short elsewhere; it takes part
+// in the collectives (the loss it adds is its slice's of that step) and records nothing.
+void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples, bool again) {
   const int64_t done = step + 1;
   // Without a group (a parameter-server worker) this rank's loss is all there is, and nobody
   // draws it: its server shows the job's progress.
   if (group == nullptr) {
     events.gauge("loss", loss, done);
   } else if (loss_is_shared(done)) {
-    shared_loss = share_loss(loss, examples);
-    events.gauge("loss", *shared_loss, done);
+    const double shared = share_loss(loss, examples);
+    if (!again) {
+      shared_loss = shared;
+      events.gauge("loss", shared, done);
+    }
   }
-  maybe_checkpoint(done);
-  maybe_evaluate(done);
+  maybe_checkpoint(done, again);
+  maybe_evaluate(done, again);
+  if (again) return;
+  last_loss = ended_loss = loss;
+  ended_examples = examples;
   if (progress) report_progress(step, done);
   if (!options.progress_file.empty() && rank0()) write_progress_file(done);
 }
@@ -460,7 +474,9 @@ double Trainer::Loop::share_loss(double loss, int64_t examples) {
   return sums[0].item<double>() / sums[1].item<double>();
 }
 
-void Trainer::Loop::maybe_checkpoint(int64_t done) {
+// `again` (end_of_step): a sharded checkpoint is written again by the new group (its old
+// group may not have finished it); rank 0's whole one is on disk already when rank 0 ran it.
+void Trainer::Loop::maybe_checkpoint(int64_t done, bool again) {
   if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps) return;
   engine->settle();  // collective: every rank, before rank 0 reads the parameters
   const engine::TrainState state = engine->state();
@@ -469,13 +485,13 @@ void Trainer::Loop::maybe_checkpoint(int64_t done) {
                                               {seal_key, seal_job}, o.checkpoint_keep);
     return;
   }
-  if (!rank0()) return;
+  if (!rank0() || again) return;
   last_checkpoint = save_checkpoint(run_dir, meta(done), *state.model, *state.optimizer, seal_key,
                                     seal_job, o.checkpoint_keep);
 }
 
 // EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
-void Trainer::Loop::maybe_evaluate(int64_t done) {
+void Trainer::Loop::maybe_evaluate(int64_t done, bool again) {
   if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
       d.testing() == nullptr)
     return;
@@ -487,6 +503,7 @@ void Trainer::Loop::maybe_evaluate(int64_t done) {
   const double value = evaluate(model, metric, *d.testing(), *group);
   model.train();
   eval_secs += seconds_between(t_eval, Clock::now());
+  if (again) return;
   events.gauge("train_seconds", trained, done);
   events.gauge(metric_key(metric), value, done);
   events.note(str_cat("step ", done, " ", describe_test_metric(metric_name(metric), value)));

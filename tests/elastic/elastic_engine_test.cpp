@@ -200,16 +200,20 @@ std::unique_ptr<ElasticEngine> make_engine(const Stores& stores, int rank, int s
 struct Outcome {
   at::Tensor params;
   std::vector<nlohmann::json> changes;
+  std::vector<int64_t> unended;  // unended_step() after each change
   std::string error;
 };
 
 // The loop of train/trainer.cpp, reduced to what the engine sees: recover() after a broken
 // group, then on from the first uncommitted step. Returns early (a "death") at `leave_at`;
-// `after` runs after each step.
+// `after` runs after each step. `unended_at_recover`: this rank tells recover() it did not
+// end the steps from that one on (the loop's end of step, cut short by the failure).
 Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1,
-              const std::function<void(int64_t)>& after = nullptr) {
+              const std::function<void(int64_t)>& after = nullptr,
+              int64_t unended_at_recover = -1) {
   Outcome out;
   models::Model& model = engine.model();
+  int64_t ended = 0;
   for (;;) {
     std::string cause;
     try {
@@ -226,6 +230,7 @@ Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1,
         engine.apply(kLr);
         engine.after_step(*plan);
         if (after) after(plan->step);
+        ended = plan->step + 1;
       }
       // ZeRO: the last step's gathers may still be in flight; stage 3 holds the parameters
       // only while every unit is gathered (collective).
@@ -236,8 +241,11 @@ Outcome train(ElasticEngine& engine, const Data& data, int64_t leave_at = -1,
       cause = e.what();
     }
     try {
-      out.changes.push_back(engine.recover(cause));
+      if (unended_at_recover >= 0) ended = std::min(ended, unended_at_recover);
+      out.changes.push_back(engine.recover(cause, ended));
       if (out.changes.back().value("left", false)) return out;
+      out.unended.push_back(engine.unended_step());
+      EXPECT_EQ(engine.unended_step(), -1) << "unended_step() answers once";
     } catch (const Error& e) {
       out.error = e.what();
       return out;
@@ -298,6 +306,42 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
     EXPECT_TRUE(torch::allclose(outcomes[r].params, expected, 1e-5, 1e-6))
         << "max abs diff " << (outcomes[r].params - expected).abs().max().item<double>();
     EXPECT_TRUE(torch::equal(outcomes[r].params, outcomes[0].params));
+  }
+}
+
+// A failure can cut the loop's end of a committed step (its shared loss, checkpoint,
+// evaluation: collectives) short on one rank after others ran it. Rank 2 says it did not end
+// step 4; the new group learns it in the reconcile, and every survivor is told to run step 4's
+// end again (unended_step() == 4), so the collectives of all match. Without the cut, no one is.
+TEST(ElasticEngine, AStepEndCutShortOnOneSurvivorIsRunAgainByAll) {
+  for (const bool cut : {true, false}) {
+    SCOPED_TRACE(cut ? "rank 2 did not end step 4" : "every survivor ended step 4");
+    Stores stores;
+    const Data data;
+    publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
+    std::vector<Outcome> outcomes(4);
+    std::atomic<bool> gone{false};
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 4; ++r)
+      ranks.emplace_back([&, r] {
+        auto engine = make_engine(stores, r, 4, small_model("mlp", 3));
+        outcomes[r] = train(*engine, data, r == 3 ? 5 : -1, nullptr, r == 2 && cut ? 4 : -1);
+        if (r == 3) {
+          engine.reset();
+          gone = true;
+        }
+      });
+    while (!gone) std::this_thread::sleep_for(5ms);
+    publish_record(*stores.control,
+                   record_of(stores, 1, 3, RecordState::kRun, {{{0, 3, 0}, "killed by signal 9"}}));
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 3; ++r) {
+      SCOPED_TRACE("rank " + std::to_string(r));
+      ASSERT_EQ(outcomes[r].error, "");
+      ASSERT_EQ(outcomes[r].unended.size(), 1u);
+      EXPECT_EQ(outcomes[r].changes[0]["step"], 5);
+      EXPECT_EQ(outcomes[r].unended[0], cut ? 4 : -1);
+    }
   }
 }
 
