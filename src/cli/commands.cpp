@@ -39,6 +39,9 @@ void add_train_command(CLI::App& app, TrainArgs& args, bool& verbose) {
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
                     "file)");
+  train->add_option("--join", args.launch.join,
+                    "Join the running elastic job whose node 0 hosts its rendezvous at HOST:PORT "
+                    "(the same job file and job secret; --nproc-per-node workers, default 1)");
   train->add_flag("--verbose", verbose,
                   "After an error in the model's code, print its full traceback too");
   train->add_option("--job-secret-file", args.launch.job_secret_file,

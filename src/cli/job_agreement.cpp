@@ -94,12 +94,24 @@ const std::set<std::string>& content_keys() {
   return keys;
 }
 
+namespace {
+constexpr const char* kNodesEntry = "--nnodes";
+constexpr const char* kPerNodeEntry =
+    "workers per node (--nproc-per-node or parallel.workers / --nnodes)";
+}  // namespace
+
+Fingerprint without_geometry(const Fingerprint& f) {
+  Fingerprint out;
+  for (const auto& entry : f)
+    if (entry.first != kNodesEntry && entry.first != kPerNodeEntry) out.push_back(entry);
+  return out;
+}
+
 Fingerprint job_fingerprint(const core::Config& config, int nnodes, int per_node) {
   Fingerprint f;
   f.emplace_back("krab binary", binary_id());
-  f.emplace_back("--nnodes", std::to_string(nnodes));
-  f.emplace_back("workers per node (--nproc-per-node or parallel.workers / --nnodes)",
-                 std::to_string(per_node));
+  f.emplace_back(kNodesEntry, std::to_string(nnodes));
+  f.emplace_back(kPerNodeEntry, std::to_string(per_node));
   const nlohmann::json values = config.to_json();
   const auto& skip = per_node_keys();
   for (const core::KeySpec& spec : core::registry()) {

@@ -52,6 +52,10 @@ using Fingerprint = std::vector<std::pair<std::string, std::string>>;
 // The fingerprint of `config` launched as `nnodes` nodes of `per_node` workers by this binary.
 Fingerprint job_fingerprint(const core::Config& config, int nnodes, int per_node);
 
+// `f` without the launch geometry (--nnodes, workers per node): what a machine joining an
+// elastic run must share with node 0 (the membership may rightly change the geometry).
+Fingerprint without_geometry(const Fingerprint& f);
+
 // Keys left out of the fingerprint, for docs and tests.
 const std::vector<std::string>& per_node_keys();
 

@@ -9,13 +9,16 @@
 #include <climits>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "cli/node_agent.h"
 #include "core/errors.h"
 #include "core/fs.h"
+#include "elastic/elastic_engine.h"
 #include "elastic/local_keeper.h"
 #include "elastic/providers/local.h"
 #include "elastic/providers/slurm.h"
@@ -99,6 +102,15 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
     return p;
   }
   p.role = Role::kLauncher;
+  if (!flags.join.empty()) {
+    KRAB_CHECK_ARG(flags.nnodes == 1 && flags.node_rank == 0 && flags.rdzv.empty(),
+                   "--join takes no --nnodes, --node-rank or --rdzv: the running job gives the "
+                   "machine its number");
+    p.rendezvous = comm::parse_endpoint(flags.join, "--join");
+    p.nproc_per_node = p.local_world_size = flags.nproc_per_node > 0 ? flags.nproc_per_node : 1;
+    p.node_rank = -1;
+    return p;
+  }
   KRAB_CHECK_ARG(flags.nnodes >= 1, "--nnodes must be >= 1, got ", flags.nnodes);
   KRAB_CHECK_ARG(flags.node_rank >= 0 && flags.node_rank < flags.nnodes, "--node-rank ",
                  flags.node_rank, " is outside 0..", flags.nnodes - 1);
@@ -203,8 +215,9 @@ std::vector<Child> start_children(const LaunchPlan& plan, const std::vector<std:
     const std::string name = server ? str_cat("parameter server ", i) : str_cat("rank ", rank);
     const elastic::MemberId member{plan.node_rank, local, 0};
     const std::string id = plan.elastic && !server ? member.str() : "";
-    const pid_t pid =
-        start_child(argv, child_environment(plan, server, i, rank, local, id), name, launcher);
+    std::vector<std::string> env = child_environment(plan, server, i, rank, local, id);
+    if (plan.elastic && plan.elastic->joining) env.push_back("KRAB_ELASTIC_JOIN=1");
+    const pid_t pid = start_child(argv, env, name, launcher);
     children.push_back({pid, name, server, local, member});
   }
   return children;
@@ -241,7 +254,10 @@ class Supervisor {
         children_(std::move(children)),
         grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_seconds * 1000))),
         alive_(static_cast<int>(children_.size())) {
-    if (plan_.elastic) start_keeper();
+    if (plan_.elastic && plan_.elastic->agent)
+      start_agent();
+    else if (plan_.elastic)
+      start_keeper();
   }
 
   // The launcher's exit code: 0, the first failure's (2 for bad input, else 1), or the shell's
@@ -259,6 +275,7 @@ class Supervisor {
         stop(128 + g_signal, std::chrono::seconds(3));
       }
       if (keeper_ && !stopping_) poll_keeper(/*force=*/false);
+      if (agent_ && !stopping_) poll_agent();
       if (provider_ && !stopping_) poll_provider();
       if (stop_by_ && !stopping_ && std::chrono::steady_clock::now() > *stop_by_) {
         std::fprintf(stderr,
@@ -270,7 +287,9 @@ class Supervisor {
       if (stopping_ && std::chrono::steady_clock::now() > stop_deadline_) signal_all(SIGKILL);
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    const int code = keeper_ && !stopping_ ? elastic_result() : result_;
+    const int code = keeper_ && !stopping_  ? elastic_result()
+                     : agent_ && !stopping_ ? agent_result()
+                                            : result_;
     // Workers the provider started elsewhere (Slurm jobs) are not children: they end here.
     if (provider_) provider_->shutdown();
     return code;
@@ -288,6 +307,10 @@ class Supervisor {
     child->ok = code == 0 && WIFEXITED(status);
     if (keeper_ && !stopping_ && !child->server && code != 2) {
       elastic_exit(*child, status, how);
+      return;
+    }
+    if (agent_ && !stopping_ && !child->server && code != 2) {
+      agent_exit(*child, status, how);
       return;
     }
     if (code != 0 && !stopping_ && plan_.tolerate_worker_loss && !child->server && code != 2 &&
@@ -316,7 +339,13 @@ class Supervisor {
     std::vector<elastic::Member> members;
     for (const Child& c : children_)
       if (!c.server) members.push_back({0, plan_.node_rank, c.local, c.pid, c.member});
+    // The other machines' workers, as their launchers number them (their pids are theirs).
+    for (int node = 1; node < plan_.elastic->nodes; ++node)
+      for (int slot = 0; slot < plan_.nproc_per_node; ++slot)
+        members.push_back({0, node, slot, 0, elastic::MemberId{node, slot, 0}});
     elastic::LocalKeeperOptions o;
+    o.nodes = plan_.elastic->nodes;
+    o.admit = plan_.elastic->admit;
     o.keeper = plan_.elastic->keeper;
     o.control = plan_.rendezvous;
     o.store_dir = plan_.elastic->store_dir;
@@ -364,6 +393,11 @@ class Supervisor {
                    dead.local, restarts_[dead.local]);
       return;
     }
+    keeper_->expect_joiner(start_successor(dead, "to replace"), dead.local);
+  }
+
+  // The next incarnation of `dead`'s slot, started as a joiner (it asks to join when ready).
+  elastic::MemberId start_successor(const Child& dead, const char* why) {
     ++restarts_[dead.local];
     elastic::MemberId next = dead.member;
     ++next.incarnation;
@@ -374,9 +408,75 @@ class Supervisor {
     const pid_t pid = start_child(argv_, env, name, ::getpid());
     children_.push_back({pid, name, false, dead.local, next});
     ++alive_;
-    keeper_->expect_joiner(next, dead.local);
-    std::fprintf(stderr, "krab: starting member %s in slot %d to replace member %s\n",
-                 next.str().c_str(), dead.local, dead.member.str().c_str());
+    std::fprintf(stderr, "krab: starting member %s in slot %d %s member %s\n", next.str().c_str(),
+                 dead.local, why, dead.member.str().c_str());
+    return next;
+  }
+
+  // Another machine's launcher (ElasticLaunch::agent, cli/node_agent.h): its workers' exits go
+  // to the keeper; one the keeper dropped (or that found itself dropped) rejoins as the next
+  // incarnation of its slot; one that died as a member is replaced with elastic.replace_dead.
+  void start_agent() {
+    agent_ = std::make_unique<NodeAgent>(plan_.rendezvous, plan_.elastic->start_grace);
+    if (plan_.elastic->joining)
+      for (const Child& c : children_) agent_->announce({c.member, c.local});
+  }
+
+  void agent_exit(Child& child, int status, const std::string& how) {
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+    const int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    agent_->report_exit(child.member, code, sig);
+    if (code == 0 && sig == 0) {
+      any_ok_ = true;
+      return;
+    }
+    const bool dropped = code == elastic::kExitDropped || dropped_.count(child.member) > 0;
+    if (!dropped)
+      std::fprintf(stderr, "krab: %s (member %s) %s\n", child.name.c_str(),
+                   child.member.str().c_str(), how.c_str());
+    const auto newest = agent_->newest();
+    if (newest && newest->state == elastic::RecordState::kStop) return;
+    if (!dropped && !plan_.elastic->replace_dead) return;
+    if (restarts_[child.local] >= plan_.elastic->max_restarts) {
+      std::fprintf(stderr, "krab: slot %d was started again %d times (elastic.max_restarts)\n",
+                   child.local, restarts_[child.local]);
+      return;
+    }
+    const elastic::MemberId next =
+        start_successor(child, dropped ? "to rejoin the run for the dropped" : "to replace");
+    agent_->announce({next, child.local});
+  }
+
+  // A running worker of this machine that the newest record dropped (the keeper stopped
+  // hearing it: a partition, a freeze) may not go on with the old group: it is killed, and
+  // agent_exit starts it again as a joiner.
+  void poll_agent() {
+    const auto newest = agent_->newest();
+    if (!newest || newest->state == elastic::RecordState::kStop) return;
+    for (const Child& c : children_) {
+      if (c.pid < 0 || c.server) continue;
+      bool member = false;
+      for (const elastic::Member& m : newest->members) member = member || m.id == c.member;
+      if (member) {
+        admitted_.insert(c.member);
+      } else if (admitted_.count(c.member) && dropped_by(*newest, c.member) &&
+                 dropped_.insert(c.member).second) {
+        std::fprintf(stderr, "krab: generation %lld dropped member %s (%s); it rejoins\n",
+                     static_cast<long long>(newest->generation), c.member.str().c_str(),
+                     newest->reason.c_str());
+        ::kill(c.pid, SIGKILL);
+      }
+    }
+  }
+
+  // Every worker of this machine has exited: 0 when one of them finished the run.
+  int agent_result() {
+    if (any_ok_) return 0;
+    std::fprintf(stderr,
+                 "krab: no worker of this machine finished the run (node %d); the others may "
+                 "go on without it\n",
+                 plan_.node_rank);
+    return 1;
   }
 
   // elastic.autoscale (§8): an addition is a joiner in a new slot, started by the provider (a
@@ -544,7 +644,11 @@ class Supervisor {
   int servers_lost_ = 0;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
-  std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic only
+  std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic on node 0
+  std::unique_ptr<NodeAgent> agent_;              // plan.elastic on another machine
+  std::set<elastic::MemberId> admitted_;          // agent: its workers some record listed
+  std::set<elastic::MemberId> dropped_;           // agent: its workers a record dropped
+  bool any_ok_ = false;                           // agent: one of its workers exited 0
   bool exits_pending_ = false;
   std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -38,6 +39,9 @@ struct LaunchFlags {
   int nproc_per_node = 0;       // 0 = parallel.workers / nnodes
   std::string rdzv;             // HOST:PORT; "" = 127.0.0.1 with a free port (single node only)
   std::string job_secret_file;  // --job-secret-file: the job secret, shared by every node
+  // --join HOST:PORT: this machine joins a running elastic job whose node 0 hosts its store
+  // there; the job gives it its node number (plan.node_rank is -1 until then) and world.
+  std::string join;
 };
 
 enum class Role { kLauncher, kWorker };
@@ -64,6 +68,16 @@ struct ElasticLaunch {
   int max_restarts = 3;
   // elastic.autoscale.provider local or slurm: the policy's options (elastic/autoscale.h).
   std::optional<elastic::AutoscaleOptions> autoscale;
+  // Across machines: the machines at the start (--nnodes). Node 0's launcher keeps the
+  // membership of all of them in its TCPStore, reads what the other launchers report
+  // (elastic/node_requests.h) and answers machines that ask to join with `admit` (see
+  // elastic::LocalKeeperOptions::admit). Every other launcher is an `agent` (cli/node_agent.h)
+  // for its own workers; `joining`: this machine joins a running job (--join), and every
+  // worker it starts is a joiner.
+  int nodes = 1;
+  bool agent = false;
+  bool joining = false;
+  std::function<std::string(const std::string& fingerprint, int node)> admit;
   // provider slurm: how to reach Slurm (elastic/providers/slurm.h); empty for local. The
   // launcher adds a worker through the provider (elastic/providers/provider.h): local spawns
   // it as its child, slurm submits it as a batch job that joins through the same store file;
@@ -91,7 +105,7 @@ struct LaunchPlan {
   // servers may be a shard and its mirror).
   bool tolerate_server_loss = false;
   int ps_shard = -1;                     // worker role: this process is parameter server `ps_shard`
-  std::optional<ElasticLaunch> elastic;  // node 0 of one node only; see ElasticLaunch
+  std::optional<ElasticLaunch> elastic;  // see ElasticLaunch
   // Extra variables for the workers' environment, added unless the launcher's own environment
   // already sets them (the user's choice wins).
   std::map<std::string, std::string> worker_env;

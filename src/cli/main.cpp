@@ -32,6 +32,7 @@
 
 #include "cli/command_line.h"
 #include "cli/commands.h"
+#include "cli/elastic_setup.h"
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
 #include "cli/resources.h"
@@ -150,10 +151,6 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // First, so that elastic with comm.backend mpi is named as such.
   train::check_elastic_options(config, plan.world_size, workers_key);
-  KRAB_CHECK_ARG(args.launch.nnodes == 1 || !config.get_bool("elastic.enabled"),
-                 "elastic.enabled with --nnodes ", args.launch.nnodes,
-                 ": elastic membership across machines is not built yet; run on one machine "
-                 "(--nnodes 1) or set elastic.enabled: false");
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
@@ -235,6 +232,10 @@ std::string job_secret(const TrainArgs& args, const JobKeys& keys) {
       secret.pop_back();
   } else if (env != nullptr) {
     secret = env;
+  } else if (!args.launch.join.empty()) {
+    throw InvalidArgument(str_cat("--join ", args.launch.join,
+                                  ": a machine joins with the running job's secret: "
+                                  "--job-secret-file FILE or KRAB_JOB_SECRET"));
   } else if (args.launch.nnodes == 1) {
     unsigned char bytes[32];
     FILE* f = std::fopen("/dev/urandom", "rb");
@@ -287,6 +288,7 @@ struct PrivateDir {
 std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const JobKeys& keys,
                                                    cli::LaunchPlan& p,
                                                    std::unique_ptr<PrivateDir>& store_dir) {
+  if (!args.launch.join.empty()) return nullptr;  // the running job's node 0 hosts it
   if (args.launch.nnodes == 1) {
     if (!args.launch.rdzv.empty())
       std::fprintf(stderr,
@@ -304,66 +306,20 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
   return server;
 }
 
-// elastic.autoscale.provider slurm: the clients found in PATH and the controller answering
-// (refusals, exit 2, before anything is spawned), and what the provider needs to submit jobs.
-elastic::SlurmOptions slurm_options(const core::Config& config, const train::ElasticOptions& e,
-                                    const std::string& run_dir) {
-  const char* path = std::getenv("PATH");
-  elastic::SlurmOptions o;
-  o.clients = elastic::find_slurm_clients(path ? path : "");
-  // The clients need SLURM_CONF, PATH and the like; none of krab's own variables (a secret
-  // the user exported among them). The workers' environment is the Supervisor's to build.
-  for (const auto& [k, v] : cli::current_environment())
-    if (k.rfind("KRAB_", 0) != 0) o.env.push_back(k + "=" + v);
-  // sinfo against a controller that is down fails within its MessageTimeout (10 s by default).
-  elastic::check_slurm_controller(o.clients, o.env, std::chrono::seconds(20));
-  const std::string name = config.get_string("name");
-  o.job_name = "krab-" + (name.empty() ? std::string("job") : name);
-  o.run_dir = run_dir;
-  o.pending_limit = std::chrono::milliseconds(static_cast<int64_t>(e.wait_s * 1000));
-  return o;
-}
-
-// elastic.enabled (one node, checked before): the launcher keeps the membership
-// (cli/launcher.h, elastic/local_keeper.h) in the private directory of the rendezvous file.
-cli::ElasticLaunch elastic_launch(const core::Config& config, const JobKeys& keys,
-                                  const PrivateDir& store_dir, int workers) {
-  const train::ElasticOptions e = train::ElasticOptions::from_config(config);
-  cli::ElasticLaunch launch;
-  launch.keeper.min_workers = e.min_workers;
-  launch.keeper.max_workers = e.max_workers;
-  launch.keeper.heartbeat_ms = e.heartbeat_ms;
-  launch.keeper.dead_after_ms = e.dead_after_ms;
-  launch.keeper.wait_s = e.wait_s;
-  launch.store_dir = store_dir.path;
-  launch.run_dir = std::filesystem::absolute(train::run_directory(config)).string();
-  launch.sharded = config.get_int("parallel.zero_stage") > 0;
-  // Generation 0's workers load LibTorch, data and model before their heartbeats begin; they
-  // must build their group within comm.timeout_s anyway.
-  launch.start_grace = keys.timeout;
-  launch.replace_dead = e.replace_dead;
-  launch.max_restarts = e.max_restarts;
-  if (e.autoscale != "none") {
-    elastic::AutoscaleOptions a;
-    a.up_efficiency = e.up_efficiency;
-    a.down_efficiency = e.down_efficiency;
-    a.window_steps = e.window_steps;
-    a.cooldown_steps = e.cooldown_steps;
-    a.min_workers = e.min_workers;
-    a.max_workers = e.max_workers > 0 ? e.max_workers : workers;
-    // The global batch is the starting world's for the whole run (§5.1).
-    a.examples_per_step = config.get_int("data.batch_size") * workers *
-                          std::max<int64_t>(1, config.get_int("train.grad_accum"));
-    launch.autoscale = a;
-  }
-  if (e.autoscale == "slurm") launch.slurm = slurm_options(config, e, launch.run_dir);
-  return launch;
-}
-
 int run_launcher(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
                  const cli::LaunchPlan& plan, const std::vector<std::string>& argv) {
-  check_before_spawning(args, config, keys, plan);
   cli::LaunchPlan p = plan;
+  const bool joining = !args.launch.join.empty();
+  const cli::Fingerprint mine =
+      cli::job_fingerprint(config, args.launch.nnodes, plan.nproc_per_node);
+  if (joining) {  // the job gives this machine its number and world first (elastic_setup.h)
+    KRAB_CHECK_ARG(config.get_bool("elastic.enabled"), "--join ", args.launch.join,
+                   ": only an elastic run takes machines while it trains; the job file must set "
+                   "elastic.enabled: true, as the running job's does");
+    p.rendezvous.secret = job_secret(args, keys);
+    cli::join_running_job(p, mine, keys.timeout);
+  }
+  check_before_spawning(args, config, keys, p);
   // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
   // per core by default) would make W workers on few cores fight for them. It reads its
   // limit from the environment once, at load, so the launcher sets it for the workers.
@@ -374,23 +330,35 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
     p.tolerate_worker_loss = true;
     p.tolerate_server_loss = config.get_int("sync.replicas") > 0;
   }
-  p.rendezvous.secret = job_secret(args, keys);
+  if (!joining) p.rendezvous.secret = job_secret(args, keys);
   std::unique_ptr<PrivateDir> store_dir;
   const std::unique_ptr<comm::StoreServer> server = host_rendezvous(args, keys, p, store_dir);
-  if (config.get_bool("elastic.enabled"))
-    p.elastic = elastic_launch(config, keys, *store_dir, p.world_size);
+  if (config.get_bool("elastic.enabled")) {
+    p.elastic = cli::elastic_launch(config, keys.timeout, store_dir ? store_dir->path : "",
+                                    p.world_size, args.launch.nnodes, p.node_rank, mine);
+    p.elastic->joining = joining;
+  }
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);
-  std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
-               core::printable_text(args.job).c_str(), p.world_size,
-               args.launch.nnodes > 1
-                   ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
-                   : "",
-               config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
-               p.rendezvous.to_string().c_str());
+  if (joining)
+    std::fprintf(stderr, "krab: %s — joins the run at %s as node %d with %d worker(s)\n",
+                 core::printable_text(args.job).c_str(), p.rendezvous.to_string().c_str(),
+                 p.node_rank, p.nproc_per_node);
+  else
+    std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
+                 core::printable_text(args.job).c_str(), p.world_size,
+                 args.launch.nnodes > 1
+                     ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
+                     : "",
+                 config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
+                 p.rendezvous.to_string().c_str());
   const int code = cli::spawn_and_supervise(p, argv, 5.0);
-  if (code == 0) say_where_outputs_are(args, config, p.node_rank, node0);
+  if (code == 0 && joining)
+    std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on the job's node 0\n",
+                 p.node_rank);
+  else if (code == 0)
+    say_where_outputs_are(args, config, p.node_rank, node0);
   return code;
 }
 

@@ -210,14 +210,19 @@ GenerationRecord ElasticEngine::next_record(int64_t want, bool exact) {
 std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecord& record) {
   const int rank = rank_in(record, options_.self);
   if (rank < 0)
-    throw PeerLost(str_cat("elastic: member ", options_.self.str(), " is not in generation ",
-                           record.generation, " (", record.reason, "): the keeper dropped it"));
-  KRAB_CHECK(record.store.rfind("file ", 0) == 0, "generation ", record.generation, ": store '",
-             record.store, "' is not a file (only one-machine runs are built)");
+    throw Dropped(str_cat("elastic: member ", options_.self.str(), " is not in generation ",
+                          record.generation, " (", record.reason, "): the keeper dropped it"));
+  // "file PATH" (one machine: the generation's own FileStore) or "HOST:PORT" (node 0's
+  // TCPStore, shared by every generation under its prefix; generation.h checked the form).
   comm::WorldInfo world;
+  if (record.store.rfind("file ", 0) == 0) {
+    world.rendezvous = comm::Endpoint{"127.0.0.1", 0, record.store.substr(5), options_.secret};
+  } else {
+    world.rendezvous = comm::parse_endpoint(record.store, "the generation's store");
+    world.rendezvous.secret = options_.secret;
+  }
   world.rank = rank;
   world.size = record.workers();
-  world.rendezvous = comm::Endpoint{"127.0.0.1", 0, record.store.substr(5), options_.secret};
   world.iface = options_.iface;
   world.generation = record.generation;
   comm::Options copts = options_.comm;

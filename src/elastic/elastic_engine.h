@@ -123,6 +123,17 @@ class RunStopped : public Error {
   int64_t step_;
 };
 
+// This worker is not a member of the generation it was to enter: the keeper dropped it (it was
+// cut off from the others longer than elastic.dead_after_ms, or frozen). The process exits
+// with kExitDropped (EX_TEMPFAIL) and its launcher may start it again as a joiner: it rejoins
+// the run with the state of the step the others are at (§6.4).
+inline constexpr int kExitDropped = 75;
+class Dropped : public PeerLost {
+ public:
+  using PeerLost::PeerLost;
+  int exit_code() const override { return kExitDropped; }
+};
+
 // The worker's graceful leave (§2.4): installs a SIGTERM handler that only sets a flag (the
 // first call does; later calls return the same reader), and returns the reader of that flag for
 // ElasticEngineOptions::leave_requested. A second SIGTERM while leaving still ends the process.

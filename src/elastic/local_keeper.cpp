@@ -13,6 +13,7 @@
 #include "comm/peer_monitor.h"
 #include "core/errors.h"
 #include "elastic/membership_view.h"
+#include "elastic/node_requests.h"
 
 namespace krab::elastic {
 
@@ -58,12 +59,14 @@ LocalKeeper::LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial
     : options_(std::move(options)),
       keeper_(
           options_.keeper, std::move(initial),
-          [control = options_.control.file, dir = options_.store_dir](int64_t g) {
-            return g == 0 ? "file " + control : str_cat("file ", dir, "/g", g, ".store");
+          [control = options_.control, dir = options_.store_dir](int64_t g) {
+            if (control.file.empty()) return control.to_string();
+            return g == 0 ? "file " + control.file : str_cat("file ", dir, "/g", g, ".store");
           },
           now),
       control_(comm::connect_store(options_.control, kStoreTimeout)),
-      generation_start_ms_(now.steady_ms) {
+      generation_start_ms_(now.steady_ms),
+      next_node_(options_.nodes) {
   if (options_.autoscale) autoscale_.emplace(*options_.autoscale);
   publish_record(*control_, keeper_.current());
 }
@@ -87,14 +90,15 @@ std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
   const bool heard = read_heartbeats(now, &events);
   read_progress(&events);
   read_requests(&events);
+  if (options_.nodes > 1) read_other_nodes(&events);
   if (heard) events.emplace_back(event::HeartbeatTick{});
   events.emplace_back(event::WaitTick{});
   std::optional<GenerationRecord> record = keeper_.on_events(events, now);
   unlink_retired(now);
   if (!record) return std::nullopt;
-  create_store_file(store_file(record->generation));
+  if (!tcp()) create_store_file(store_file(record->generation));
   publish_record(*control_, *record);
-  if (record->generation >= 2)
+  if (record->generation >= 2 && !tcp())
     retired_.emplace_back(store_file(record->generation - 1), now.steady_ms);
   generation_start_ms_ = now.steady_ms;
   return record;
@@ -111,7 +115,7 @@ void LocalKeeper::unlink_retired(Instant now) {
 void LocalKeeper::open_generation() {
   const GenerationRecord& g = keeper_.current();
   comm::Endpoint at = options_.control;
-  at.file = store_file(g.generation);
+  if (!tcp()) at.file = store_file(g.generation);
   // The workers' groups key their heartbeats as comm/factory.cpp names the group's prefix.
   group_ = comm::prefixed(str_cat("g", g.generation, "/"), comm::connect_store(at, kStoreTimeout));
   group_generation_ = g.generation;
@@ -206,6 +210,29 @@ bool LocalKeeper::addition_failed(const MemberId& member) {
   if (joiners_.erase(member) == 0) return false;
   if (autoscale_) autoscale_->proposal_failed(std::max<int64_t>(progress_, 0));
   return true;
+}
+
+// The other machines' launchers (node_requests.h): their workers' exits, the joiners they
+// started (then expected like the launcher's own replacements), and machines asking to join.
+void LocalKeeper::read_other_nodes(std::vector<Event>* events) {
+  try {
+    for (const Member& m : keeper_.current().members) {
+      if (exit_read_.count(m.id)) continue;
+      if (const std::optional<ReportedExit> e = read_exit(*control_, m.id)) {
+        exit_read_.insert(m.id);
+        events->emplace_back(event::ChildExited{m.id, e->code, e->signal});
+      }
+    }
+    for (const Announcement& a : read_announcements(*control_, &announce_cursor_))
+      expect_joiner(a.member, a.local_rank);
+    for (const AdmissionRequest& r : read_admissions(*control_, &admit_cursor_)) {
+      const std::string why = options_.admit ? options_.admit(r.fingerprint, next_node_)
+                                             : std::string("this run admits no machine (--join)");
+      answer_admission(*control_, r.index, why.empty() ? next_node_ : -1, why);
+      if (why.empty()) ++next_node_;
+    }
+  } catch (const std::exception&) {  // a read that fails now is tried again at the next poll
+  }
 }
 
 void LocalKeeper::read_requests(std::vector<Event>* events) {

@@ -30,7 +30,10 @@
 // Generation g >= 1 builds its group in a fresh FileStore file, store_dir/g<g>.store ("file
 // PATH" in the record), created here (mode 0600) before the record is published, so a worker
 // that reads the record can open it. Generation 0's group lives in the control store itself
-// (the workers build it there as without elastic, prefix g0/).
+// (the workers build it there as without elastic, prefix g0/). Across machines (options.nodes
+// > 1) the control store is node 0's TCPStore, which every generation shares under its own
+// prefix (a TCPStore keeps no log to replay), and the other launchers' reports are read too:
+// exits, announced joiners and machines asking to join (elastic/node_requests.h).
 //
 // A generation's store file (g >= 1) is unlinked once `start_grace` (the launcher gives
 // comm.timeout_s, the bound of any op of the abandoned group, §3.2) has passed since the next
@@ -73,6 +76,14 @@ struct LocalKeeperOptions {
   // The provider's capacity (elastic/providers/provider.h), asked when the policy may add; the
   // policy sees the smaller of it and the room below max_workers. Empty: no bound of its own.
   std::function<int()> capacity;
+  // Machines at the start (--nnodes). Above 1 the control store is node 0's TCPStore
+  // (control.file empty): every generation's group is built in it, under its own "g<g>/"
+  // prefix ("HOST:PORT" in the records), and the other machines' launchers report their
+  // workers' exits and the joiners they start there (elastic/node_requests.h).
+  int nodes = 1;
+  // `krab train --join`: "" admits the machine that sent `fingerprint` as node `node`; any
+  // other text refuses it with these words. Empty: every request is refused.
+  std::function<std::string(const std::string& fingerprint, int node)> admit;
 };
 
 // Instant now, from the steady and the system clock.
@@ -120,7 +131,9 @@ class LocalKeeper {
   void unlink_retired(Instant now);
   bool read_heartbeats(Instant now, std::vector<Event>* events);  // false: store unreadable
   void read_progress(std::vector<Event>* events);
-  void read_requests(std::vector<Event>* events);  // suspect reports and leave requests
+  void read_requests(std::vector<Event>* events);     // suspect reports and leave requests
+  void read_other_nodes(std::vector<Event>* events);  // node_requests.h
+  bool tcp() const { return options_.control.file.empty(); }
 
   LocalKeeperOptions options_;
   Keeper keeper_;
@@ -137,6 +150,10 @@ class LocalKeeper {
   std::optional<ScaleDecision> scale_;
   std::vector<Event> exits_;
   std::vector<std::pair<std::string, int64_t>> retired_;  // store file, when it was replaced
+  std::set<MemberId> exit_read_;                          // members whose reported exit was fed
+  int64_t announce_cursor_ = 0;
+  int64_t admit_cursor_ = 0;
+  int next_node_ = 0;  // the node number the next admitted machine gets
 };
 
 // The launcher's line for a change (no "krab: " prefix, no newline), e.g.
