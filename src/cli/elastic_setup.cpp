@@ -1,17 +1,17 @@
 #include "cli/elastic_setup.h"
 
+#include <c10/util/Exception.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
-
-#include <c10/util/Exception.h>
 
 #include "core/errors.h"
 #include "elastic/membership_view.h"
 #include "elastic/node_requests.h"
 #include "elastic/providers/slurm.h"
-#include "train/options.h"
 #include "train/job.h"
+#include "train/options.h"
 
 namespace krab::cli {
 namespace {
@@ -83,7 +83,6 @@ ElasticLaunch elastic_launch(const core::Config& config, std::chrono::millisecon
   return launch;
 }
 
-
 void join_running_job(LaunchPlan& plan, const Fingerprint& mine,
                       std::chrono::milliseconds timeout) {
   const std::string where = "--join " + plan.rendezvous.to_string();
@@ -91,8 +90,8 @@ void join_running_job(LaunchPlan& plan, const Fingerprint& mine,
   try {
     store = comm::connect_store(plan.rendezvous, timeout);
   } catch (const Timeout& e) {
-    throw InvalidArgument(str_cat(where, ": nothing answers there within ", timeout.count() / 1000.0,
-                                  " s (comm.timeout_s): ", e.what()));
+    throw InvalidArgument(str_cat(where, ": nothing answers there within ",
+                                  timeout.count() / 1000.0, " s (comm.timeout_s): ", e.what()));
   }
   try {
     // Keys live under the secret's prefix: another secret (or a job not elastic) sees none.
@@ -113,8 +112,8 @@ void join_running_job(LaunchPlan& plan, const Fingerprint& mine,
     throw Error(str_cat(where, ": the job's store closed the connection (the run ended?): ",
                         e.what_without_backtrace()));
   } catch (const std::exception& e) {  // a socket's system_error ("Broken pipe")
-    throw Error(str_cat(where, ": the job's store closed the connection (the run ended?): ",
-                        e.what()));
+    throw Error(
+        str_cat(where, ": the job's store closed the connection (the run ended?): ", e.what()));
   }
 }
 

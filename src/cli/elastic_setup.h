@@ -25,7 +25,6 @@ ElasticLaunch elastic_launch(const core::Config& config, std::chrono::millisecon
 // number the job gave it and the starting world (generation 0's size, which fixes the global
 // batch). Refusals are InvalidArgument (exit 2), naming --join: nothing answers there within
 // `timeout`; no job under this secret; the job differs (the first differing key).
-void join_running_job(LaunchPlan& plan, const Fingerprint& mine,
-                      std::chrono::milliseconds timeout);
+void join_running_job(LaunchPlan& plan, const Fingerprint& mine, std::chrono::milliseconds timeout);
 
 }  // namespace krab::cli

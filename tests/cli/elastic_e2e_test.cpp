@@ -308,4 +308,86 @@ TEST_F(Elastic, BelowMinWorkersTheRunStopsResumably) {
   expect_no_process_left("low");
 }
 
+// Across machines, the c10d rendezvous (§6.1-§6.3), two launchers on loopback: node 0 keeps
+// the membership in its TCPStore, node 1 is its agent. Node 1's worker 1.1.0 is killed: its
+// launcher reports the exit, so the keeper names it. Then machines ask to join the running run:
+// one whose job differs (another learning rate) is refused naming the key, one with another
+// secret finds no job, one without a secret is refused before it asks, all with exit 2 and
+// the run undisturbed; one with the same job and secret is admitted as node 2 and its worker
+// joins at a step boundary. Both changes are in the report, and the run ends on the
+// uninterrupted 4-worker trajectory (the global batch is fixed).
+TEST_F(Elastic, AcrossTwoMachinesADeathIsReportedAndAMachineJoinsOrIsRefusedByName) {
+  // Rank 0 sleeps 60 ms a step (the math is unchanged), so the run outlasts the joins.
+  write("job.yaml", R"(
+model: {name: mlp, hidden: 32}
+data: {name: synthetic, synthetic_samples: 4096, batch_size: 12}
+train: {steps: 300, slow_rank: 0, slow_delay_ms: 60, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 4}
+comm: {timeout_s: 30}
+elastic: {enabled: true}
+)");
+  write("secret", "0123456789abcdef0123456789abcdef\n");
+  write("other", "fedcba9876543210fedcba9876543210\n");
+  auto whole =
+      run(krab("train job.yaml --set checkpoint.dir=whole --set elastic.enabled=false "
+               "--set train.slow_delay_ms=0"));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  const std::string rdzv = "127.0.0.1:" + std::to_string(free_port());
+  const auto node = [&](int rank, const std::vector<std::string>& extra) {
+    std::vector<std::string> args{
+        "train",  "job.yaml", "--nnodes",          "2",     "--node-rank", std::to_string(rank),
+        "--rdzv", rdzv,       "--job-secret-file", "secret"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return start_krab(dir_, (dir_ / ("n" + std::to_string(rank) + ".log")).string(), args);
+  };
+  const pid_t n0 =
+      node(0, {"--report", "mn.json", "--progress-file", "progress", "--set", "checkpoint.dir=mn"});
+  const pid_t n1 = node(1, {});
+  const auto log = [&] {
+    return krab::core::read_file((dir_ / "n0.log").string()) + "--- node 1:\n" +
+           krab::core::read_file((dir_ / "n1.log").string());
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (progress() < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  pid_t victim = 0;  // node 1's second worker, a child of node 1's launcher
+  for (pid_t child : children_of(n1))
+    if (environ_of(child).find("\nKRAB_MEMBER_ID=1.1.0\n") != std::string::npos) victim = child;
+  ASSERT_GT(victim, 0) << log();
+  ::kill(victim, SIGKILL);
+  while (workers_json("mn")["generation"] < 1 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+
+  const std::string join = "train job.yaml --join " + rdzv;
+  expect_refused(run(krab(join + " --job-secret-file secret --set train.optimizer.lr=0.1")), 2,
+                 "node 2's job differs from node 0's at key train.optimizer.lr: '0.1' vs '0.05'");
+  expect_refused(run(krab(join + " --job-secret-file other")), 2,
+                 "no running elastic job there answers to this job secret");
+  expect_refused(run("unset KRAB_JOB_SECRET; " + krab(join)), 2,
+                 "a machine joins with the running job's secret");
+  const Result joined = run(krab(join + " --job-secret-file secret"), 120);
+  EXPECT_EQ(joined.code, 0) << joined.output;
+  EXPECT_NE(joined.output.find("as node 2 with 1 worker(s)"), std::string::npos) << joined.output;
+  int status = 0;
+  ASSERT_TRUE(wait_exit(n0, 120, status)) << log();
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log();
+  ASSERT_TRUE(wait_exit(n1, 30, status)) << log();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << log();
+
+  const auto report = nlohmann::json::parse(krab::core::read_file((dir_ / "mn.json").string()));
+  EXPECT_EQ(report["steps"], 300);
+  const auto& changes = report["membership"];
+  ASSERT_EQ(changes.size(), 2u) << changes.dump() << log();
+  EXPECT_EQ(changes[0]["reason"], "death");
+  EXPECT_EQ(changes[0]["lost"], "member 1.1.0 killed by signal 9") << changes[0].dump();
+  EXPECT_EQ(changes[0]["workers"], 3);
+  EXPECT_EQ(changes[1]["reason"], "join");
+  EXPECT_EQ(changes[1]["joined"], "2.0.0");
+  EXPECT_EQ(changes[1]["lost_steps"], 0);
+  EXPECT_EQ(changes[1]["workers"], 4);
+  const double diff = max_rel_diff(load_model_pt((dir_ / "whole" / "model.pt").string()),
+                                   load_model_pt((dir_ / "mn" / "model.pt").string()));
+  EXPECT_LE(diff, 1e-4);
+}
+
 }  // namespace
