@@ -435,18 +435,19 @@ std::vector<KeySpec> sync_keys() {
   };
 }
 
-// The `elastic.*` keys (docs/design/elastic.md §7). One machine so far: krab's launcher is the
-// keeper of the membership (cli/launcher.cpp, elastic/local_keeper.h).
+// The `elastic.*` keys (docs/design/elastic.md §7). krab's launcher (node 0's across machines)
+// is the keeper of the membership (cli/launcher.cpp, elastic/local_keeper.h).
 std::vector<KeySpec> elastic_keys() {
   return {
       bool_key("elastic.enabled", "false",
-               "`sync.mode: sync`, one machine (`--nnodes 1`): a worker that dies (killed, "
-               "crashed, or frozen: no heartbeat for `elastic.dead_after_ms`) no longer stops "
-               "the run; the launcher writes a new generation of members without it and the "
-               "others go on with the same global batch, re-split among them. A worker that "
-               "fails on bad input (exit 2) still stops the run. The launcher keeps "
+               "`sync.mode: sync`: a worker that dies (killed, crashed, or frozen or cut off: "
+               "no heartbeat for `elastic.dead_after_ms`) no longer stops the run; the launcher "
+               "(node 0's across machines) writes a new generation of members without it and "
+               "the others go on with the same global batch, re-split among them. A worker "
+               "that fails on bad input (exit 2) still stops the run. The launcher keeps "
                "`RUN_DIR/workers.json` (generation, and each rank's member id and pid) up to "
-               "date and prints one line per change."),
+               "date and prints one line per change. Machines join a running run with `krab "
+               "train JOB --join HOST:PORT`."),
       int_key("elastic.min_workers", "1",
               "`elastic.enabled`: fewest workers that train; below it the run waits "
               "`elastic.wait_s` for more, then writes a checkpoint and exits 1.",
