@@ -32,8 +32,8 @@ struct FileJob {
     std::string templ = (fs::temp_directory_path() / "krab-requests-XXXXXX").string();
     KRAB_CHECK(::mkdtemp(templ.data()) != nullptr, "mkdtemp");
     dir = templ;
-    server = std::make_unique<comm::StoreServer>(comm::Endpoint{"127.0.0.1", 0,
-                                                                (dir / "store").string(), kSecret});
+    server = std::make_unique<comm::StoreServer>(
+        comm::Endpoint{"127.0.0.1", 0, (dir / "store").string(), kSecret});
   }
   ~FileJob() {
     server.reset();
