@@ -39,6 +39,12 @@ void add_train_command(CLI::App& app, TrainArgs& args, bool& verbose) {
   train->add_option("--rdzv", args.launch.rdzv,
                     "Rendezvous HOST:PORT, hosted by node 0 (several nodes; one node uses a "
                     "file)");
+  train->add_option("--rdzv-backend", args.launch.rdzv_backend,
+                    "Where an elastic run across machines keeps its membership: c10d (node 0's "
+                    "store at --rdzv; default) or etcd (--rdzv-endpoints; no machine whose loss "
+                    "ends the run)");
+  train->add_option("--rdzv-endpoints", args.launch.rdzv_endpoints,
+                    "etcd's client endpoints HOST:PORT[,HOST:PORT...] (--rdzv-backend etcd)");
   train->add_option("--join", args.launch.join,
                     "Join the running elastic job whose node 0 hosts its rendezvous at HOST:PORT "
                     "(the same job file and job secret; --nproc-per-node workers, default 1)");

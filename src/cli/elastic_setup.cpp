@@ -7,6 +7,8 @@
 #include <thread>
 
 #include "core/errors.h"
+#include "elastic/etcd_client.h"
+#include "elastic/etcd_rendezvous.h"
 #include "elastic/membership_view.h"
 #include "elastic/node_requests.h"
 #include "elastic/providers/slurm.h"
@@ -115,6 +117,30 @@ void join_running_job(LaunchPlan& plan, const Fingerprint& mine,
     throw Error(
         str_cat(where, ": the job's store closed the connection (the run ended?): ", e.what()));
   }
+}
+
+EtcdSetup join_etcd_rendezvous(LaunchPlan& plan, const std::string& endpoints, double lease_s,
+                               std::chrono::milliseconds timeout) {
+  KRAB_CHECK_ARG(!plan.rendezvous.secret.empty(),
+                 "--rdzv-backend etcd needs the job secret (--job-secret-file or "
+                 "KRAB_JOB_SECRET): the run's keys in etcd live under it");
+  elastic::require_etcd("--rdzv-endpoints " + endpoints, endpoints, timeout, "comm.timeout_s");
+  EtcdSetup s;
+  const std::string first = elastic::EtcdClient::parse_endpoints(endpoints, "--rdzv-endpoints")[0];
+  s.own_address = comm::local_address_towards(first.substr(0, first.rfind(':')));
+  s.rendezvous = std::make_shared<elastic::EtcdRendezvous>(elastic::EtcdRendezvousOptions{
+      endpoints, plan.rendezvous.secret, plan.node_rank, lease_s, timeout});
+  const std::string secret = plan.rendezvous.secret;
+  if (plan.node_rank == 0) {
+    s.server = std::make_unique<comm::StoreServer>(s.own_address, 0, timeout, secret);
+    plan.rendezvous = {s.own_address, s.server->port(), "", secret};
+    s.rendezvous->publish_rendezvous(plan.rendezvous);
+    KRAB_CHECK(s.rendezvous->campaign(), "node 0 of a new run did not win its leadership");
+  } else {
+    plan.rendezvous = s.rendezvous->wait_rendezvous(timeout);
+    plan.rendezvous.secret = secret;
+  }
+  return s;
 }
 
 }  // namespace krab::cli

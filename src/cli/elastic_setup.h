@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <memory>
 #include <string>
 
 #include "cli/job_agreement.h"
@@ -26,5 +27,17 @@ ElasticLaunch elastic_launch(const core::Config& config, std::chrono::millisecon
 // batch). Refusals are InvalidArgument (exit 2), naming --join: nothing answers there within
 // `timeout`; no job under this secret; the job differs (the first differing key).
 void join_running_job(LaunchPlan& plan, const Fingerprint& mine, std::chrono::milliseconds timeout);
+
+// --rdzv-backend etcd (elastic/etcd_rendezvous.h), before the job agreement: checks that etcd
+// answers (else InvalidArgument, exit 2, naming --rdzv-endpoints), joins the run, and on node
+// 0 hosts the first store at this machine's address towards etcd and announces it; on the
+// others reads it. Sets plan.rendezvous (the job secret must be set in it already).
+struct EtcdSetup {
+  std::shared_ptr<elastic::EtcdRendezvous> rendezvous;
+  std::unique_ptr<comm::StoreServer> server;  // node 0: the first store
+  std::string own_address;
+};
+EtcdSetup join_etcd_rendezvous(LaunchPlan& plan, const std::string& endpoints, double lease_s,
+                               std::chrono::milliseconds timeout);
 
 }  // namespace krab::cli

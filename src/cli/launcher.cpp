@@ -19,7 +19,9 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "elastic/elastic_engine.h"
+#include "elastic/etcd_rendezvous.h"
 #include "elastic/local_keeper.h"
+#include "elastic/membership_view.h"
 #include "elastic/providers/local.h"
 #include "elastic/providers/slurm.h"
 
@@ -114,7 +116,17 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
   KRAB_CHECK_ARG(flags.nnodes >= 1, "--nnodes must be >= 1, got ", flags.nnodes);
   KRAB_CHECK_ARG(flags.node_rank >= 0 && flags.node_rank < flags.nnodes, "--node-rank ",
                  flags.node_rank, " is outside 0..", flags.nnodes - 1);
-  KRAB_CHECK_ARG(flags.nnodes == 1 || !flags.rdzv.empty(),
+  const bool etcd = flags.rdzv_backend == "etcd";
+  KRAB_CHECK_ARG(etcd || flags.rdzv_backend == "c10d", "--rdzv-backend '", flags.rdzv_backend,
+                 "': c10d or etcd");
+  KRAB_CHECK_ARG(!etcd || !flags.rdzv_endpoints.empty(),
+                 "--rdzv-backend etcd needs --rdzv-endpoints HOST:PORT[,HOST:PORT...] (etcd's "
+                 "client URLs)");
+  KRAB_CHECK_ARG(etcd || flags.rdzv_endpoints.empty(), "--rdzv-endpoints ", flags.rdzv_endpoints,
+                 " is for --rdzv-backend etcd");
+  KRAB_CHECK_ARG(!etcd || flags.rdzv.empty(), "--rdzv ", flags.rdzv,
+                 ": with --rdzv-backend etcd the machines find node 0's store through etcd");
+  KRAB_CHECK_ARG(etcd || flags.nnodes == 1 || !flags.rdzv.empty(),
                  "--rdzv HOST:PORT is required with --nnodes > 1");
   int per_node = flags.nproc_per_node;
   if (per_node == 0) {
@@ -127,6 +139,7 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
   p.local_world_size = per_node;
   p.world_size = per_node * flags.nnodes;
   p.node_rank = flags.node_rank;
+  // etcd: node 0's store is made and announced later (elastic_setup.h).
   p.rendezvous = flags.rdzv.empty() ? comm::Endpoint{"127.0.0.1", 0}
                                     : comm::parse_endpoint(flags.rdzv, "--rdzv");
   p.host_store = flags.node_rank == 0;
@@ -152,7 +165,7 @@ bool set_per_child(const std::string& k) {
   return k == "RANK" || k == "WORLD_SIZE" || k == "LOCAL_RANK" || k == "LOCAL_WORLD_SIZE" ||
          k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "KRAB_WORKER" || k == "KRAB_PS_SHARD" ||
          k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET" || k == "KRAB_MEMBER_ID" ||
-         k == "KRAB_ELASTIC_JOIN";
+         k == "KRAB_ELASTIC_JOIN" || k == "KRAB_RDZV_ENDPOINTS" || k == "KRAB_RDZV_RUN";
 }
 
 // The environment of a child: the launcher's, plan.worker_env where the launcher's does not
@@ -178,6 +191,10 @@ std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, 
   if (!plan.rendezvous.secret.empty()) envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
   // An elastic worker finds its rank in each generation record by this id (elastic/keeper.h).
   if (!member.empty()) envs.push_back("KRAB_MEMBER_ID=" + member);
+  if (plan.elastic && plan.elastic->etcd) {
+    envs.push_back("KRAB_RDZV_ENDPOINTS=" + plan.elastic->etcd_endpoints);
+    envs.push_back("KRAB_RDZV_RUN=" + plan.elastic->etcd->run_id());
+  }
   return envs;
 }
 
@@ -343,25 +360,35 @@ class Supervisor {
     for (int node = 1; node < plan_.elastic->nodes; ++node)
       for (int slot = 0; slot < plan_.nproc_per_node; ++slot)
         members.push_back({0, node, slot, 0, elastic::MemberId{node, slot, 0}});
+    keeper_ =
+        std::make_unique<elastic::LocalKeeper>(keeper_options(), members, elastic::now_instant());
+    next_slot_ = plan_.nproc_per_node;
+    write_workers_json();
+  }
+
+  // What the keeper of this launcher is built with, from the start or after a takeover.
+  elastic::LocalKeeperOptions keeper_options() {
     elastic::LocalKeeperOptions o;
     o.nodes = plan_.elastic->nodes;
     o.admit = plan_.elastic->admit;
+    if (plan_.elastic->etcd) {
+      o.control_store = plan_.elastic->etcd->fenced_store();
+      o.groups = plan_.rendezvous;
+    }
     o.keeper = plan_.elastic->keeper;
     o.control = plan_.rendezvous;
     o.store_dir = plan_.elastic->store_dir;
     o.start_grace = plan_.elastic->start_grace;
     o.autoscale = plan_.elastic->autoscale;
-    if (o.autoscale) {
+    if (o.autoscale && !provider_) {
       if (plan_.elastic->slurm)
         provider_ = std::make_unique<elastic::SlurmProvider>(*plan_.elastic->slurm);
       else
         provider_ = std::make_unique<elastic::LocalProvider>(
             [this](const elastic::WorkerSpec& spec) { return spawn_member(spec); });
-      o.capacity = [p = provider_.get()] { return p->capacity(); };
     }
-    keeper_ = std::make_unique<elastic::LocalKeeper>(o, members, elastic::now_instant());
-    next_slot_ = plan_.nproc_per_node;
-    write_workers_json();
+    if (o.autoscale) o.capacity = [p = provider_.get()] { return p->capacity(); };
+    return o;
   }
 
   // A worker's exit is the keeper's to judge (status 0 is no death; the others are); it is
@@ -417,7 +444,9 @@ class Supervisor {
   // to the keeper; one the keeper dropped (or that found itself dropped) rejoins as the next
   // incarnation of its slot; one that died as a member is replaced with elastic.replace_dead.
   void start_agent() {
-    agent_ = std::make_unique<NodeAgent>(plan_.rendezvous, plan_.elastic->start_grace);
+    agent_ = plan_.elastic->etcd ? std::make_unique<NodeAgent>(plan_.elastic->etcd->store())
+                                 : std::make_unique<NodeAgent>(comm::connect_store(
+                                       plan_.rendezvous, plan_.elastic->start_grace));
     if (plan_.elastic->joining)
       for (const Child& c : children_) agent_->announce({c.member, c.local});
   }
@@ -451,6 +480,7 @@ class Supervisor {
   // hearing it: a partition, a freeze) may not go on with the old group: it is killed, and
   // agent_exit starts it again as a joiner.
   void poll_agent() {
+    if (plan_.elastic->etcd && maybe_take_over()) return;
     const auto newest = agent_->newest();
     if (!newest || newest->state == elastic::RecordState::kStop) return;
     for (const Child& c : children_) {
@@ -466,6 +496,43 @@ class Supervisor {
                      newest->reason.c_str());
         ::kill(c.pid, SIGKILL);
       }
+    }
+  }
+
+  // The etcd rendezvous: once the leader's lease is gone, campaign (every 500 ms); the winner
+  // keeps the membership from now on, its groups in a store of its own (§6.2).
+  bool maybe_take_over() {
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_campaign_) return false;
+    next_campaign_ = now + std::chrono::milliseconds(500);
+    elastic::EtcdRendezvous& etcd = *plan_.elastic->etcd;
+    try {
+      if (etcd.leader_present() || !etcd.campaign()) return false;
+      const comm::StorePtr store = etcd.store();
+      const elastic::GenerationRecord current =
+          elastic::read_record(*store, elastic::current_generation(*store));
+      const std::vector<int> live = etcd.live_nodes();
+      std::vector<int> dead;
+      for (const elastic::Member& m : current.members)
+        if (std::find(live.begin(), live.end(), m.node) == live.end() &&
+            std::find(dead.begin(), dead.end(), m.node) == dead.end())
+          dead.push_back(m.node);
+      own_store_ = std::make_unique<comm::StoreServer>(
+          plan_.elastic->own_address, 0, plan_.elastic->start_grace, plan_.rendezvous.secret);
+      elastic::LocalKeeperOptions o = keeper_options();
+      o.groups = {plan_.elastic->own_address, own_store_->port(), "", plan_.rendezvous.secret};
+      keeper_ = std::make_unique<elastic::LocalKeeper>(o, current, dead, elastic::now_instant());
+      agent_.reset();
+      std::fprintf(
+          stderr, "krab: node %d leads the membership from generation %lld on: %s\n",
+          plan_.node_rank, static_cast<long long>(keeper_->current().generation),
+          elastic::describe_change(current, keeper_->current(), plan_.elastic->keeper).c_str());
+      write_workers_json();
+      return true;
+    } catch (const std::exception& e) {  // etcd or the takeover failed now: try again later
+      std::fprintf(stderr, "krab: node %d could not take the membership over: %s\n",
+                   plan_.node_rank, e.what());
+      return false;
     }
   }
 
@@ -646,9 +713,11 @@ class Supervisor {
   std::chrono::steady_clock::time_point stop_deadline_ = std::chrono::steady_clock::now();
   std::unique_ptr<elastic::LocalKeeper> keeper_;  // plan.elastic on node 0
   std::unique_ptr<NodeAgent> agent_;              // plan.elastic on another machine
-  std::set<elastic::MemberId> admitted_;          // agent: its workers some record listed
-  std::set<elastic::MemberId> dropped_;           // agent: its workers a record dropped
-  bool any_ok_ = false;                           // agent: one of its workers exited 0
+  std::unique_ptr<comm::StoreServer> own_store_;  // etcd: the groups' store once it leads
+  std::chrono::steady_clock::time_point next_campaign_ = std::chrono::steady_clock::now();
+  std::set<elastic::MemberId> admitted_;  // agent: its workers some record listed
+  std::set<elastic::MemberId> dropped_;   // agent: its workers a record dropped
+  bool any_ok_ = false;                   // agent: one of its workers exited 0
   bool exits_pending_ = false;
   std::optional<std::chrono::steady_clock::time_point> stop_by_;  // after a stop record
   std::chrono::steady_clock::time_point next_poll_ = std::chrono::steady_clock::now();

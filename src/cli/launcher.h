@@ -22,6 +22,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,10 @@
 #include "elastic/autoscale.h"
 #include "elastic/keeper.h"
 #include "elastic/providers/slurm.h"
+
+namespace krab::elastic {
+class EtcdRendezvous;
+}
 
 namespace krab::cli {
 
@@ -42,6 +47,10 @@ struct LaunchFlags {
   // --join HOST:PORT: this machine joins a running elastic job whose node 0 hosts its store
   // there; the job gives it its node number (plan.node_rank is -1 until then) and world.
   std::string join;
+  // --rdzv-backend c10d (node 0's TCPStore at --rdzv keeps the membership) or etcd (the
+  // membership lives in etcd at --rdzv-endpoints; elastic/etcd_rendezvous.h).
+  std::string rdzv_backend = "c10d";
+  std::string rdzv_endpoints;
 };
 
 enum class Role { kLauncher, kWorker };
@@ -78,6 +87,14 @@ struct ElasticLaunch {
   bool agent = false;
   bool joining = false;
   std::function<std::string(const std::string& fingerprint, int node)> admit;
+  // --rdzv-backend etcd (elastic/etcd_rendezvous.h): this machine's part in the rendezvous.
+  // The records live in etcd; node 0 leads from the start (its keeper's groups are built in
+  // its store at plan.rendezvous); another machine campaigns once the leader's lease is gone
+  // and, when it wins, takes the membership over with a store of its own. The workers get the
+  // endpoints and the run id (KRAB_RDZV_ENDPOINTS, KRAB_RDZV_RUN).
+  std::shared_ptr<elastic::EtcdRendezvous> etcd;
+  std::string etcd_endpoints;
+  std::string own_address;  // this machine's address towards etcd (a taken-over store's host)
   // provider slurm: how to reach Slurm (elastic/providers/slurm.h); empty for local. The
   // launcher adds a worker through the provider (elastic/providers/provider.h): local spawns
   // it as its child, slurm submits it as a batch job that joins through the same store file;

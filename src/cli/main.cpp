@@ -151,6 +151,9 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // First, so that elastic with comm.backend mpi is named as such.
   train::check_elastic_options(config, plan.world_size, workers_key);
+  KRAB_CHECK_ARG(args.launch.rdzv_backend != "etcd" || config.get_bool("elastic.enabled"),
+                 "--rdzv-backend etcd keeps the membership of an elastic run: set "
+                 "elastic.enabled: true (a fixed world across machines uses --rdzv)");
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
@@ -199,10 +202,12 @@ cli::Node0Outputs agree_with_other_nodes(const TrainArgs& args, const core::Conf
 }
 
 // The last lines of a successful run: where the model and the report are. Rank 0 lives on
-// node 0 and writes everything there; the other nodes say so rather than nothing.
+// node 0 and writes everything there; the other nodes say so rather than nothing. In an
+// elastic run rank 0 may end on another machine (node 0 was lost): `rank0_here` says it wrote
+// this machine's checkpoint.dir.
 void say_where_outputs_are(const TrainArgs& args, const core::Config& config, int node_rank,
-                           const cli::Node0Outputs& node0) {
-  if (node_rank == 0) {
+                           const cli::Node0Outputs& node0, bool rank0_here) {
+  if (node_rank == 0 || rank0_here) {
     std::fprintf(stderr, "krab: checkpoint %s/model.pt\n",
                  core::printable_text(train::run_directory(config)).c_str());
     if (!args.report.empty())
@@ -306,12 +311,23 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
   return server;
 }
 
+// Whether `path` was written at or after `since` (a file of this run, not an older one's).
+bool wrote_since(const std::string& path, std::filesystem::file_time_type since) {
+  std::error_code ec;
+  const auto t = std::filesystem::last_write_time(path, ec);
+  return !ec && t >= since;
+}
+
 int run_launcher(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
                  const cli::LaunchPlan& plan, const std::vector<std::string>& argv) {
+  const auto started = std::filesystem::file_time_type::clock::now();
   cli::LaunchPlan p = plan;
   const bool joining = !args.launch.join.empty();
   const cli::Fingerprint mine =
       cli::job_fingerprint(config, args.launch.nnodes, plan.nproc_per_node);
+  KRAB_CHECK_ARG(!joining || args.launch.rdzv_backend != "etcd",
+                 "--join with --rdzv-backend etcd is not built yet: a machine joins a run of "
+                 "the c10d rendezvous (--join HOST:PORT of node 0's --rdzv)");
   if (joining) {  // the job gives this machine its number and world first (elastic_setup.h)
     KRAB_CHECK_ARG(config.get_bool("elastic.enabled"), "--join ", args.launch.join,
                    ": only an elastic run takes machines while it trains; the job file must set "
@@ -332,11 +348,23 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   }
   if (!joining) p.rendezvous.secret = job_secret(args, keys);
   std::unique_ptr<PrivateDir> store_dir;
-  const std::unique_ptr<comm::StoreServer> server = host_rendezvous(args, keys, p, store_dir);
+  cli::EtcdSetup etcd;
+  const bool use_etcd = args.launch.rdzv_backend == "etcd";
+  if (use_etcd)
+    etcd = cli::join_etcd_rendezvous(p, args.launch.rdzv_endpoints,
+                                     config.get_float("elastic.lease_s"), keys.timeout);
+  const std::unique_ptr<comm::StoreServer> server =
+      use_etcd ? std::move(etcd.server) : host_rendezvous(args, keys, p, store_dir);
   if (config.get_bool("elastic.enabled")) {
     p.elastic = cli::elastic_launch(config, keys.timeout, store_dir ? store_dir->path : "",
                                     p.world_size, args.launch.nnodes, p.node_rank, mine);
     p.elastic->joining = joining;
+    if (use_etcd) {
+      p.elastic->etcd = etcd.rendezvous;
+      p.elastic->etcd_endpoints = args.launch.rdzv_endpoints;
+      p.elastic->own_address = etcd.own_address;
+      if (p.elastic->keeper.max_workers == 0) p.elastic->keeper.max_workers = p.world_size;
+    }
   }
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
@@ -357,8 +385,16 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   if (code == 0 && joining)
     std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on the job's node 0\n",
                  p.node_rank);
+  else if (code == 0 && p.elastic && p.elastic->etcd && p.node_rank != 0 &&
+           !wrote_since(train::run_directory(config) + "/model.pt", started))
+    std::fprintf(stderr,
+                 "krab: node %d done; the last generation's rank 0 wrote model.pt and the "
+                 "report in its machine's checkpoint.dir\n",
+                 p.node_rank);
   else if (code == 0)
-    say_where_outputs_are(args, config, p.node_rank, node0);
+    say_where_outputs_are(
+        args, config, p.node_rank, node0,
+        p.elastic && wrote_since(train::run_directory(config) + "/model.pt", started));
   return code;
 }
 
@@ -450,6 +486,9 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   if (auto member = env.find("KRAB_MEMBER_ID"); member != env.end())
     options.member_id = member->second;
   options.joining = env.count("KRAB_ELASTIC_JOIN") > 0 && env.at("KRAB_ELASTIC_JOIN") == "1";
+  if (auto etcd = env.find("KRAB_RDZV_ENDPOINTS"); etcd != env.end())
+    options.etcd_endpoints = etcd->second;
+  if (auto run = env.find("KRAB_RDZV_RUN"); run != env.end()) options.etcd_run = run->second;
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
 }

@@ -4,9 +4,8 @@
 
 namespace krab::cli {
 
-NodeAgent::NodeAgent(const comm::Endpoint& control, std::chrono::milliseconds timeout,
-                     std::chrono::milliseconds period)
-    : store_(comm::connect_store(control, timeout)), period_(period) {
+NodeAgent::NodeAgent(comm::StorePtr store, std::chrono::milliseconds period)
+    : store_(std::move(store)), period_(period) {
   thread_ = std::thread([this] { run(); });
 }
 

@@ -37,10 +37,10 @@ namespace krab::cli {
 
 class NodeAgent {
  public:
-  // Connects to the job's store at `control` (node 0's TCPStore, under the job secret's
-  // prefix) within `timeout`, or throws Timeout.
-  NodeAgent(const comm::Endpoint& control, std::chrono::milliseconds timeout,
-            std::chrono::milliseconds period = std::chrono::milliseconds(200));
+  // `store`: the job's control store (node 0's TCPStore under the job secret's prefix, or the
+  // run's keys in etcd).
+  explicit NodeAgent(comm::StorePtr store,
+                     std::chrono::milliseconds period = std::chrono::milliseconds(200));
   ~NodeAgent();
   NodeAgent(const NodeAgent&) = delete;
   NodeAgent& operator=(const NodeAgent&) = delete;

@@ -60,8 +60,9 @@ void EtcdStore::set(const std::string& key, const std::vector<uint8_t>& value) {
   const EtcdTxnResult r = client_->txn({EtcdCompare::value_is(fence_->first, fence_->second)},
                                        {EtcdOp::put(full(key), text(value))}, {});
   if (!r.succeeded)
-    throw PeerLost(str_cat("etcd: ", core::printable_text(fence_->first),
-                           " no longer names this agent: it is not the leader, and writes nothing"));
+    throw PeerLost(
+        str_cat("etcd: ", core::printable_text(fence_->first),
+                " no longer names this agent: it is not the leader, and writes nothing"));
 }
 
 std::vector<uint8_t> EtcdStore::compareSet(const std::string& key,
@@ -74,10 +75,11 @@ std::vector<uint8_t> EtcdStore::compareSet(const std::string& key,
   const EtcdTxnResult r =
       client_->txn(compare, {EtcdOp::put(full(key), text(desired))}, {EtcdOp::get(full(key))});
   if (r.succeeded) return desired;
-  if (fence_ && !client_->txn({EtcdCompare::value_is(fence_->first, fence_->second)}, {}, {})
-                     .succeeded)
-    throw PeerLost(str_cat("etcd: ", core::printable_text(fence_->first),
-                           " no longer names this agent: it is not the leader, and writes nothing"));
+  if (fence_ &&
+      !client_->txn({EtcdCompare::value_is(fence_->first, fence_->second)}, {}, {}).succeeded)
+    throw PeerLost(
+        str_cat("etcd: ", core::printable_text(fence_->first),
+                " no longer names this agent: it is not the leader, and writes nothing"));
   if (r.ranges.empty() || r.ranges[0].empty()) return expected;  // absent: as TCPStore answers
   return bytes(r.ranges[0][0].value);
 }
@@ -93,12 +95,13 @@ int64_t EtcdStore::add(const std::string& key, int64_t value) {
   for (;;) {
     std::optional<EtcdKeyValue> kv = client_->get(full(key));
     const int64_t now = kv ? counter_of(key, kv->value) + value : value;
-    std::vector<EtcdCompare> compare{EtcdCompare::mod_revision_is(full(key), kv ? kv->mod_revision : 0)};
+    std::vector<EtcdCompare> compare{
+        EtcdCompare::mod_revision_is(full(key), kv ? kv->mod_revision : 0)};
     if (fence_) compare.push_back(EtcdCompare::value_is(fence_->first, fence_->second));
     if (client_->txn(compare, {EtcdOp::put(full(key), std::to_string(now))}, {}).succeeded)
       return now;
-    if (fence_ && !client_->txn({EtcdCompare::value_is(fence_->first, fence_->second)}, {}, {})
-                       .succeeded)
+    if (fence_ &&
+        !client_->txn({EtcdCompare::value_is(fence_->first, fence_->second)}, {}, {}).succeeded)
       throw PeerLost(str_cat("etcd: ", core::printable_text(fence_->first),
                              " no longer names this agent: it is not the leader"));
     // Another writer moved the counter between our read and our write: read it again.

@@ -29,9 +29,8 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <vector>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
 
 namespace krab::elastic {
 

@@ -84,6 +84,30 @@ Keeper::Keeper(const KeeperOptions& options, std::vector<Member> initial, StoreN
   }
 }
 
+Keeper::Keeper(const KeeperOptions& options, const GenerationRecord& current, StoreNamer store_for,
+               Instant now)
+    : options_(options), max_workers_(options.max_workers), store_for_(std::move(store_for)) {
+  check_options(options_);
+  KRAB_CHECK_ARG(max_workers_ > 0, "a keeper that takes over needs elastic.max_workers resolved");
+  current_ = current;
+  newest_step_ = current.decided_step;
+  for (const Member& m : current_.members) {
+    used_.insert(m.id);
+    watch_[m.id] = Watch{now.steady_ms, false};
+  }
+  if (current_.state == RecordState::kWaiting) waiting_since_ms_ = now.steady_ms;
+}
+
+std::optional<GenerationRecord> Keeper::relocate(const std::vector<int>& dead_nodes, Instant now) {
+  if (stopped()) return std::nullopt;
+  Change change;
+  for (int node : dead_nodes) apply(event::LeaseExpired{node}, now, &change);
+  change.group_error = true;
+  change.abort = true;
+  change.reason("leader");
+  return decide(change, now);
+}
+
 std::vector<Refusal> Keeper::take_refusals() {
   std::vector<Refusal> out;
   out.swap(refusals_);

@@ -143,6 +143,20 @@ class Keeper {
   Keeper(const KeeperOptions& options, std::vector<Member> initial, StoreNamer store_for,
          Instant now);
 
+  // Takes over a run whose newest record is `current`, written by another keeper (the
+  // previous leader across machines, §6.2): its members are watched from `now`, their ids
+  // count as used. `options.max_workers` must be resolved (> 0: the new leader knows the job's
+  // parallel.workers). Nothing is published: call relocate() next.
+  Keeper(const KeeperOptions& options, const GenerationRecord& current, StoreNamer store_for,
+         Instant now);
+
+  // The group's store died with the previous leader: the next generation is built in this
+  // keeper's (store_for). Drops the members of `dead_nodes` (their agents' leases expired:
+  // "lease of node N expired") and makes a record of kind abort even when nobody is lost
+  // (reason "leader", the same members), so every member rebuilds its group there. Nullopt
+  // only when the run had stopped.
+  std::optional<GenerationRecord> relocate(const std::vector<int>& dead_nodes, Instant now);
+
   // Applies the events, then decides (see the header comment). Returns the record of the next
   // generation to write, or nullopt when membership does not change. After a record with
   // state stop, returns nullopt forever (joins are refused).

@@ -55,20 +55,46 @@ Instant now_instant() {
           duration_cast<milliseconds>(system_clock::now().time_since_epoch()).count()};
 }
 
+namespace {
+
+// The record's `store` of generation g: this keeper's TCPStore (etcd), node 0's (c10d across
+// machines), or a FileStore file (one machine).
+Keeper::StoreNamer store_namer(const LocalKeeperOptions& o) {
+  return [control = o.control, groups = o.groups, dir = o.store_dir](int64_t g) {
+    if (!groups.host.empty()) return groups.to_string();
+    if (control.file.empty()) return control.to_string();
+    return g == 0 ? "file " + control.file : str_cat("file ", dir, "/g", g, ".store");
+  };
+}
+
+comm::StorePtr control_of(const LocalKeeperOptions& o) {
+  return o.control_store ? o.control_store : comm::connect_store(o.control, kStoreTimeout);
+}
+
+}  // namespace
+
 LocalKeeper::LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial, Instant now)
     : options_(std::move(options)),
-      keeper_(
-          options_.keeper, std::move(initial),
-          [control = options_.control, dir = options_.store_dir](int64_t g) {
-            if (control.file.empty()) return control.to_string();
-            return g == 0 ? "file " + control.file : str_cat("file ", dir, "/g", g, ".store");
-          },
-          now),
-      control_(comm::connect_store(options_.control, kStoreTimeout)),
+      keeper_(options_.keeper, std::move(initial), store_namer(options_), now),
+      control_(control_of(options_)),
       generation_start_ms_(now.steady_ms),
       next_node_(options_.nodes) {
   if (options_.autoscale) autoscale_.emplace(*options_.autoscale);
   publish_record(*control_, keeper_.current());
+}
+
+LocalKeeper::LocalKeeper(LocalKeeperOptions options, const GenerationRecord& current,
+                         const std::vector<int>& dead_nodes, Instant now)
+    : options_(std::move(options)),
+      keeper_(options_.keeper, current, store_namer(options_), now),
+      control_(control_of(options_)),
+      generation_start_ms_(now.steady_ms),
+      next_node_(options_.nodes) {
+  if (options_.autoscale) autoscale_.emplace(*options_.autoscale);
+  // Machines admitted by the previous leader keep their numbers: count on from the highest.
+  for (const Member& m : current.members) next_node_ = std::max(next_node_, m.node + 1);
+  if (const std::optional<GenerationRecord> record = keeper_.relocate(dead_nodes, now))
+    after_publish(*record, now);
 }
 
 std::string LocalKeeper::store_file(int64_t generation) const {
@@ -96,12 +122,16 @@ std::optional<GenerationRecord> LocalKeeper::poll(Instant now) {
   std::optional<GenerationRecord> record = keeper_.on_events(events, now);
   unlink_retired(now);
   if (!record) return std::nullopt;
-  if (!tcp()) create_store_file(store_file(record->generation));
-  publish_record(*control_, *record);
-  if (record->generation >= 2 && !tcp())
-    retired_.emplace_back(store_file(record->generation - 1), now.steady_ms);
-  generation_start_ms_ = now.steady_ms;
+  after_publish(*record, now);
   return record;
+}
+
+void LocalKeeper::after_publish(const GenerationRecord& record, Instant now) {
+  if (!tcp()) create_store_file(store_file(record.generation));
+  publish_record(*control_, record);
+  if (record.generation >= 2 && !tcp())
+    retired_.emplace_back(store_file(record.generation - 1), now.steady_ms);
+  generation_start_ms_ = now.steady_ms;
 }
 
 void LocalKeeper::unlink_retired(Instant now) {
@@ -114,7 +144,7 @@ void LocalKeeper::unlink_retired(Instant now) {
 
 void LocalKeeper::open_generation() {
   const GenerationRecord& g = keeper_.current();
-  comm::Endpoint at = options_.control;
+  comm::Endpoint at = options_.groups.host.empty() ? options_.control : options_.groups;
   if (!tcp()) at.file = store_file(g.generation);
   // The workers' groups key their heartbeats as comm/factory.cpp names the group's prefix.
   group_ = comm::prefixed(str_cat("g", g.generation, "/"), comm::connect_store(at, kStoreTimeout));

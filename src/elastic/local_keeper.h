@@ -84,6 +84,11 @@ struct LocalKeeperOptions {
   // `krab train --join`: "" admits the machine that sent `fingerprint` as node `node`; any
   // other text refuses it with these words. Empty: every request is refused.
   std::function<std::string(const std::string& fingerprint, int node)> admit;
+  // The etcd rendezvous (§6.2): the records and every request live in `control_store` (an
+  // EtcdStore, fenced on the leader key) instead of a store at `control`, and the groups are
+  // built in this keeper's own TCPStore at `groups` (its HOST:PORT in the records).
+  comm::StorePtr control_store;
+  comm::Endpoint groups;
 };
 
 // Instant now, from the steady and the system clock.
@@ -94,6 +99,11 @@ class LocalKeeper {
   // Publishes generation 0: `initial` in rank order (their rank fields are ignored), store
   // "file <control.file>". Throws what Keeper's constructor throws, or a store error.
   LocalKeeper(LocalKeeperOptions options, std::vector<Member> initial, Instant now);
+  // The etcd rendezvous's new leader: takes over the run at `current` (read from etcd) and
+  // publishes the next generation in its own store (Keeper::relocate), without the members of
+  // `dead_nodes`. `options.keeper.max_workers` must be resolved.
+  LocalKeeper(LocalKeeperOptions options, const GenerationRecord& current,
+              const std::vector<int>& dead_nodes, Instant now);
 
   // Queues a child's exit (wait status decoded: exit `code`, or killed by `signal` != 0) for
   // the next poll(). Exits of processes that are no longer members are ignored by the Keeper.
@@ -133,7 +143,8 @@ class LocalKeeper {
   void read_progress(std::vector<Event>* events);
   void read_requests(std::vector<Event>* events);     // suspect reports and leave requests
   void read_other_nodes(std::vector<Event>* events);  // node_requests.h
-  bool tcp() const { return options_.control.file.empty(); }
+  bool tcp() const { return options_.control.file.empty() || !options_.groups.host.empty(); }
+  void after_publish(const GenerationRecord& record, Instant now);
 
   LocalKeeperOptions options_;
   Keeper keeper_;

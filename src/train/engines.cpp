@@ -8,6 +8,9 @@
 #include "core/errors.h"
 #include "core/fs.h"
 #include "elastic/elastic_engine.h"
+#include "elastic/etcd_client.h"
+#include "elastic/etcd_rendezvous.h"
+#include "elastic/etcd_store.h"
 #include "elastic/slices.h"
 #include "parallel/compression_hook.h"
 #include "parallel/dp_engine.h"
@@ -278,7 +281,16 @@ std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const
                  "membership; under torchrun, mpirun or Slurm the world is fixed");
   elastic::ElasticEngineOptions eo;
   eo.self = elastic::MemberId::parse(place.member);
-  eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
+  if (place.etcd_endpoints.empty()) {
+    eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
+  } else {
+    elastic::EtcdClient::Options etcd;
+    etcd.endpoints = elastic::EtcdClient::parse_endpoints(place.etcd_endpoints, "--rdzv-endpoints");
+    etcd.timeout = comm_timeout(c);
+    eo.control = c10::make_intrusive<elastic::EtcdStore>(
+        std::make_shared<elastic::EtcdClient>(etcd),
+        elastic::etcd_run_prefix(world.rendezvous.secret, place.etcd_run), comm_timeout(c));
+  }
   eo.backend = c.get_string("comm.backend");
   eo.comm = comm_options(c);
   eo.secret = world.rendezvous.secret;

@@ -25,9 +25,14 @@ namespace krab::train {
 // elastic_engine.h), which rebuilds the group when the membership changes: `member` is this
 // process's member id (KRAB_MEMBER_ID from krab's launcher; InvalidArgument when empty), and a
 // `joining` member enters a running job: no group of its own at first, the state from rank 0.
+// `etcd_endpoints` (the etcd rendezvous, KRAB_RDZV_ENDPOINTS): the membership's records and
+// requests live in etcd under the job secret's prefix (elastic/etcd_store.h), not in the
+// rendezvous store, whose host may die with its machine.
 struct ElasticPlace {
   std::string member;
   bool joining = false;
+  std::string etcd_endpoints;
+  std::string etcd_run;  // the run's id (KRAB_RDZV_RUN): its keys' prefix in etcd
 };
 std::unique_ptr<engine::Engine> make_engine(const core::Config& c, const TrainOptions& options,
                                             const comm::WorldInfo& world,

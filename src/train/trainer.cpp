@@ -172,7 +172,8 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   batches = image_batches(c, d, *sampler, steps * o.micro_batches);
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   engine = make_engine(c, o, world, model_spec(c, d), steps,
-                       {options.member_id, options.joining});  // builds the model
+                       {options.member_id, options.joining, options.etcd_endpoints,
+                        options.etcd_run});  // builds the model
   model_name = c.get_string("model.name");
   signature = model_signature(engine->model());
   if (const auto* ts = models::as_torchscript(engine->model()))

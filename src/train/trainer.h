@@ -34,6 +34,9 @@ struct WorkerOptions {
   // A member entering a running elastic job (a replacement, KRAB_ELASTIC_JOIN=1): it receives
   // the state from rank 0 instead of starting or resuming.
   bool joining = false;
+  // The etcd rendezvous's endpoints (KRAB_RDZV_ENDPOINTS); "" with the c10d one.
+  std::string etcd_endpoints;
+  std::string etcd_run;  // KRAB_RDZV_RUN
 };
 
 class Trainer {

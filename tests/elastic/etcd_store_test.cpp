@@ -32,8 +32,8 @@ class EtcdStoreTest : public ::testing::Test {
   }
   void SetUp() override {
     if (etcd_ == nullptr) GTEST_SKIP() << skip_;
-    prefix_ = std::string("/t/") +
-              ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
+    prefix_ =
+        std::string("/t/") + ::testing::UnitTest::GetInstance()->current_test_info()->name() + "/";
   }
   // A client of its own (another agent, as on another machine).
   std::shared_ptr<EtcdClient> client() {
@@ -54,7 +54,8 @@ test::EtcdDaemon* EtcdStoreTest::etcd_ = nullptr;
 std::string EtcdStoreTest::skip_;
 
 TEST_F(EtcdStoreTest, KeysBehaveAsInATcpStoreUnderTheirPrefix) {
-  auto a = store(), other = c10::make_intrusive<EtcdStore>(client(), prefix_ + "x/", milliseconds(300));
+  auto a = store(),
+       other = c10::make_intrusive<EtcdStore>(client(), prefix_ + "x/", milliseconds(300));
   std::string bytes;
   for (int i = 0; i < 256; ++i) bytes += char(i);
   a->set("k", b(bytes));
