@@ -73,15 +73,15 @@ EtcdRendezvous::~EtcdRendezvous() {
   stop_ = true;
   renewer_.join();
   try {
-    client_->revoke(lease_);  // its keys (the node, the leadership, node 0's run) go now
+    client_->revoke(lease_);         // its keys (the node, the leadership, node 0's run) go now
   } catch (const std::exception&) {  // etcd unreachable: they expire with the lease
   }
 }
 
 // Renews the lease three times per TTL; a renewal that finds the lease gone ends them.
 void EtcdRendezvous::renew() {
-  const auto period = std::chrono::milliseconds(
-      std::max<int64_t>(200, std::llround(options_.lease_s * 1000 / 3)));
+  const auto period =
+      std::chrono::milliseconds(std::max<int64_t>(200, std::llround(options_.lease_s * 1000 / 3)));
   auto next = std::chrono::steady_clock::now() + period;
   while (!stop_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

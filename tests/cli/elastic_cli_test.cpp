@@ -111,4 +111,35 @@ TEST_F(ElasticCli, ElasticKeysAreInertWhenDisabled) {
   EXPECT_FALSE(fs::exists(dir_ / "runs/job/workers.json")) << "elastic files without elastic";
 }
 
+// Across machines: the rendezvous flags at odds with each other or with the job, a join
+// without what it needs, and an etcd that does not answer (named, exit 2, within
+// comm.timeout_s) — all before anything is spawned.
+TEST_F(ElasticCli, RendezvousAcrossMachinesIsRefusedWhereItCannotWork) {
+  write("secret", "0123456789abcdef0123456789abcdef\n");
+  const std::string two = "--nnodes 2 --node-rank 1 --job-secret-file secret ";
+  expect_refusal(two + "--rdzv-backend etcd",
+                 {"--rdzv-backend etcd needs --rdzv-endpoints HOST:PORT"});
+  expect_refusal(two + "--rdzv 127.0.0.1:29400 --rdzv-endpoints 127.0.0.1:2379",
+                 {"--rdzv-endpoints 127.0.0.1:2379 is for --rdzv-backend etcd"});
+  expect_refusal(two + "--rdzv-backend zookeeper --rdzv-endpoints 127.0.0.1:2379",
+                 {"--rdzv-backend 'zookeeper': c10d or etcd"});
+  expect_refusal(two + "--rdzv-backend etcd --rdzv-endpoints 127.0.0.1:2379 --rdzv 1.2.3.4:5",
+                 {"with --rdzv-backend etcd the machines find node 0's store through etcd"});
+  expect_refusal(two +
+                     "--rdzv-backend etcd --rdzv-endpoints 127.0.0.1:2379 "
+                     "--set elastic.enabled=false",
+                 {"--rdzv-backend etcd keeps the membership of an elastic run"});
+  expect_refusal("--join 127.0.0.1:29400 --node-rank 1",
+                 {"--join takes no --nnodes, --node-rank or --rdzv"});
+  expect_refusal("--join 127.0.0.1:29400", {"a machine joins with the running job's secret"});
+  expect_refusal("--join 127.0.0.1:29400 --job-secret-file secret --set elastic.enabled=false",
+                 {"only an elastic run takes machines while it trains"});
+  // Nothing listens on the port: etcd unreachable, named with the bound it waited.
+  const std::string closed = "127.0.0.1:" + std::to_string(free_port());
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_refusal(two + "--rdzv-backend etcd --rdzv-endpoints " + closed + " --set comm.timeout_s=2",
+                 {"--rdzv-endpoints " + closed, "no etcd answered within 2 s (comm.timeout_s)"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+}
+
 }  // namespace

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "cli/cli_support.h"
+#include "elastic/support/etcd_daemon.h"
 
 namespace {
 
@@ -387,6 +388,72 @@ elastic: {enabled: true}
   EXPECT_EQ(changes[1]["workers"], 4);
   const double diff = max_rel_diff(load_model_pt((dir_ / "whole" / "model.pt").string()),
                                    load_model_pt((dir_ / "mn" / "model.pt").string()));
+  EXPECT_LE(diff, 1e-4);
+}
+
+// Item 5 on loopback (the namespace test is tests/net/elastic_etcd.sh): three launchers of one
+// worker each keep the membership in a real etcd; node 0, which started the run and leads,
+// is SIGKILLed (its worker dies with it). Once node 0's lease (elastic.lease_s 2) is gone,
+// another machine wins the election, hosts the groups' store and publishes generation 1
+// without member 0.0.0; the two survivors finish with exit 0, the last rank 0 writes the
+// report and model.pt on its machine, on the uninterrupted 3-worker trajectory.
+TEST_F(Elastic, WithEtcdTheMachineThatStartedTheRunDiesAndAnotherTakesTheMembershipOver) {
+  std::string skip;
+  const auto etcd = krab::test::EtcdDaemon::start(1, &skip);
+  if (!etcd) GTEST_SKIP() << skip;
+  write("job.yaml", R"(
+model: {name: mlp, hidden: 32}
+data: {name: synthetic, synthetic_samples: 4096, batch_size: 12}
+train: {steps: 200, slow_rank: 0, slow_delay_ms: 30, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 3}
+comm: {timeout_s: 30}
+elastic: {enabled: true, lease_s: 2}
+)");
+  write("secret", "0123456789abcdef0123456789abcdef\n");
+  auto whole =
+      run(krab("train job.yaml --set checkpoint.dir=whole --set elastic.enabled=false "
+               "--set train.slow_delay_ms=0"));
+  ASSERT_EQ(whole.code, 0) << whole.output;
+  std::vector<pid_t> nodes;
+  for (int n = 0; n < 3; ++n) {
+    const std::string i = std::to_string(n);
+    nodes.push_back(
+        start_krab(dir_, (dir_ / ("e" + i + ".log")).string(),
+                   {"train", "job.yaml", "--nnodes", "3", "--node-rank", i, "--rdzv-backend",
+                    "etcd", "--rdzv-endpoints", etcd->endpoints(), "--job-secret-file", "secret",
+                    "--report", "e" + i + ".json", "--progress-file",
+                    n == 0 ? "progress" : "progress" + i, "--set", "checkpoint.dir=e" + i}));
+  }
+  const auto log = [&] {
+    std::string all;
+    for (int n = 0; n < 3; ++n)
+      all += "--- node " + std::to_string(n) + ":\n" +
+             krab::core::read_file((dir_ / ("e" + std::to_string(n) + ".log")).string());
+    return all;
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (progress() < 10 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  ASSERT_GE(progress(), 10) << log();
+  ::kill(nodes[0], SIGKILL);
+  int status = 0;
+  ASSERT_TRUE(wait_exit(nodes[0], 10, status));
+  for (int n = 1; n < 3; ++n) {
+    ASSERT_TRUE(wait_exit(nodes[n], 120, status)) << log();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "node " << n << "\n" << log();
+  }
+  EXPECT_NE(log().find("leads the membership from generation 1 on"), std::string::npos) << log();
+  const int last = fs::exists(dir_ / "e1" / "model.pt") ? 1 : 2;  // where rank 0 ended
+  ASSERT_TRUE(fs::exists(dir_ / ("e" + std::to_string(last)) / "model.pt")) << log();
+  const auto report = nlohmann::json::parse(
+      krab::core::read_file((dir_ / ("e" + std::to_string(last) + ".json")).string()));
+  EXPECT_EQ(report["steps"], 200);
+  ASSERT_EQ(report["membership"].size(), 1u) << report["membership"].dump();
+  EXPECT_EQ(report["membership"][0]["lost"], "member 0.0.0 lease of node 0 expired");
+  EXPECT_EQ(report["membership"][0]["workers"], 2);
+  const double diff =
+      max_rel_diff(load_model_pt((dir_ / "whole" / "model.pt").string()),
+                   load_model_pt((dir_ / ("e" + std::to_string(last)) / "model.pt").string()));
   EXPECT_LE(diff, 1e-4);
 }
 
