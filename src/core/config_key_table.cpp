@@ -470,8 +470,10 @@ std::vector<KeySpec> elastic_keys() {
               "dropped from the run (a frozen or unreachable process).",
               100),
       float_key("elastic.lease_s", "5",
-                "`elastic.enabled` across machines (not built yet): lifetime in seconds of a "
-                "node agent's lease in etcd; at least 2, etcd's smallest lease.",
+                "`elastic.enabled` with `--rdzv-backend etcd`: lifetime in seconds of each "
+                "machine's lease in etcd (its launcher renews it three times per lease); a "
+                "machine whose lease lapses is dropped, and when it led, another takes the "
+                "membership over. At least 2, etcd's smallest lease.",
                 2),
       bool_key("elastic.replace_dead", "false",
                "`elastic.enabled`: the launcher respawns a worker that died in its slot, as a "
