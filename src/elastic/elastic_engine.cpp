@@ -12,6 +12,7 @@
 #include "comm/reaper.h"
 #include "core/errors.h"
 #include "elastic/commit_vote.h"
+#include "elastic/entry_gate.h"
 #include "models/model.h"
 
 namespace krab::elastic {
@@ -35,6 +36,23 @@ std::string lost_text(const GenerationRecord& record) {
   for (const LostMember& l : record.lost)
     out += str_cat(out.empty() ? "" : "; ", "member ", l.id.str(), " ", l.cause);
   return out;
+}
+
+// The failures of a generation on the way in, which the keeper's next record resolves (the
+// entry gate given up, a member that never came, a second failure during the reconcile):
+// PeerLost (MembershipChanged included) and Timeout. Not Dropped: that record left this worker out.
+bool failed_on_the_way_in(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Dropped&) {
+    return false;
+  } catch (const PeerLost&) {
+    return true;
+  } catch (const Timeout&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
 }
 
 volatile sig_atomic_t g_leave = 0;
@@ -107,10 +125,9 @@ void ElasticEngine::join() {
       throw Timeout(str_cat("elastic: member ", options_.self.str(),
                             " was not admitted to the run within ", options_.wait_s,
                             " s (elastic.wait_s)"));
-    const GenerationRecord record = view_->wait_for(want, left);
+    GenerationRecord record = view_->wait_for(want, left);
     if (rank_in(record, options_.self) < 0) continue;
-    std::unique_ptr<comm::Communicator> group = connect(record);
-    reconcile(*group, nullptr, 0);
+    std::unique_ptr<comm::Communicator> group = rebuild(record, nullptr, 0);
     enter(record, std::move(group), nullptr, /*joining=*/true);
     return;
   }
@@ -120,6 +137,7 @@ void ElasticEngine::join() {
 // group now; every pending and future wait of it throws MembershipChanged.
 void ElasticEngine::on_abort(const GenerationRecord& record) {
   std::lock_guard<std::mutex> lock(group_mu_);
+  newest_abort_ = std::max(newest_abort_, record.generation);
   if (record.generation <= generation_.load() || live_group_ == nullptr) return;
   live_group_->abort(str_cat("generation ", record.generation, ": ", record.reason));
 }
@@ -227,6 +245,13 @@ std::unique_ptr<comm::Communicator> ElasticEngine::connect(const GenerationRecor
   world.generation = record.generation;
   comm::Options copts = options_.comm;
   copts.abortable = true;
+  // Every member passes the generation's entry gate first: one superseded while its members
+  // were on their way is given up by all of them, never built by some (elastic/entry_gate.h).
+  pass_entry_gate(
+      *comm::prefixed(str_cat("g", record.generation, "/"),
+                      comm::connect_store(world.rendezvous, copts.timeout)),
+      rank, world.size, record.generation,
+      [this, g = record.generation] { return view_->newest() > g; }, copts.timeout);
   return comm::make_communicator(options_.backend, world, copts);
 }
 
@@ -261,6 +286,43 @@ void ElasticEngine::reconcile(comm::Communicator& group, engine::Engine* previou
   // A backward cut by the failure leaves partial gradients behind (§15.2).
   for (const at::Tensor& p : previous->model().parameters())
     if (p.grad().defined()) p.mutable_grad() = at::Tensor();
+}
+
+// Connects to `record`'s generation and reconciles on its group. A failure on the way in is one
+// of that generation, and is met as a failure during training is: this rank waits for the
+// keeper's next record and tries that one, from the same previous engine (nothing of it is
+// given away before enter(); the reconcile can run again: a rank that applied the held step in
+// a broken attempt is no longer behind). `record` ends as the generation whose group returns.
+std::unique_ptr<comm::Communicator> ElasticEngine::rebuild(GenerationRecord& record,
+                                                           engine::Engine* previous,
+                                                           int64_t steps_ended) {
+  for (;;) {
+    std::unique_ptr<comm::Communicator> group;
+    try {
+      group = connect(record);
+      {
+        // The view aborts it as it aborts a running group; an abort record it read while the
+        // group was being built counts too.
+        std::lock_guard<std::mutex> lock(group_mu_);
+        live_group_ = group.get();
+        if (newest_abort_ > record.generation)
+          group->abort(str_cat("generation ", newest_abort_, " supersedes it"));
+      }
+      reconcile(*group, previous, steps_ended);
+      return group;
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(group_mu_);
+        live_group_ = nullptr;
+      }
+      if (group != nullptr) {
+        group->abort(str_cat("entering generation ", record.generation, " failed"));
+        comm::Reaper::process().bury(std::move(group));
+      }
+      if (!failed_on_the_way_in(std::current_exception())) throw;
+    }
+    record = next_record(record.generation + 1, /*exact=*/false);
+  }
 }
 
 // Builds the inner engine of `record`'s generation on `group` from the previous one (null for
@@ -300,8 +362,7 @@ nlohmann::json ElasticEngine::recover(const std::string& cause, int64_t steps_en
   if (members_.empty())  // generation 0's members, which this worker did not need until now
     for (const Member& m : read_record(*options_.control, generation_.load()).members)
       members_.push_back(m.id);
-  const GenerationRecord record =
-      next_record(planned ? proposed_ : generation_.load() + 1, planned);
+  GenerationRecord record = next_record(planned ? proposed_ : generation_.load() + 1, planned);
   // Leave the old generation: its engine stays until the new one has taken its state, its
   // group goes to the reaper after it (never destroyed here: a frozen peer's op may hold it
   // until comm.timeout_s).
@@ -321,10 +382,13 @@ nlohmann::json ElasticEngine::recover(const std::string& cause, int64_t steps_en
   }
 
   try {
-    std::unique_ptr<comm::Communicator> group = connect(record);
-    reconcile(*group, previous.get(), steps_ended);
+    std::unique_ptr<comm::Communicator> group = rebuild(record, previous.get(), steps_ended);
     enter(record, std::move(group), std::move(previous), /*joining=*/false);
   } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(group_mu_);
+      live_group_ = nullptr;  // enter() registered the group its factory destroyed
+    }
     previous.reset();
     comm::Reaper::process().bury(std::move(old_group));
     throw;

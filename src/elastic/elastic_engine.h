@@ -9,7 +9,8 @@
 //   after_step     rank 0 writes the completed step to `elastic/progress` for the keeper.
 //   recover(cause) after any call threw because the group broke (MembershipChanged from an
 //                  abort, PeerLost, Timeout): waits for the keeper's next generation record,
-//                  hands the old group to the reaper, builds the new group in this process,
+//                  hands the old group to the reaper, builds the new group in this process
+//                  (through the generation's entry gate: see "Two changes" below),
 //                  reconciles the committed step (an all-reduce of each survivor's applied
 //                  steps: the one behind applies the gradient it holds with the learning rate
 //                  it kept) and the end of that step (the same all-reduce carries the steps
@@ -41,13 +42,22 @@
 // shards, wherever they now live (train/live_reshard.h, parallel/zero/buddy.h). The previous
 // engine stays alive until the new one has its state.
 //
+// Two changes within one rebuild (the race): the keeper may publish g+2 while the survivors of
+// g are reading g+1 (a second failure, or a rejoin, soon after the first). A survivor that reads
+// late skips straight to g+2, so g+1's group can never be complete. Every member therefore
+// enters a generation through its entry gate (elastic/entry_gate.h) before Gloo's rendezvous:
+// the members agree in the generation's store either to build its group (all of them arrived)
+// or to give it up (a newer record appeared first); a member that gave it up moves on to the
+// newest record within a few milliseconds, from the same previous engine. A failure later on
+// the way in (a second failure during the reconcile; an abort record newer than g+1 aborts
+// g+1's group there as it would a running one) is met the same way: the next record, entered
+// from the same previous engine (ElasticEngine::rebuild).
+//
 // Not yet: waiting for joiners below min_workers (a `waiting` record is waited out; `stop`
-// ends the run with an error naming elastic.min_workers); a second failure during a recovery
-// ends the run (the reconcile and the state transfer are not retried). The race: when the
-// keeper publishes g+2 while the survivors of g are reading g+1, one may build g+1's group
-// while the others skip to g+2; it then waits for g+1's rendezvous until comm.timeout_s and
-// the run ends (the keeper publishes one record per failure, so this takes two changes within
-// one rebuild).
+// ends the run with an error naming elastic.min_workers); a failure during the state transfer
+// (the factory, which may already have taken the previous engine's optimizer) ends the run; a
+// member lost between the gate's "build" and the end of Gloo's rendezvous (which cannot be
+// called off) still costs the others comm.timeout_s there before they move on.
 //
 // Process-wide effect: the constructor ignores SIGPIPE (a write to a dead peer's socket must
 // fail the op, not end the process).
@@ -183,6 +193,8 @@ class ElasticEngine : public engine::Engine {
   void join();
   GenerationRecord next_record(int64_t want, bool exact);
   std::unique_ptr<comm::Communicator> connect(const GenerationRecord& record);
+  std::unique_ptr<comm::Communicator> rebuild(GenerationRecord& record, engine::Engine* previous,
+                                              int64_t steps_ended);
   void enter(const GenerationRecord& record, std::unique_ptr<comm::Communicator> group,
              std::unique_ptr<engine::Engine> previous, bool joining);
   void reconcile(comm::Communicator& group, engine::Engine* previous, int64_t steps_ended);
@@ -194,6 +206,7 @@ class ElasticEngine : public engine::Engine {
   std::atomic<int64_t> generation_;
   std::mutex group_mu_;  // the view's thread aborts the group the training thread replaces
   comm::Communicator* live_group_ = nullptr;  // guarded by group_mu_
+  int64_t newest_abort_ = -1;                 // the newest abort record read; guarded by group_mu_
   std::unique_ptr<MembershipView> view_;
 
   int64_t applied_ = 0;     // steps applied on this rank
