@@ -268,13 +268,11 @@ at::Tensor reference(const Data& data) {
   return core::flatten(model->parameters());
 }
 
-// Rank 3 of 4 leaves before step 5; the keeper publishes generation 1 with ranks 0-2. The
-// survivors rebuild their group in place, lose step 5's work at most, re-split the same global
-// batch 4-4-4 and end within float order of one process on the whole batch — and bit-equal to
-// each other.
-TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
+// The run of the two tests below: 4 ranks, rank 3 leaves before step 5 (its engine destroyed:
+// its sockets close, as a killed process's do), the keeper publishes generation 1 with ranks
+// 0-2. `rank2_unended_at` >= 0: rank 2 tells recover() it did not end the steps from there on.
+std::vector<Outcome> lose_rank3_at_step5(const Data& data, int64_t rank2_unended_at = -1) {
   Stores stores;
-  const Data data;
   publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
   std::vector<Outcome> outcomes(4);
   std::atomic<bool> gone{false};
@@ -282,9 +280,9 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
   for (int r = 0; r < 4; ++r)
     ranks.emplace_back([&, r] {
       auto engine = make_engine(stores, r, 4, small_model("mlp", 3));
-      outcomes[r] = train(*engine, data, r == 3 ? 5 : -1);
+      outcomes[r] = train(*engine, data, r == 3 ? 5 : -1, nullptr, r == 2 ? rank2_unended_at : -1);
       if (r == 3) {
-        engine.reset();  // its sockets close, as a killed process's do
+        engine.reset();
         gone = true;
       }
     });
@@ -292,7 +290,16 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
   publish_record(*stores.control,
                  record_of(stores, 1, 3, RecordState::kRun, {{{0, 3, 0}, "killed by signal 9"}}));
   for (auto& t : ranks) t.join();
+  return outcomes;
+}
 
+// Rank 3 of 4 leaves before step 5; the keeper publishes generation 1 with ranks 0-2. The
+// survivors rebuild their group in place, lose step 5's work at most, re-split the same global
+// batch 4-4-4 and end within float order of one process on the whole batch — and bit-equal to
+// each other.
+TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
+  const Data data;
+  const std::vector<Outcome> outcomes = lose_rank3_at_step5(data);
   const at::Tensor expected = reference(data);
   for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE("rank " + std::to_string(r));
@@ -318,25 +325,8 @@ TEST(ElasticEngine, SurvivorsOfALostRankEndOnTheUninterruptedTrajectory) {
 TEST(ElasticEngine, AStepEndCutShortOnOneSurvivorIsRunAgainByAll) {
   for (const bool cut : {true, false}) {
     SCOPED_TRACE(cut ? "rank 2 did not end step 4" : "every survivor ended step 4");
-    Stores stores;
     const Data data;
-    publish_record(*stores.control, record_of(stores, 0, 4, RecordState::kRun, {}));
-    std::vector<Outcome> outcomes(4);
-    std::atomic<bool> gone{false};
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 4; ++r)
-      ranks.emplace_back([&, r] {
-        auto engine = make_engine(stores, r, 4, small_model("mlp", 3));
-        outcomes[r] = train(*engine, data, r == 3 ? 5 : -1, nullptr, r == 2 && cut ? 4 : -1);
-        if (r == 3) {
-          engine.reset();
-          gone = true;
-        }
-      });
-    while (!gone) std::this_thread::sleep_for(5ms);
-    publish_record(*stores.control,
-                   record_of(stores, 1, 3, RecordState::kRun, {{{0, 3, 0}, "killed by signal 9"}}));
-    for (auto& t : ranks) t.join();
+    const std::vector<Outcome> outcomes = lose_rank3_at_step5(data, cut ? 4 : -1);
     for (int r = 0; r < 3; ++r) {
       SCOPED_TRACE("rank " + std::to_string(r));
       ASSERT_EQ(outcomes[r].error, "");
