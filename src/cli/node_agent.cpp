@@ -6,7 +6,7 @@ namespace krab::cli {
 
 NodeAgent::NodeAgent(const comm::Endpoint& control, std::chrono::milliseconds timeout,
                      std::chrono::milliseconds period)
-    : store_(comm::connect_store(control, timeout)), period_(period) {
+    : store_(comm::reconnecting_store(control, timeout)), period_(period) {
   thread_ = std::thread([this] { run(); });
 }
 

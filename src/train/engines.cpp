@@ -278,7 +278,7 @@ std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const
                  "membership; under torchrun, mpirun or Slurm the world is fixed");
   elastic::ElasticEngineOptions eo;
   eo.self = elastic::MemberId::parse(place.member);
-  eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
+  eo.control = comm::reconnecting_store(world.rendezvous, comm_timeout(c));
   eo.backend = c.get_string("comm.backend");
   eo.comm = comm_options(c);
   eo.secret = world.rendezvous.secret;
