@@ -445,7 +445,7 @@ class Supervisor {
   // incarnation of its slot; one that died as a member is replaced with elastic.replace_dead.
   void start_agent() {
     agent_ = plan_.elastic->etcd ? std::make_unique<NodeAgent>(plan_.elastic->etcd->store())
-                                 : std::make_unique<NodeAgent>(comm::connect_store(
+                                 : std::make_unique<NodeAgent>(comm::reconnecting_store(
                                        plan_.rendezvous, plan_.elastic->start_grace));
     if (plan_.elastic->joining)
       for (const Child& c : children_) agent_->announce({c.member, c.local});

@@ -15,7 +15,9 @@
 //
 // The store is on node 0: across a partition a call to it blocks until the link returns or
 // the call's timeout passes. So every store call runs on the agent's own thread; the
-// launcher's loop (waitpid, signals) only queues reports and reads the last record seen.
+// launcher's loop (waitpid, signals) only queues reports and reads the last record seen. The
+// client reconnects after a failed call (comm::reconnecting_store), so the calls after the
+// link returns get their own answers.
 //
 // Thread safety: the public methods may be called from one thread while the agent's thread
 // runs.

@@ -8,10 +8,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <utility>
 
 #include "core/errors.h"
 
@@ -129,6 +131,70 @@ StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout) {
     throw Timeout(str_cat("cannot reach the rendezvous store at ", at.to_string(), " within ",
                           timeout.count() / 1000.0, " s"));
   }
+}
+
+namespace {
+
+class ReconnectingStore : public c10d::Store {
+ public:
+  ReconnectingStore(Endpoint at, std::chrono::milliseconds timeout)
+      : c10d::Store(timeout), at_(std::move(at)), client_(connect_store(at_, timeout)) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    call([&](c10d::Store& s) { s.set(key, value); });
+  }
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override {
+    return call([&](c10d::Store& s) { return s.compareSet(key, expected, desired); });
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return call([&](c10d::Store& s) { return s.get(key); });
+  }
+  int64_t add(const std::string& key, int64_t value) override {
+    return call([&](c10d::Store& s) { return s.add(key, value); });
+  }
+  bool deleteKey(const std::string& key) override {
+    return call([&](c10d::Store& s) { return s.deleteKey(key); });
+  }
+  bool check(const std::vector<std::string>& keys) override {
+    return call([&](c10d::Store& s) { return s.check(keys); });
+  }
+  int64_t getNumKeys() override {
+    return call([&](c10d::Store& s) { return s.getNumKeys(); });
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    call([&](c10d::Store& s) { s.wait(keys); });
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    call([&](c10d::Store& s) { s.wait(keys, timeout); });
+  }
+
+ private:
+  // A call on the live client; after a failure the client is dropped (store.h says why) and the
+  // next call connects a new one, within the timeout, before it runs.
+  template <typename Fn>
+  auto call(Fn&& fn) -> decltype(fn(std::declval<c10d::Store&>())) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!client_) client_ = connect_store(at_, timeout_);
+    try {
+      return fn(*client_);
+    } catch (...) {
+      client_.reset();
+      throw;
+    }
+  }
+
+  const Endpoint at_;
+  std::mutex mu_;
+  StorePtr client_;  // guarded by mu_; null after a failed call
+};
+
+}  // namespace
+
+StorePtr reconnecting_store(const Endpoint& at, std::chrono::milliseconds timeout) {
+  if (!at.file.empty()) return connect_store(at, timeout);
+  return c10::make_intrusive<ReconnectingStore>(at, timeout);
 }
 
 StorePtr prefixed(const std::string& prefix, StorePtr base) {

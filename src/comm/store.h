@@ -76,6 +76,19 @@ class StoreServer {
 // `timeout` for a TCP server. Failure throws krab::Timeout naming the endpoint.
 StorePtr connect_store(const Endpoint& at, std::chrono::milliseconds timeout);
 
+// A client of the TCPStore at `at` that outlives a broken link: connected now as connect_store
+// does (failure throws Timeout), and again on the next call after any call failed. Each call
+// still fails as c10d's client fails it (the error propagates, bounded by `timeout`); what
+// changes is what comes after. c10d's client gives up on an answer that does not arrive in time
+// but keeps its socket: once a cut link returns, that connection moves again only at TCP's next
+// retransmission, seconds later after a long cut (tests/net/elastic_partition.sh: the cut
+// machine rejoined 22 s after a 10 s cut with its first connection kept, 10.5 s with a new
+// one), and the late answer to the abandoned call could be read as the answer to the next one.
+// A new connection has neither problem; a caller that polls (the elastic membership view, a
+// machine's agent) simply calls again. A file endpoint gets connect_store's client: a local
+// file has no link to lose. Thread safety: calls are serialised.
+StorePtr reconnecting_store(const Endpoint& at, std::chrono::milliseconds timeout);
+
 // Wraps `base` so every key is prefixed with `prefix`.
 StorePtr prefixed(const std::string& prefix, StorePtr base);
 

@@ -359,10 +359,13 @@ nlohmann::json ElasticEngine::recover(const std::string& cause, int64_t steps_en
   const int64_t before = applied_;
   const int old_world = inner_->group()->size();
   const bool planned = proposed_ > generation_.load();
-  if (members_.empty())  // generation 0's members, which this worker did not need until now
+  GenerationRecord record = next_record(planned ? proposed_ : generation_.load() + 1, planned);
+  // Generation 0's members, which this worker did not need until now. Read once the next record
+  // came: a worker cut off from the store (§6.4) gets here when its collective times out, maybe
+  // before the link returns; the view waits the cut out, where this read would fail.
+  if (members_.empty())
     for (const Member& m : read_record(*options_.control, generation_.load()).members)
       members_.push_back(m.id);
-  GenerationRecord record = next_record(planned ? proposed_ : generation_.load() + 1, planned);
   // Leave the old generation: its engine stays until the new one has taken its state, its
   // group goes to the reaper after it (never destroyed here: a frozen peer's op may hold it
   // until comm.timeout_s).

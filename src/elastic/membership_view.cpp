@@ -92,13 +92,25 @@ void MembershipView::run() {
     lock.unlock();
     try {
       poll();
+      lock.lock();
+      store_error_.clear();
+    } catch (const CorruptData&) {
+      lock.lock();
+      error_ = std::current_exception();
+      changed_.notify_all();
+      return;  // a record no keeper wrote: wait_for reports it
+    } catch (const std::exception& e) {
+      // The store did not answer (across machines: a link cut for a while, §6.4). The keeper
+      // goes on deciding meanwhile; the records are read once the store answers again, and
+      // wait_for's own bound decides how long that may take.
+      lock.lock();
+      store_error_ = e.what();
     } catch (...) {
       lock.lock();
       error_ = std::current_exception();
       changed_.notify_all();
-      return;  // a corrupt or unreachable store: wait_for reports it
+      return;
     }
-    lock.lock();
     changed_.wait_for(lock, period_, [this] { return stop_; });
   }
 }
@@ -126,8 +138,10 @@ GenerationRecord MembershipView::wait_for(int64_t generation, std::chrono::milli
       lock, timeout, [&] { return error_ != nullptr || records_.count(generation) > 0; });
   if (error_) std::rethrow_exception(error_);
   if (!ready)
-    throw Timeout(str_cat("no record of generation ", generation, " after ", timeout.count(),
-                          " ms (newest seen: ", newest_.load(), ")"));
+    throw Timeout(str_cat(
+        "no record of generation ", generation, " after ", timeout.count(),
+        " ms (newest seen: ", newest_.load(), ")",
+        store_error_.empty() ? "" : "; the store's last error: ", store_error_.substr(0, 200)));
   return records_.at(generation);
 }
 

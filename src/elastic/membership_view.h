@@ -11,8 +11,12 @@
 // vote carries them to every rank at the same step boundary.
 //
 // The records travel through a store every worker of the node can write (the launcher's
-// FileStore, or an agent's mirror of etcd), so `decode` treats them as untrusted: a malformed
-// record stops the view, and `wait_for` rethrows its CorruptData naming the key.
+// FileStore, node 0's TCPStore, or an agent's mirror of etcd), so `decode` treats them as
+// untrusted: a malformed record stops the view, and `wait_for` rethrows its CorruptData naming
+// the key. A store that fails to answer does not stop it: across machines a cut link (§6.4)
+// makes every call fail until the link returns, and a worker cut off must still learn then
+// that the keeper dropped it. The view polls on (give it comm::reconnecting_store's client) and
+// `wait_for`'s timeout is the bound.
 #pragma once
 
 #include <atomic>
@@ -74,7 +78,8 @@ class MembershipView {
   // The newest generation whose record this view has read (the vote's slot, §2.2).
   int64_t newest() const { return newest_.load(); }
   // Blocks until record `generation` has been read, and returns it. Throws krab::Timeout after
-  // `timeout`, or the CorruptData that stopped the view.
+  // `timeout` (naming the store's last error if it is failing), or the CorruptData that
+  // stopped the view.
   GenerationRecord wait_for(int64_t generation, std::chrono::milliseconds timeout);
 
  private:
@@ -91,6 +96,7 @@ class MembershipView {
   std::condition_variable changed_;
   std::map<int64_t, GenerationRecord> records_;  // guarded by mu_
   std::exception_ptr error_;                     // guarded by mu_
+  std::string store_error_;                      // guarded by mu_; "" once a poll succeeds
   bool stop_ = false;                            // guarded by mu_
   std::thread thread_;
 };

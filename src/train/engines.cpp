@@ -282,7 +282,7 @@ std::unique_ptr<engine::Engine> make_elastic_engine(const core::Config& c, const
   elastic::ElasticEngineOptions eo;
   eo.self = elastic::MemberId::parse(place.member);
   if (place.etcd_endpoints.empty()) {
-    eo.control = comm::connect_store(world.rendezvous, comm_timeout(c));
+    eo.control = comm::reconnecting_store(world.rendezvous, comm_timeout(c));
   } else {
     elastic::EtcdClient::Options etcd;
     etcd.endpoints = elastic::EtcdClient::parse_endpoints(place.etcd_endpoints, "--rdzv-endpoints");

@@ -1,9 +1,12 @@
 // Generation records in the store and a worker's view of them (elastic/membership_view.h), on
-// a real c10d FileStore in a temporary file, as the launcher hosts it on one node; and the
-// commit vote (elastic/commit_vote.h) on thread-ranks joined by loopback Gloo.
+// a real c10d FileStore in a temporary file, as the launcher hosts it on one node; the view
+// through a store that stops answering for a while, and comm::reconnecting_store against a
+// loopback TCPStore that restarts; and the commit vote (elastic/commit_vote.h) on thread-ranks
+// joined by loopback Gloo.
 #include "elastic/membership_view.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -116,6 +119,77 @@ TEST(MembershipView, ACorruptRecordStopsTheViewByName) {
   } catch (const CorruptData& e) {
     EXPECT_NE(std::string(e.what()).find("elastic/gen/1"), std::string::npos) << e.what();
   }
+}
+
+// The node store as a machine cut off from node 0 sees it (§6.4): while `down`, every call
+// fails as c10d's TCPStore client fails one whose answer does not come.
+class CutStore : public c10d::Store {
+ public:
+  explicit CutStore(comm::StorePtr base) : base_(std::move(base)) {}
+  std::atomic<bool> down{false};
+
+  void set(const std::string& k, const std::vector<uint8_t>& v) override { live().set(k, v); }
+  std::vector<uint8_t> get(const std::string& k) override { return live().get(k); }
+  int64_t add(const std::string& k, int64_t v) override { return live().add(k, v); }
+  bool deleteKey(const std::string& k) override { return live().deleteKey(k); }
+  bool check(const std::vector<std::string>& k) override { return live().check(k); }
+  int64_t getNumKeys() override { return live().getNumKeys(); }
+  void wait(const std::vector<std::string>& k) override { live().wait(k); }
+  void wait(const std::vector<std::string>& k, const std::chrono::milliseconds& t) override {
+    live().wait(k, t);
+  }
+
+ private:
+  c10d::Store& live() {
+    if (down) throw std::runtime_error("Socket Timeout");
+    return *base_;
+  }
+  comm::StorePtr base_;
+};
+
+// A store that stops answering does not stop the view: the keeper decides meanwhile, and the
+// view reads the record once the store answers again (a worker cut off by a partition learns
+// it was dropped when the link returns). Until then wait_for times out naming the store's error.
+TEST(MembershipView, AStoreThatStopsAnsweringIsReadAgainOnceItAnswers) {
+  FileStore fs;
+  publish_record(*fs.store, record(0, RecordKind::kProposal, 3));
+  auto cut = c10::make_intrusive<CutStore>(fs.store);
+  std::atomic<int> aborts{0};
+  MembershipView view(cut, 0, 10ms, [&](const GenerationRecord&) { ++aborts; });
+  cut->down = true;
+  publish_record(*fs.store, record(1, RecordKind::kAbort, 2));  // the keeper, beyond the cut
+  try {
+    view.wait_for(1, 300ms);
+    FAIL() << "a record was read through a store that does not answer";
+  } catch (const Timeout& e) {
+    EXPECT_NE(std::string(e.what()).find("the store's last error: Socket Timeout"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(aborts.load(), 0);
+  cut->down = false;
+  EXPECT_EQ(view.wait_for(1, 5s).workers(), 2);
+  EXPECT_EQ(aborts.load(), 1);
+  EXPECT_EQ(view.newest(), 1);
+}
+
+// comm::reconnecting_store (the control store of an elastic worker and of a machine's agent):
+// a call that fails drops the connection, and the next call connects again. Here the store's
+// server goes away and comes back on the same port; a client that kept its first connection
+// would never reach the new one.
+TEST(ReconnectingStore, TheCallAfterAFailedOneConnectsAgain) {
+  ::signal(SIGPIPE, SIG_IGN);  // a write to the closed connection must fail, not end the test
+  auto server = std::make_unique<comm::StoreServer>("127.0.0.1", 0, 5s);
+  const int port = server->port();
+  comm::StorePtr client = comm::reconnecting_store(comm::Endpoint{"127.0.0.1", port}, 2s);
+  client->set("before", std::vector<uint8_t>{1});
+  EXPECT_TRUE(client->check({"before"}));
+  server.reset();
+  EXPECT_ANY_THROW(client->check({"before"}));
+  server = std::make_unique<comm::StoreServer>("127.0.0.1", port, 5s);
+  EXPECT_FALSE(client->check({"before"}));  // the new server's (empty) store answers
+  client->set("after", std::vector<uint8_t>{2});
+  EXPECT_EQ(server->store()->get("after"), std::vector<uint8_t>{2});
 }
 
 // Every rank learns every rank's values from one all-reduce, and the same on each.
