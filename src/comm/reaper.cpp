@@ -1,6 +1,5 @@
 #include "comm/reaper.h"
 
-#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -14,7 +13,6 @@ struct Reaper::State {
   mutable std::condition_variable idle;  // pending went down
   std::deque<std::unique_ptr<Communicator>> queue;
   size_t pending = 0;
-  std::chrono::milliseconds longest{0};  // the longest timeout of any group buried
   bool stop = false;
 };
 
@@ -35,15 +33,15 @@ void Reaper::reap(const std::shared_ptr<State>& state) {
   }
 }
 
-Reaper::Reaper(std::optional<std::chrono::milliseconds> exit_bound)
+Reaper::Reaper(std::chrono::milliseconds exit_bound)
     : state_(std::make_shared<State>()), exit_bound_(exit_bound) {}
 
 Reaper::~Reaper() {
   std::unique_lock<std::mutex> lock(state_->mu);
   state_->stop = true;
   state_->work.notify_all();
-  const auto bound = exit_bound_.value_or(state_->longest + std::chrono::seconds(1));
-  const bool drained = state_->idle.wait_for(lock, bound, [&] { return state_->pending == 0; });
+  const bool drained =
+      state_->idle.wait_for(lock, exit_bound_, [&] { return state_->pending == 0; });
   const size_t left = state_->pending;
   lock.unlock();
   if (!thread_.joinable()) return;
@@ -54,14 +52,13 @@ Reaper::~Reaper() {
   std::fprintf(stderr,
                "krab: %zu abandoned communicator(s) still closing after %.1f s; not waiting "
                "for them\n",
-               left, bound.count() / 1000.0);
+               left, exit_bound_.count() / 1000.0);
   thread_.detach();
 }
 
 void Reaper::bury(std::unique_ptr<Communicator> comm) {
   if (!comm) return;
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->longest = std::max(state_->longest, comm->timeout());
   state_->queue.push_back(std::move(comm));
   ++state_->pending;
   if (!thread_.joinable()) {

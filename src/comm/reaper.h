@@ -16,10 +16,14 @@
 //
 // Lifetime: the thread starts at the first bury(). The destructor (at process exit for
 // Reaper::process()) lets the thread finish what was buried, waiting at most the exit bound:
-// by default the longest Options::timeout among the groups it was given (Gloo gives up on
-// their ops by then), plus a second. If the bound passes, it prints one warning line on stderr
-// and leaves the thread running (detached) rather than hang the exit — the caller's state was
-// written before; the process is leaving.
+// by default kExitBound, 1 s. A group abandoned after a peer's death is gone in 0.01-0.03 s,
+// well within it. One whose op waits on a peer that froze or whose machine was cut off (no
+// FIN or RST ever arrives) ends only at Gloo's timeout, comm.timeout_s: a worker that waited
+// for it at the end of its run would leave up to that long after it finished, silent all the
+// while (its group, and so its heartbeats, are gone), and its keeper would count it dead after
+// elastic.dead_after_ms (3 s) and start it again. If the bound passes, it prints one warning
+// line on stderr and leaves the thread running (detached) rather than hang the exit — the
+// caller's state was written before; the process is leaving.
 //
 // Thread safety: every method may be called from any thread.
 #pragma once
@@ -27,7 +31,6 @@
 #include <chrono>
 #include <cstddef>
 #include <memory>
-#include <optional>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -36,8 +39,10 @@ namespace krab::comm {
 
 class Reaper {
  public:
-  // `exit_bound`: how long the destructor waits for the thread; unset: as described above.
-  explicit Reaper(std::optional<std::chrono::milliseconds> exit_bound = std::nullopt);
+  static constexpr std::chrono::milliseconds kExitBound{1000};
+
+  // `exit_bound`: how long the destructor waits for the thread.
+  explicit Reaper(std::chrono::milliseconds exit_bound = kExitBound);
   ~Reaper();
   Reaper(const Reaper&) = delete;
   Reaper& operator=(const Reaper&) = delete;
@@ -62,7 +67,7 @@ class Reaper {
   static void reap(const std::shared_ptr<State>& state);
 
   std::shared_ptr<State> state_;  // shared with the thread, which may outlive *this (detached)
-  std::optional<std::chrono::milliseconds> exit_bound_;
+  std::chrono::milliseconds exit_bound_;
   std::thread thread_;  // started by the first bury(), under state_'s mutex
 };
 

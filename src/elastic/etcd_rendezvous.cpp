@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -78,10 +79,17 @@ EtcdRendezvous::~EtcdRendezvous() {
   }
 }
 
-// Renews the lease three times per TTL; a renewal that finds the lease gone ends them.
+// Renews the lease often enough that a renewal sent first to a member that vanished with its
+// machine (no refusal comes back: the client waits out attempt_timeout, 3 s, before the next
+// member) still lands within the TTL: every (TTL - attempt_timeout) / 2, at most TTL / 3, at
+// least 200 ms; 1 s for the default 5 s. Every TTL / 3 (1.67 s) left 0.33 s for the next
+// member to answer, and a live machine lost its lease when node 0's machine took the member it
+// talked to down (tests/net/elastic_etcd.sh). A renewal that finds the lease gone ends them.
 void EtcdRendezvous::renew() {
-  const auto period =
-      std::chrono::milliseconds(std::max<int64_t>(200, std::llround(options_.lease_s * 1000 / 3)));
+  const int64_t ttl_ms = 1000 * std::max<int64_t>(2, std::llround(options_.lease_s));
+  const int64_t attempt_ms = client_options(options_).attempt_timeout.count();
+  const auto period = std::chrono::milliseconds(
+      std::max<int64_t>(200, std::min(ttl_ms / 3, (ttl_ms - attempt_ms) / 2)));
   auto next = std::chrono::steady_clock::now() + period;
   while (!stop_) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
