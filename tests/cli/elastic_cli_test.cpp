@@ -46,8 +46,6 @@ TEST_F(ElasticCli, ModesItDoesNotCoverAreRefusedNamingBothKeys) {
                   "checkpoint.every_steps 0: a single failure would lose a shard"});
   expect_refusal("--set parallel.zero_stage=1 --set parallel.offload=disk",
                  {"elastic.enabled with parallel.offload disk is not built yet"});
-  expect_refusal("--nnodes 2 --node-rank 0 --rdzv 127.0.0.1:29999",
-                 {"elastic.enabled with --nnodes 2", "not built yet"});
   expect_refusal("--set elastic.lease_s=1", {"elastic.lease_s"});
 }
 
