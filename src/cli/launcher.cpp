@@ -58,6 +58,53 @@ std::map<std::string, std::string> current_environment() {
   return env;
 }
 
+// The launcher's plan, from the flags alone (plan_launch when no launcher started this
+// process).
+static LaunchPlan plan_launcher(const LaunchFlags& flags, int config_workers) {
+  LaunchPlan p;
+  p.role = Role::kLauncher;
+  if (!flags.join.empty()) {
+    KRAB_CHECK_ARG(flags.nnodes == 1 && flags.node_rank == 0 && flags.rdzv.empty(),
+                   "--join takes no --nnodes, --node-rank or --rdzv: the running job gives the "
+                   "machine its number");
+    p.rendezvous = comm::parse_endpoint(flags.join, "--join");
+    p.nproc_per_node = p.local_world_size = flags.nproc_per_node > 0 ? flags.nproc_per_node : 1;
+    p.node_rank = -1;
+    return p;
+  }
+  KRAB_CHECK_ARG(flags.nnodes >= 1, "--nnodes must be >= 1, got ", flags.nnodes);
+  KRAB_CHECK_ARG(flags.node_rank >= 0 && flags.node_rank < flags.nnodes, "--node-rank ",
+                 flags.node_rank, " is outside 0..", flags.nnodes - 1);
+  const bool etcd = flags.rdzv_backend == "etcd";
+  KRAB_CHECK_ARG(etcd || flags.rdzv_backend == "c10d", "--rdzv-backend '", flags.rdzv_backend,
+                 "': c10d or etcd");
+  KRAB_CHECK_ARG(!etcd || !flags.rdzv_endpoints.empty(),
+                 "--rdzv-backend etcd needs --rdzv-endpoints HOST:PORT[,HOST:PORT...] (etcd's "
+                 "client URLs)");
+  KRAB_CHECK_ARG(etcd || flags.rdzv_endpoints.empty(), "--rdzv-endpoints ", flags.rdzv_endpoints,
+                 " is for --rdzv-backend etcd");
+  KRAB_CHECK_ARG(!etcd || flags.rdzv.empty(), "--rdzv ", flags.rdzv,
+                 ": with --rdzv-backend etcd the machines find node 0's store through etcd");
+  KRAB_CHECK_ARG(etcd || flags.nnodes == 1 || !flags.rdzv.empty(),
+                 "--rdzv HOST:PORT is required with --nnodes > 1");
+  int per_node = flags.nproc_per_node;
+  if (per_node == 0) {
+    KRAB_CHECK_ARG(config_workers % flags.nnodes == 0, "parallel.workers ", config_workers,
+                   " is not divisible by --nnodes ", flags.nnodes);
+    per_node = config_workers / flags.nnodes;
+  }
+  KRAB_CHECK_ARG(per_node >= 1, "--nproc-per-node must be >= 1, got ", per_node);
+  p.nproc_per_node = per_node;
+  p.local_world_size = per_node;
+  p.world_size = per_node * flags.nnodes;
+  p.node_rank = flags.node_rank;
+  // etcd: node 0's store is made and announced later (elastic_setup.h).
+  p.rendezvous = flags.rdzv.empty() ? comm::Endpoint{"127.0.0.1", 0}
+                                    : comm::parse_endpoint(flags.rdzv, "--rdzv");
+  p.host_store = flags.node_rank == 0;
+  return p;
+}
+
 LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
                        const std::map<std::string, std::string>& env) {
   LaunchPlan p;
@@ -103,47 +150,7 @@ LaunchPlan plan_launch(const LaunchFlags& flags, int config_workers,
     if (has(env, "KRAB_PS_SHARD")) p.ps_shard = env_int(env, "KRAB_PS_SHARD");
     return p;
   }
-  p.role = Role::kLauncher;
-  if (!flags.join.empty()) {
-    KRAB_CHECK_ARG(flags.nnodes == 1 && flags.node_rank == 0 && flags.rdzv.empty(),
-                   "--join takes no --nnodes, --node-rank or --rdzv: the running job gives the "
-                   "machine its number");
-    p.rendezvous = comm::parse_endpoint(flags.join, "--join");
-    p.nproc_per_node = p.local_world_size = flags.nproc_per_node > 0 ? flags.nproc_per_node : 1;
-    p.node_rank = -1;
-    return p;
-  }
-  KRAB_CHECK_ARG(flags.nnodes >= 1, "--nnodes must be >= 1, got ", flags.nnodes);
-  KRAB_CHECK_ARG(flags.node_rank >= 0 && flags.node_rank < flags.nnodes, "--node-rank ",
-                 flags.node_rank, " is outside 0..", flags.nnodes - 1);
-  const bool etcd = flags.rdzv_backend == "etcd";
-  KRAB_CHECK_ARG(etcd || flags.rdzv_backend == "c10d", "--rdzv-backend '", flags.rdzv_backend,
-                 "': c10d or etcd");
-  KRAB_CHECK_ARG(!etcd || !flags.rdzv_endpoints.empty(),
-                 "--rdzv-backend etcd needs --rdzv-endpoints HOST:PORT[,HOST:PORT...] (etcd's "
-                 "client URLs)");
-  KRAB_CHECK_ARG(etcd || flags.rdzv_endpoints.empty(), "--rdzv-endpoints ", flags.rdzv_endpoints,
-                 " is for --rdzv-backend etcd");
-  KRAB_CHECK_ARG(!etcd || flags.rdzv.empty(), "--rdzv ", flags.rdzv,
-                 ": with --rdzv-backend etcd the machines find node 0's store through etcd");
-  KRAB_CHECK_ARG(etcd || flags.nnodes == 1 || !flags.rdzv.empty(),
-                 "--rdzv HOST:PORT is required with --nnodes > 1");
-  int per_node = flags.nproc_per_node;
-  if (per_node == 0) {
-    KRAB_CHECK_ARG(config_workers % flags.nnodes == 0, "parallel.workers ", config_workers,
-                   " is not divisible by --nnodes ", flags.nnodes);
-    per_node = config_workers / flags.nnodes;
-  }
-  KRAB_CHECK_ARG(per_node >= 1, "--nproc-per-node must be >= 1, got ", per_node);
-  p.nproc_per_node = per_node;
-  p.local_world_size = per_node;
-  p.world_size = per_node * flags.nnodes;
-  p.node_rank = flags.node_rank;
-  // etcd: node 0's store is made and announced later (elastic_setup.h).
-  p.rendezvous = flags.rdzv.empty() ? comm::Endpoint{"127.0.0.1", 0}
-                                    : comm::parse_endpoint(flags.rdzv, "--rdzv");
-  p.host_store = flags.node_rank == 0;
-  return p;
+  return plan_launcher(flags, config_workers);
 }
 
 namespace {
