@@ -48,6 +48,7 @@
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
+#include "train/bottleneck.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
 #include "train/options.h"
@@ -402,6 +403,9 @@ void say_test_metric(const nlohmann::json& report) {
   std::fprintf(stderr, "krab: %s, final loss %s, %s\n", train::describe_test_metric(report).c_str(),
                train::describe_loss(report["final_loss"].get<double>()).c_str(),
                train::describe_samples_per_sec(report).c_str());
+  if (report.contains("bottleneck"))
+    for (const std::string& line : train::describe_bottleneck(report["bottleneck"]))
+      std::fprintf(stderr, "krab: %s\n", line.c_str());
 }
 
 comm::WorldInfo world_of(const cli::LaunchPlan& plan) {

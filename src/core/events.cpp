@@ -15,7 +15,15 @@ void Events::gauge(const std::string& name, double value, int64_t step) const {
 }
 
 void Events::span(const std::string& name, double seconds) const {
-  for (const auto& s : sinks_) s->on_span(name, seconds);
+  const auto start = std::chrono::steady_clock::now() -
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(seconds));
+  span(name, start, seconds);
+}
+
+void Events::span(const std::string& name, std::chrono::steady_clock::time_point start,
+                  double seconds) const {
+  for (const auto& s : sinks_) s->on_span(name, start, seconds);
 }
 
 void Events::step(int64_t done, int64_t total) const {
@@ -34,7 +42,7 @@ double Events::Timer::stop() {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (!stopped_) {
     stopped_ = true;
-    events_->span(name_, secs);
+    events_->span(name_, start_, secs);
   }
   return secs;
 }

@@ -5,14 +5,17 @@
 //   * counter(name, delta)      — something that only grows (bytes sent, examples seen);
 //   * gauge(name, value, step)  — a value that holds at a training step (loss, samples/s,
 //                                 test accuracy, the train seconds an evaluation is taken at);
-//   * span(name, seconds)       — how long a piece of work took (Events::time() measures it);
+//   * span(name, start, seconds) — a piece of work: when it started (steady clock, shared by
+//                                 the processes of a machine) and how long it took
+//                                 (Events::time() measures one; span(name, seconds) ends now);
 //   * step(done, total)         — a training step ended; the gauges set at it are current;
 //   * note(text)                — a line for the user (resumed from, a worker counted out).
 // Sinks receive every call and keep or draw what they need: the progress bar, the JSON report,
-// stderr. Later sinks (Prometheus, a trace timeline, a dashboard) are one more class each; the
-// layers that emit do not change.
+// stderr, the monitoring endpoint's snapshots, the trace timeline, the bottleneck breakdown.
+// The layers that emit do not change when a sink is added.
 //
-// Names are dotted lower-case words ("loss", "test_accuracy", "bytes_sent.allreduce").
+// Names are dotted lower-case words ("loss", "test_accuracy", "bytes_sent.allreduce"). The
+// spans a training step is made of are listed in train/step_phases.h.
 // Thread safety: one thread emits (the training thread); sinks need no locks of their own.
 // No torch: every layer may use it.
 #pragma once
@@ -31,7 +34,8 @@ class EventSink {
   virtual ~EventSink() = default;
   virtual void on_counter(const std::string& name, double delta) {}
   virtual void on_gauge(const std::string& name, double value, int64_t step) {}
-  virtual void on_span(const std::string& name, double seconds) {}
+  virtual void on_span(const std::string& name, std::chrono::steady_clock::time_point start,
+                       double seconds) {}
   virtual void on_step(int64_t done, int64_t total) {}
   virtual void on_note(const std::string& text) {}
 };
@@ -42,7 +46,12 @@ class Events {
 
   void counter(const std::string& name, double delta = 1) const;
   void gauge(const std::string& name, double value, int64_t step) const;
+  // A span that ends now.
   void span(const std::string& name, double seconds) const;
+  void span(const std::string& name, std::chrono::steady_clock::time_point start,
+            double seconds) const;
+  // Whether any sink was added (callers may skip building what nobody receives).
+  bool empty() const { return sinks_.empty(); }
   void step(int64_t done, int64_t total) const;
   void note(const std::string& text) const;
 

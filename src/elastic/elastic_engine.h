@@ -173,6 +173,7 @@ class ElasticEngine : public engine::Engine {
   void settle() override { inner_->settle(); }
   void after_restore() override { inner_->after_restore(); }
   engine::MemoryStats memory() const override { return inner_->memory(); }
+  std::vector<engine::PhaseSpan> step_spans() const override { return inner_->step_spans(); }
   bool visit_parameters(const engine::ParameterVisitor& fn) override {
     return inner_->visit_parameters(fn);
   }

@@ -21,6 +21,7 @@
 // This header sits below train/, parallel/ and sync/: the engines implement it, train/ drives it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -118,6 +119,15 @@ struct RunSummary {
   std::vector<Evaluation> evals;
 };
 
+// A piece of a step that the engine ran alongside the loop's calls (a bucket's reduction, from
+// its launch during backward to the end of its wait), for the trace and the bottleneck report
+// (train/step_phases.h). `name` is one of step_phases.h's engine spans ("comm.bucket.3").
+struct PhaseSpan {
+  std::string name;
+  std::chrono::steady_clock::time_point start;
+  double seconds = 0;
+};
+
 // How the loop evaluates during training.
 enum class EvaluationMode {
   kCollective,  // every rank evaluates its share of the test split; a sum over the group
@@ -183,6 +193,10 @@ class Engine {
   // for it, then frees them again: the whole model at once, for what needs it whole, such as
   // a TorchScript module's model.ts). Collective like visit_parameters. Default: fn().
   virtual void with_whole_model(const std::function<void()>& fn) { fn(); }
+
+  // The pieces of the last step that ran alongside the loop's calls (see PhaseSpan), read after
+  // reduce_gradients(); empty for an engine that times none. Cheap: only when someone listens.
+  virtual std::vector<PhaseSpan> step_spans() const { return {}; }
 
   // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
   virtual nlohmann::json describe() const = 0;

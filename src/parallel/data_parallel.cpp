@@ -27,6 +27,7 @@ DataParallel::DataParallel(torch::nn::Module& module, comm::Communicator& comm,
   ready_.assign(plan_.buckets.size(), 0);
   filled_.assign(params_.size(), 0);
   works_.resize(plan_.buckets.size());
+  timings_.resize(plan_.buckets.size());
   std::vector<BucketLayout> layouts(plan_.buckets.size());
   for (size_t b = 0; b < plan_.buckets.size(); ++b)
     for (int64_t i : plan_.buckets[b])
@@ -97,11 +98,15 @@ void DataParallel::launch_ready_buckets() {
 }
 
 void DataParallel::launch(int64_t bucket) {
+  timings_[bucket].launched = std::chrono::steady_clock::now();
   works_[bucket] = hook_->reduce(comm_, buffers_[bucket], bucket, step_);
 }
 
 void DataParallel::finish() {
-  if (!sync_) return;
+  if (!sync_) {  // nothing reduced: no bucket timings for this step
+    std::fill(timings_.begin(), timings_.end(), BucketTiming{});
+    return;
+  }
   // No gradient arrived at all (e.g. an empty batch): still take part in the collectives so
   // that the other ranks are not left waiting.
   if (!step_active_) begin_step();
@@ -119,6 +124,7 @@ void DataParallel::finish() {
   torch::NoGradGuard no_grad;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     works_[b]->wait();
+    timings_[b].done = std::chrono::steady_clock::now();
     for (int64_t i : plan_.buckets[b]) {
       at::Tensor& p = params_[i];
       at::Tensor avg = buffers_[b].narrow(0, plan_.offset_of[i], p.numel()).view(p.sizes());

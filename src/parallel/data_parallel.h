@@ -26,6 +26,7 @@
 
 #include <torch/nn/module.h>
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -68,6 +69,14 @@ class DataParallel {
   // forward. Nothing is sent for a module without buffers.
   void broadcast_buffers();
 
+  // Each bucket's reduction in the last step that synced: when it was launched (its last
+  // gradient arrived during backward, or finish() launched it) and when finish()'s wait for it
+  // returned. Index = bucket.
+  struct BucketTiming {
+    std::chrono::steady_clock::time_point launched, done;
+  };
+  const std::vector<BucketTiming>& bucket_timings() const { return timings_; }
+
   const BucketPlan& plan() const { return plan_; }
   int64_t steps() const { return step_; }
   const CommHook& hook() const { return *hook_; }
@@ -89,6 +98,7 @@ class DataParallel {
   std::vector<char> ready_;          // bucket fully filled
   std::vector<char> filled_;         // parameter copied this step
   std::vector<comm::WorkPtr> works_;
+  std::vector<BucketTiming> timings_;
   int64_t next_launch_ = 0;
   bool sync_ = true;
   bool step_active_ = false;

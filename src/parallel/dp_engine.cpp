@@ -52,6 +52,17 @@ engine::MemoryStats DataParallelEngine::memory() const {
   return m;
 }
 
+std::vector<engine::PhaseSpan> DataParallelEngine::step_spans() const {
+  std::vector<engine::PhaseSpan> spans;
+  const auto& timings = dp_.bucket_timings();
+  for (size_t b = 0; b < timings.size(); ++b)
+    if (timings[b].done > timings[b].launched)
+      spans.push_back(
+          {"comm.bucket." + std::to_string(b), timings[b].launched,
+           std::chrono::duration<double>(timings[b].done - timings[b].launched).count()});
+  return spans;
+}
+
 nlohmann::json DataParallelEngine::describe() const {
   nlohmann::json out = {{"backend", comm_->backend()},
                         {"buckets", dp_.plan().buckets.size()},

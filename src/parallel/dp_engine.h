@@ -60,6 +60,8 @@ class DataParallelEngine : public engine::Engine {
   void after_step(const engine::StepPlan& plan) override;
   comm::Communicator* group() override { return comm_.get(); }
   engine::TrainState state() override { return {model_.get(), optimizer_.get()}; }
+  // Each bucket's reduction, launch to wait ("comm.bucket.<b>").
+  std::vector<engine::PhaseSpan> step_spans() const override;
   // The full replica: parameters, their .grad, the optimizer's state, and DataParallel's bucket
   // buffers (a second copy of every gradient, alive all run) as the working set.
   engine::MemoryStats memory() const override;

@@ -37,6 +37,7 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
   report["gradient_bytes"] = o.gradient_bytes;
   report["sync_mode"] = o.sync_mode;
   if (!o.memory.is_null()) report["memory"] = o.memory;
+  if (!o.bottleneck.is_null()) report["bottleneck"] = o.bottleneck;
   report["checkpoint"] = o.checkpoint;
   report["state"] = o.state;
   report["config"] = config;

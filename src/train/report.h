@@ -40,6 +40,8 @@ struct RunOutcome {
   std::string state;       // the last resumable checkpoint ("" when none)
   // The `memory` field (train/memory_report.h), measured and predicted per rank; null: left out.
   nlohmann::json memory;
+  // The `bottleneck` section (train/bottleneck.h); null: left out.
+  nlohmann::json bottleneck;
 };
 
 nlohmann::json make_report(const RunOutcome& outcome, const nlohmann::json& engine_fields,

@@ -22,6 +22,7 @@
 #include "models/model.h"
 #include "models/recompute.h"
 #include "models/torchscript.h"
+#include "train/bottleneck.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
@@ -33,6 +34,7 @@
 #include "train/precision.h"
 #include "train/schedule.h"
 #include "train/sharded_checkpoint.h"
+#include "train/step_phases.h"
 
 namespace krab::train {
 namespace {
@@ -94,6 +96,7 @@ struct Trainer::Loop {
   void report_progress(int64_t step, int64_t done);
   void write_progress_file(int64_t done);
   nlohmann::json finish_group();
+  nlohmann::json gather_bottleneck();
   nlohmann::json finish_alone();
   nlohmann::json write_final_state(RunOutcome& outcome);
   std::string write_final_shards();
@@ -128,6 +131,8 @@ struct Trainer::Loop {
   core::Events events;
   std::shared_ptr<ProgressSink> progress;  // rank 0 of a group, when shown
   std::shared_ptr<ReportSink> record = std::make_shared<ReportSink>();
+  std::shared_ptr<PhaseSink> phases = std::make_shared<PhaseSink>();  // the bottleneck report
+  bool engine_spans = false;  // a sink draws the engine's spans (Engine::step_spans)
 
   // Timing: samples/s counts the steps after `warmup` and leaves evaluations out;
   // time-to-accuracy seconds count training only, from the first step.
@@ -245,6 +250,7 @@ void Trainer::Loop::resume() {
 
 void Trainer::Loop::attach_sinks() {
   events.add(record);
+  events.add(phases);
   // Workers without a group have no view of the job's progress: their server draws it.
   if (rank0() && group != nullptr && options.show_progress) {
     progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
@@ -300,15 +306,33 @@ void Trainer::Loop::train_steps() {
     if (plan->step == start_step + warmup) {
       t_warm = Clock::now();
       eval_before_warm = eval_secs;
+      phases->reset();
     }
+    auto step_span = events.time(phase::kStep);
     const double loss = compute(*plan);
     step_loss = loss;  // kept for the step's end, which a failure in apply() may postpone
     step_examples = plan->slice.size();
-    engine->reduce_gradients();
-    engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
-    engine->after_step(*plan);
+    {
+      auto span = events.time(phase::kReduce);
+      engine->reduce_gradients();
+    }
+    if (engine_spans)
+      for (const engine::PhaseSpan& s : engine->step_spans())
+        events.span(s.name, s.start, s.seconds);
+    {
+      auto span = events.time(phase::kOptimizer);
+      engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
+    }
+    {
+      auto span = events.time(phase::kAfter);
+      engine->after_step(*plan);
+    }
     ++computed;
-    end_of_step(plan->step, loss, plan->slice.size());
+    {
+      auto span = events.time(phase::kEnd);
+      end_of_step(plan->step, loss, plan->slice.size());
+    }
+    step_span.stop();
     ended = plan->step + 1;
     if (awaiting_resume) {  // the first step of the new generation is complete
       awaiting_resume = false;
@@ -330,6 +354,7 @@ bool Trainer::Loop::recover(const std::string& cause) {
     retired_traffic.ops[k] += sent.ops[k];
   }
   nlohmann::json change;
+  auto span = events.time(phase::kMembership);
   try {
     change = engine->recover(cause, ended);
   } catch (const elastic::RunStopped& e) {
@@ -382,19 +407,24 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
   models::Model& model = engine->model();
   const int64_t accum = o.micro_batches;
   double step_loss = 0, compute_seconds = 0;
+  Clock::time_point t_backward;  // backward and train.slow_rank's delay: one span
   for (int64_t m = 0; m < accum; ++m) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
+    auto data_span = events.time(phase::kData);
     const auto xy = batch(plan.step * accum + m, plan.slice);
+    data_span.stop();
     // A run's first step turns LibTorch's error into one naming train.precision when bf16
     // autocast cannot run this model (precision.h). Only the forward and the loss are autocast.
     explain_precision_failure(computed == 0 ? o.precision : Precision::kFp32, [&] {
       at::Tensor loss;
+      auto forward_span = events.time(phase::kForward);
       {
         AutocastGuard autocast(o.precision);
         loss = model.training_loss(xy.first, xy.second);
       }
       const double value = loss.item<double>();
+      forward_span.stop();
       // A NaN or an infinity would reach every replica through the all-reduce and leave a
       // model of NaNs: stop here, where the step and the rank are known.
       if (!std::isfinite(value))
@@ -408,10 +438,12 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
         loss = loss * (plan.weight / static_cast<double>(accum));
       else if (accum > 1)
         loss = loss / static_cast<double>(accum);
+      t_backward = Clock::now();
       loss.backward();
       step_loss += value / accum;
     });
     straggler->after_compute(Clock::now() - t_compute);
+    events.span(phase::kBackward, t_backward, seconds_between(t_backward, Clock::now()));
     compute_seconds += seconds_between(t_compute, Clock::now());
   }
   engine->after_compute(compute_seconds);
@@ -479,6 +511,7 @@ double Trainer::Loop::share_loss(double loss, int64_t examples) {
 // group may not have finished it); rank 0's whole one is on disk already when rank 0 ran it.
 void Trainer::Loop::maybe_checkpoint(int64_t done, bool again) {
   if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps) return;
+  auto span = events.time(phase::kCheckpoint);
   engine->settle();  // collective: every rank, before rank 0 reads the parameters
   const engine::TrainState state = engine->state();
   if (state.sharded != nullptr) {  // every rank writes its shard
@@ -496,6 +529,7 @@ void Trainer::Loop::maybe_evaluate(int64_t done, bool again) {
   if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
       d.testing() == nullptr)
     return;
+  auto span = events.time(phase::kEvaluation);
   const auto t_eval = Clock::now();
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
   engine->settle();
@@ -567,6 +601,7 @@ nlohmann::json Trainer::Loop::finish_group() {
   totals[4 + kOps] = out.train_seconds;
   group->allreduce(totals)->wait();
   const at::Tensor memory = gather_rank_memory(*engine, *group);  // report's `memory`
+  out.bottleneck = gather_bottleneck();
   if (batches) {
     events.counter("data_wait_seconds", totals[3 + kOps].item<double>());
     events.counter("data_wait_train_seconds", totals[4 + kOps].item<double>());
@@ -596,6 +631,34 @@ nlohmann::json Trainer::Loop::finish_group() {
   }
   out.state = final_state;
   return write_final_state(out);
+}
+
+// Every rank's step phases (PhaseSink, since the warm-up), one row per rank; rank 0 makes the
+// report's `bottleneck` of them (train/bottleneck.h). Collective; null on other ranks.
+nlohmann::json Trainer::Loop::gather_bottleneck() {
+  constexpr int kPhases = PhaseTotals::kCount;
+  auto rows = torch::zeros({workers(), kPhases + 1}, torch::kFloat64);
+  const PhaseTotals& own = phases->totals();
+  auto row = rows.accessor<double, 2>()[group->rank()];
+  for (int k = 0; k < kPhases; ++k) row[k] = own.seconds[k];
+  row[kPhases] = static_cast<double>(own.steps);
+  group->allreduce(rows)->wait();
+  if (!rank0()) return nullptr;
+  std::vector<PhaseTotals> ranks(static_cast<size_t>(workers()));
+  auto all = rows.accessor<double, 2>();
+  for (int r = 0; r < workers(); ++r) {
+    for (int k = 0; k < kPhases; ++k) ranks[r].seconds[k] = all[r][k];
+    ranks[r].steps = static_cast<int64_t>(all[r][kPhases]);
+  }
+  RunShape shape;
+  shape.workers = workers();
+  shape.compression = c.get_string("comm.compression");
+  shape.sync_mode = c.get_string("sync.mode");
+  shape.balance = c.get_string("parallel.balance");
+  shape.zero_stage = o.zero_stage;
+  shape.decodes_images = c.get_string("data.name") == "images";
+  shape.decode_threads = static_cast<int>(c.get_int("data.decode_threads"));
+  return bottleneck_report(ranks, shape);
 }
 
 // A sharded engine's final checkpoint, on every rank (collective); its manifest's path on rank

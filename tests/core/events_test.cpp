@@ -19,9 +19,11 @@ class Recorder : public EventSink {
   void on_gauge(const std::string& name, double value, int64_t step) override {
     lines.push_back("gauge " + name + " " + std::to_string(value) + " @" + std::to_string(step));
   }
-  void on_span(const std::string& name, double seconds) override {
+  void on_span(const std::string& name, std::chrono::steady_clock::time_point start,
+               double seconds) override {
     lines.push_back("span " + name);
     last_span = seconds;
+    last_start = start;
   }
   void on_step(int64_t done, int64_t total) override {
     lines.push_back("step " + std::to_string(done) + "/" + std::to_string(total));
@@ -29,6 +31,7 @@ class Recorder : public EventSink {
   void on_note(const std::string& text) override { lines.push_back("note " + text); }
   std::vector<std::string> lines;
   double last_span = -1;
+  std::chrono::steady_clock::time_point last_start;
 };
 
 TEST(Events, EveryCallReachesEverySinkInOrder) {
@@ -52,15 +55,31 @@ TEST(Events, ATimerReportsItsSpanOnceWithTheTimeMeasured) {
   auto r = std::make_shared<Recorder>();
   events.add(r);
   {
+    const auto before = std::chrono::steady_clock::now();
     auto timer = events.time("eval");
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const double secs = timer.stop();
     EXPECT_GE(secs, 0.02);
     EXPECT_EQ(r->last_span, secs);
+    EXPECT_GE(r->last_start, before);  // it started when the timer was made
+    EXPECT_LE(r->last_start + std::chrono::milliseconds(20), std::chrono::steady_clock::now());
   }  // destruction after stop(): no second span
   EXPECT_EQ(r->lines, std::vector<std::string>{"span eval"});
   { auto timer = events.time("step"); }  // destruction alone reports
   EXPECT_EQ(r->lines.back(), "span step");
+}
+
+TEST(Events, ASpanOfSecondsEndsNow) {
+  Events events;
+  auto r = std::make_shared<Recorder>();
+  events.add(r);
+  const auto before = std::chrono::steady_clock::now();
+  events.span("data", 0.5);
+  const auto after = std::chrono::steady_clock::now();
+  // start = now - 0.5 s, taken between `before` and `after`
+  EXPECT_GE(r->last_start, before - std::chrono::milliseconds(500));
+  EXPECT_LE(r->last_start, after - std::chrono::milliseconds(500));
+  EXPECT_EQ(r->last_span, 0.5);
 }
 
 TEST(NoteSink, WritesOneKrabLinePerNote) {
