@@ -84,8 +84,9 @@ std::string key_of(int node) { return str_cat("krab/job/", node); }
 
 const std::vector<std::string>& per_node_keys() {
   static const std::vector<std::string> keys = {
-      "name",           "checkpoint.dir", "checkpoint.hmac_key_file", "data.path",
-      "data.test_path", "comm.iface",     "train.threads_per_worker"};
+      "name",           "checkpoint.dir",    "checkpoint.hmac_key_file", "data.path",
+      "data.test_path", "comm.iface",        "train.threads_per_worker", "monitor.port",
+      "monitor.bind",   "monitor.dashboard", "monitor.profile_ops"};
   return keys;
 }
 

@@ -518,6 +518,31 @@ std::vector<KeySpec> elastic_keys() {
   };
 }
 
+// The `monitor.*` keys (docs/monitoring.md). Each machine may set its own: they are per node
+// (cli/job_agreement.cpp).
+std::vector<KeySpec> monitor_keys() {
+  return {
+      int_key("monitor.port", "0",
+              "TCP port of this machine's monitoring endpoint: `/metrics` in Prometheus's text "
+              "format (and the dashboard with `monitor.dashboard`), served by the launcher for "
+              "its workers while the run lasts; 0 serves nothing. A port in use is refused "
+              "before training starts.",
+              0, 65535),
+      string_key("monitor.bind", "127.0.0.1",
+                 "Address the monitoring endpoint listens on: `127.0.0.1` (this machine only), "
+                 "`0.0.0.0` (every interface) or one of this machine's addresses. It shows no "
+                 "secret (no job secret, token or key file path), but it does show the job's "
+                 "progress to whoever reaches it."),
+      bool_key("monitor.dashboard", "false",
+               "Serve a live dashboard at `/` of `monitor.port`: loss, accuracy, samples/s, "
+               "each rank's step-time breakdown, traffic, memory and membership, drawn with "
+               "the Chart.js that Debian packages (no internet needed)."),
+      bool_key("monitor.profile_ops", "false",
+               "With `--trace FILE`: also record LibTorch's operators (its own profiler) and "
+               "merge them into the timeline; slows training."),
+  };
+}
+
 // The `checkpoint.*` keys.
 std::vector<KeySpec> checkpoint_keys() {
   return {
@@ -546,7 +571,7 @@ std::vector<KeySpec> build_registry() {
   for (auto section :
        {top_level_keys, model_keys, data_source_keys, data_batch_keys, train_keys, parallel_keys,
         comm_keys, sync_keys, elastic_keys, federated_cohort_keys, federated_aggregation_keys,
-        federated_privacy_keys, federated_server_keys, checkpoint_keys}) {
+        federated_privacy_keys, federated_server_keys, monitor_keys, checkpoint_keys}) {
     std::vector<KeySpec> part = section();
     keys.insert(keys.end(), std::make_move_iterator(part.begin()),
                 std::make_move_iterator(part.end()));

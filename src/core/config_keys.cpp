@@ -38,6 +38,7 @@ constexpr SectionDoc kSections[] = {
     {"federated",
      "Federated learning (`fl-sim`, `fl-server`, `fl-client`): rounds, strategy, "
      "robustness, secure aggregation, differential privacy."},
+    {"monitor", "What a running job shows from outside: metrics, a dashboard, a timeline."},
     {"checkpoint", "Saving and resuming."},
 };
 

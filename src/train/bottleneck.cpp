@@ -17,10 +17,14 @@ constexpr double kComputeBound = 0.10;
 
 int phase_of(const std::string& name) {
   static const std::pair<const char*, int> kPhases[] = {
-      {phase::kData, PhaseTotals::kData},           {phase::kForward, PhaseTotals::kForward},
-      {phase::kBackward, PhaseTotals::kBackward},   {phase::kReduce, PhaseTotals::kReduce},
-      {phase::kOptimizer, PhaseTotals::kOptimizer}, {phase::kAfter, PhaseTotals::kAfter},
-      {phase::kEnd, PhaseTotals::kEnd},             {phase::kStep, PhaseTotals::kStep}};
+      {phase::kData, PhaseTotals::kData},
+      {phase::kForward, PhaseTotals::kForward},
+      {phase::kBackward, PhaseTotals::kBackward},
+      {phase::kReduce, PhaseTotals::kReduce},
+      {phase::kOptimizer, PhaseTotals::kOptimizer},
+      {phase::kAfter, PhaseTotals::kAfter},
+      {phase::kEnd, PhaseTotals::kEnd},
+      {phase::kStep, PhaseTotals::kStep}};
   for (const auto& [n, p] : kPhases)
     if (name == n) return p;
   return -1;
@@ -34,7 +38,8 @@ std::string percent(double f) {
 
 nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int slowest) {
   auto make = [](std::string key, std::string value, std::string why) {
-    return nlohmann::json{{"key", std::move(key)}, {"value", std::move(value)}, {"why", std::move(why)}};
+    return nlohmann::json{
+        {"key", std::move(key)}, {"value", std::move(value)}, {"why", std::move(why)}};
   };
   if (largest == "waiting") {
     if (shape.balance != "auto")
@@ -54,8 +59,8 @@ nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int
                   "comm.rank) sends a few percent of the bytes");
     if (shape.sync_mode == "sync")
       return make("sync.mode", "local_sgd",
-                  str_cat("communication stays exposed with comm.compression ",
-                          shape.compression, "; local_sgd averages every sync.period steps"));
+                  str_cat("communication stays exposed with comm.compression ", shape.compression,
+                          "; local_sgd averages every sync.period steps"));
     return make("parallel.bucket_mb", "100",
                 "fewer, larger buckets pay the per-message latency less often");
   }
@@ -146,8 +151,7 @@ std::vector<std::string> describe_bottleneck(const nlohmann::json& b) {
   std::map<std::string, double> mean;
   const auto& rows = b["ranks"];
   for (const auto& row : rows)
-    for (const char* k :
-         {"compute", "communication", "waiting", "data", "optimizer", "other"})
+    for (const char* k : {"compute", "communication", "waiting", "data", "optimizer", "other"})
       mean[k] += row[k].get<double>() / static_cast<double>(rows.size());
   std::string shares = "step time:";
   for (const char* k : {"compute", "communication", "waiting", "data", "optimizer", "other"})
@@ -163,8 +167,8 @@ std::vector<std::string> describe_bottleneck(const nlohmann::json& b) {
     lines.push_back(str_cat("slowest rank: ", slowest, " (",
                             static_cast<int64_t>(slow_step * 1000 + 0.5), " ms per step)"));
   lines.push_back(str_cat("largest: ", b["largest"].get<std::string>(), "; try ",
-                          s["key"].get<std::string>(), ": ", s["value"].get<std::string>(),
-                          " (", s["why"].get<std::string>(), ")"));
+                          s["key"].get<std::string>(), ": ", s["value"].get<std::string>(), " (",
+                          s["why"].get<std::string>(), ")"));
   return lines;
 }
 

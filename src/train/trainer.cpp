@@ -94,6 +94,7 @@ struct Trainer::Loop {
   void maybe_evaluate(int64_t done, bool again);
   void maybe_snapshot(const engine::StepPlan& plan);
   void report_progress(int64_t step, int64_t done);
+  void count_live(int64_t samples);
   void write_progress_file(int64_t done);
   nlohmann::json finish_group();
   nlohmann::json gather_bottleneck();
@@ -133,6 +134,11 @@ struct Trainer::Loop {
   std::shared_ptr<ReportSink> record = std::make_shared<ReportSink>();
   std::shared_ptr<PhaseSink> phases = std::make_shared<PhaseSink>();  // the bottleneck report
   bool engine_spans = false;  // a sink draws the engine's spans (Engine::step_spans)
+  // A sink shows the run while it lasts: every step then counts its samples and the bytes
+  // its collectives sent ("samples", "comm.bytes.<op>"; the report's own byte counts come once
+  // at the end).
+  bool live_metrics = false;
+  comm::TrafficStats live_traffic;  // what the group had sent at the last step's count
 
   // Timing: samples/s counts the steps after `warmup` and leaves evaluations out;
   // time-to-accuracy seconds count training only, from the first step.
@@ -333,6 +339,7 @@ void Trainer::Loop::train_steps() {
       end_of_step(plan->step, loss, plan->slice.size());
     }
     step_span.stop();
+    if (live_metrics) count_live(plan->slice.size() * o.micro_batches);
     ended = plan->step + 1;
     if (awaiting_resume) {  // the first step of the new generation is complete
       awaiting_resume = false;
@@ -378,6 +385,7 @@ bool Trainer::Loop::recover(const std::string& cause) {
     return false;
   }
   group = engine->group();
+  live_traffic = group->traffic();  // the live byte counters go on from the new group's
   committed = change["step"].get<int64_t>();
   awaiting_resume = true;
   // The process that is rank 0 now draws the bar (rank 0 of the start may be the one lost).
@@ -478,6 +486,21 @@ void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples, boo
   ended_examples = examples;
   if (progress) report_progress(step, done);
   if (!options.progress_file.empty() && rank0()) write_progress_file(done);
+}
+
+void Trainer::Loop::count_live(int64_t samples) {
+  events.counter("samples", static_cast<double>(samples));
+  if (group == nullptr) return;
+  const comm::TrafficStats now = group->traffic();
+  for (size_t k = 0; k < now.bytes_sent.size(); ++k) {
+    // A new generation's group counts from 0 again.
+    const uint64_t before =
+        now.bytes_sent[k] >= live_traffic.bytes_sent[k] ? live_traffic.bytes_sent[k] : 0;
+    if (now.bytes_sent[k] > before)
+      events.counter(str_cat("comm.bytes.", comm::op_name(static_cast<comm::OpKind>(k))),
+                     static_cast<double>(now.bytes_sent[k] - before));
+  }
+  live_traffic = now;
 }
 
 void Trainer::Loop::write_progress_file(int64_t done) {

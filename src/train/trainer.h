@@ -37,6 +37,12 @@ struct WorkerOptions {
   // The etcd rendezvous's endpoints (KRAB_RDZV_ENDPOINTS); "" with the c10d one.
   std::string etcd_endpoints;
   std::string etcd_run;  // KRAB_RDZV_RUN
+  // Monitoring (docs/monitoring.md). `monitor_dir`: the launcher's private directory where
+  // this rank keeps a snapshot of its metrics for the node's endpoint (KRAB_MONITOR_DIR; ""
+  // when monitor.port is 0). `trace_path`: where this rank writes its part of --trace's
+  // timeline (KRAB_TRACE_PART; "" without --trace).
+  std::string monitor_dir;
+  std::string trace_path;
 };
 
 class Trainer {
