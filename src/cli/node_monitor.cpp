@@ -1,0 +1,53 @@
+#include "cli/node_monitor.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/errors.h"
+#include "monitor/endpoint.h"
+#include "monitor/exposition.h"
+#include "monitor/snapshot_sink.h"
+
+namespace krab::cli {
+
+std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
+  const int port = static_cast<int>(config.get_int("monitor.port"));
+  if (port == 0) return nullptr;
+  std::unique_ptr<NodeMonitor> m(new NodeMonitor());
+  // The endpoint first: its errors are the user's to fix, and nothing is left to clean up.
+  m->endpoint_ = std::make_unique<monitor::Endpoint>(config.get_string("monitor.bind"), port);
+  // mkdtemp's 0700: other users of the machine do not see the snapshots (nor replace them).
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-monitor-XXXXXX");
+  if (::mkdtemp(templ.data()) == nullptr)
+    throw Error(str_cat("cannot create a directory for the monitoring snapshots in ", templ, ": ",
+                        std::strerror(errno)));
+  m->dir_ = templ;
+  return m;
+}
+
+NodeMonitor::~NodeMonitor() {
+  endpoint_.reset();  // no scrape reads the directory while it goes
+  std::error_code ec;
+  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+}
+
+void NodeMonitor::serve(int node_rank) {
+  const std::string dir = dir_, node = std::to_string(node_rank);
+  endpoint_->route("/metrics", monitor::kExpositionType, [dir, node] {
+    return monitor::render_metrics(monitor::read_snapshots(dir), node);
+  });
+  // Every interface includes loopback: the address to click on this machine.
+  const std::string& bind = endpoint_->bind();
+  const bool any = bind == "0.0.0.0" || bind == "::";
+  const bool v6 = !any && bind.find(':') != std::string::npos;
+  std::fprintf(stderr, "krab: metrics at http://%s:%d/metrics\n",
+               any ? "127.0.0.1" : (v6 ? "[" + bind + "]" : bind).c_str(), endpoint_->port());
+}
+
+int NodeMonitor::port() const { return endpoint_->port(); }
+
+}  // namespace krab::cli
