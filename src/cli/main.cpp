@@ -106,6 +106,9 @@ int run_fl_server(const ServerArgs& a) {
   federated::ServerRunOptions options;
   options.report_path = a.report;
   options.port_file = a.port_file;
+  const std::unique_ptr<cli::FlMonitor> monitor = cli::FlMonitor::start(config);
+  if (monitor)
+    options.on_round = [&monitor](const federated::RoundRecord& r) { monitor->observe(r); };
   const auto report = federated::run_fl_server(config, options);
   if (report.contains("metric"))
     std::fprintf(stderr, "krab: %s after %zu rounds\n", train::describe_test_metric(report).c_str(),

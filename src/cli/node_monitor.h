@@ -15,6 +15,9 @@
 namespace krab::monitor {
 class Endpoint;
 }
+namespace krab::federated {
+struct RoundRecord;
+}
 
 namespace krab::cli {
 
@@ -37,6 +40,24 @@ class NodeMonitor {
  private:
   NodeMonitor() = default;
   std::string dir_;
+  std::unique_ptr<monitor::Endpoint> endpoint_;
+};
+
+// `krab fl-server` with monitor.port > 0: the same endpoint, serving the rounds' numbers
+// (monitor::FlRounds) that observe() is told of. Started before the server listens, so that a
+// port in use is refused before any client is waited for.
+class FlMonitor {
+ public:
+  // Null when monitor.port is 0; throws as NodeMonitor::start does.
+  static std::unique_ptr<FlMonitor> start(const core::Config& config);
+  ~FlMonitor();
+  // What federated::ServerRunOptions::on_round calls; thread-safe with the scrapes.
+  void observe(const federated::RoundRecord& round);
+
+ private:
+  FlMonitor();
+  struct State;
+  std::shared_ptr<State> state_;  // shared with the route, which the endpoint may still run
   std::unique_ptr<monitor::Endpoint> endpoint_;
 };
 

@@ -199,6 +199,43 @@ std::string format_value(double v) {
   return std::string(buf, end);
 }
 
+std::string render_fl_metrics(const FlRounds& r) {
+  std::string out;
+  Family rounds("krab_fl_rounds_total", "counter", "Federated rounds this server ran.");
+  rounds.add({}, static_cast<double>(r.rounds));
+  Family failed("krab_fl_rounds_failed_total", "counter", "Federated rounds that failed.");
+  failed.add({}, static_cast<double>(r.failed));
+  Family last("krab_fl_round", "gauge", "Number of the last federated round run.");
+  if (r.last_round >= 0) last.add({}, static_cast<double>(r.last_round));
+  Family clients("krab_fl_clients", "gauge", "Clients of the last round, by state.");
+  if (r.last_round >= 0)
+    for (const auto& [state, n] : {std::pair<const char*, int64_t>{"available", r.available},
+                                   {"cohort", r.cohort},
+                                   {"counted", r.counted},
+                                   {"dropped", r.dropped},
+                                   {"rejected", r.rejected}})
+      clients.add({{"state", state}}, static_cast<double>(n));
+  Family bytes("krab_fl_bytes_total", "counter", "Payload bytes of the rounds, per direction.");
+  bytes.add({{"direction", "down"}}, r.bytes_down);
+  bytes.add({{"direction", "up"}}, r.bytes_up);
+  Family seconds("krab_fl_round_seconds_total", "counter", "Seconds spent in rounds.");
+  seconds.add({}, r.seconds);
+  Family loss("krab_fl_train_loss", "gauge", "Clients' mean training loss, last round.");
+  Family acc("krab_fl_test_accuracy", "gauge", "Test accuracy at the last evaluation.");
+  Family test_loss("krab_fl_test_loss", "gauge", "Test loss at the last evaluation.");
+  Family eps("krab_fl_privacy_epsilon", "gauge", "Differential privacy's epsilon spent so far.");
+  const std::pair<Family*, const std::optional<double>*> gauges[] = {{&loss, &r.mean_loss},
+                                                                     {&acc, &r.test_accuracy},
+                                                                     {&test_loss, &r.test_loss},
+                                                                     {&eps, &r.epsilon}};
+  for (const auto& [family, value] : gauges)
+    if (value->has_value()) family->add({}, **value);
+  for (const Family* f :
+       {&rounds, &failed, &last, &clients, &bytes, &seconds, &loss, &acc, &test_loss, &eps})
+    f->render(out);
+  return out;
+}
+
 std::string render_metrics(const std::vector<Snapshot>& ranks, const std::string& node) {
   std::string out;
   per_rank_families(ranks, node, out);

@@ -25,6 +25,8 @@
 // Nothing secret and no path: only numbers, ranks, phase and op names, and the node's label.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +39,33 @@ inline constexpr const char* kExpositionType = "text/plain; version=0.0.4; chars
 
 // `node`: the value of every sample's `node` label (the launcher's node rank).
 std::string render_metrics(const std::vector<Snapshot>& ranks, const std::string& node);
+
+// `krab fl-server`'s rounds, for its endpoint: totals since the server started and the last
+// round's numbers. The command fills it from federated::RoundRecord (cli/node_monitor.h), so
+// that monitor/ does not link the federated layer.
+struct FlRounds {
+  int64_t rounds = 0;  // rounds run by this process, failed ones included
+  int64_t failed = 0;
+  int64_t last_round = -1;  // the last round's number (a resumed server goes on counting)
+  // The last round's clients: available to draw from, drawn, counted in the aggregate, dropped
+  // out, rejected (wrong size, NaN, norm above federated.max_update_norm, robust aggregation).
+  int64_t available = 0, cohort = 0, counted = 0, dropped = 0, rejected = 0;
+  double bytes_down = 0, bytes_up = 0;  // the rounds' payloads, to and from clients
+  double seconds = 0;                   // spent in rounds
+  std::optional<double> mean_loss, test_accuracy, test_loss, epsilon;  // the latest known
+};
+
+// fl-server's families (docs/monitoring.md), none of them labelled by node or rank:
+//   krab_fl_rounds_total, krab_fl_rounds_failed_total     counter
+//   krab_fl_round                                          gauge   the last round's number
+//   krab_fl_clients{state}                                 gauge   available, cohort, counted,
+//                                                                  dropped, rejected
+//   krab_fl_bytes_total{direction}                         counter down, up
+//   krab_fl_round_seconds_total                            counter
+//   krab_fl_train_loss, krab_fl_test_accuracy, krab_fl_test_loss,
+//   krab_fl_privacy_epsilon                                gauge   when known (epsilon: DP)
+// No client names: only counts.
+std::string render_fl_metrics(const FlRounds& r);
 
 // A label value as the format writes it between quotes: backslash, double quote and line feed
 // escaped.

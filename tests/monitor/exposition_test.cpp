@@ -166,3 +166,50 @@ TEST(Exposition, ValuesReadBackExactly) {
 
 }  // namespace
 }  // namespace krab::monitor
+
+namespace krab::monitor {
+namespace {
+
+TEST(Exposition, FederatedRounds) {
+  EXPECT_EQ(render_fl_metrics({}),
+            "# HELP krab_fl_rounds_total Federated rounds this server ran.\n"
+            "# TYPE krab_fl_rounds_total counter\n"
+            "krab_fl_rounds_total 0\n"
+            "# HELP krab_fl_rounds_failed_total Federated rounds that failed.\n"
+            "# TYPE krab_fl_rounds_failed_total counter\n"
+            "krab_fl_rounds_failed_total 0\n"
+            "# HELP krab_fl_bytes_total Payload bytes of the rounds, per direction.\n"
+            "# TYPE krab_fl_bytes_total counter\n"
+            "krab_fl_bytes_total{direction=\"down\"} 0\n"
+            "krab_fl_bytes_total{direction=\"up\"} 0\n"
+            "# HELP krab_fl_round_seconds_total Seconds spent in rounds.\n"
+            "# TYPE krab_fl_round_seconds_total counter\n"
+            "krab_fl_round_seconds_total 0\n");
+  FlRounds r;
+  r.rounds = 3;
+  r.failed = 1;
+  r.last_round = 7;
+  r.available = 10;
+  r.cohort = 5;
+  r.counted = 3;
+  r.dropped = 1;
+  r.rejected = 1;
+  r.bytes_down = 4096;
+  r.bytes_up = 2048;
+  r.seconds = 1.5;
+  r.mean_loss = 0.25;
+  r.epsilon = 2.5;
+  const std::string text = render_fl_metrics(r);
+  for (const char* line :
+       {"krab_fl_rounds_total 3\n", "krab_fl_rounds_failed_total 1\n", "krab_fl_round 7\n",
+        "krab_fl_clients{state=\"available\"} 10\n", "krab_fl_clients{state=\"cohort\"} 5\n",
+        "krab_fl_clients{state=\"counted\"} 3\n", "krab_fl_clients{state=\"dropped\"} 1\n",
+        "krab_fl_clients{state=\"rejected\"} 1\n", "krab_fl_bytes_total{direction=\"down\"} 4096\n",
+        "krab_fl_round_seconds_total 1.5\n", "krab_fl_train_loss 0.25\n",
+        "# TYPE krab_fl_privacy_epsilon gauge\nkrab_fl_privacy_epsilon 2.5\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  EXPECT_EQ(text.find("krab_fl_test_accuracy"), std::string::npos);  // never evaluated
+}
+
+}  // namespace
+}  // namespace krab::monitor
