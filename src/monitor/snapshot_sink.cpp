@@ -214,7 +214,7 @@ void SnapshotSink::maybe_write() {
   const auto now = std::chrono::steady_clock::now();
   if (written_ && now - last_write_ < kSnapshotPeriod) return;
   // A full disk or a removed directory must not stop training: the endpoint shows the last
-  // snapshot written, and the run's end reports the failure through flush().
+  // snapshot written, and the loop's final flush() says why the numbers stopped.
   try {
     flush();
   } catch (const Error&) {

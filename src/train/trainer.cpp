@@ -304,7 +304,13 @@ nlohmann::json Trainer::Loop::run() {
     }
   }
   nlohmann::json report = group != nullptr ? finish_group() : finish_alone();
-  if (snapshot) snapshot->flush();  // the endpoint serves the run's last numbers too
+  // The endpoint serves the run's last numbers too; a snapshot that cannot be written (its
+  // directory gone with a launcher that died) must not fail a run whose outputs are written.
+  try {
+    if (snapshot) snapshot->flush();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "krab: warning: rank %d: %s\n", world.rank, e.what());
+  }
   return report;
 }
 
