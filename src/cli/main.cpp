@@ -407,6 +407,10 @@ void say_test_metric(const nlohmann::json& report) {
   std::fprintf(stderr, "krab: %s, final loss %s, %s\n", train::describe_test_metric(report).c_str(),
                train::describe_loss(report["final_loss"].get<double>()).c_str(),
                train::describe_samples_per_sec(report).c_str());
+}
+
+// The report's bottleneck section, as a few lines (train/bottleneck.h).
+void say_bottleneck(const nlohmann::json& report) {
   if (report.contains("bottleneck"))
     for (const std::string& line : train::describe_bottleneck(report["bottleneck"]))
       std::fprintf(stderr, "krab: %s\n", line.c_str());
@@ -454,6 +458,7 @@ int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::
   // Rank 0 of the group at the end returns the report (in an elastic run, not always the
   // process that started as rank 0).
   if (report.contains("metric")) say_test_metric(report);
+  say_bottleneck(report);
   return 0;
 }
 

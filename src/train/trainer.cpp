@@ -533,6 +533,7 @@ bool Trainer::Loop::loss_is_shared(int64_t done) const {
 }
 
 double Trainer::Loop::share_loss(double loss, int64_t examples) {
+  auto span = events.time(phase::kLoss);
   const comm::TrafficStats before = group->traffic();
   const double n = static_cast<double>(examples);
   auto sums = torch::tensor({loss * n, n}, torch::kFloat64);
