@@ -15,7 +15,9 @@ constexpr const char* kOverheads[] = {"communication", "waiting", "data", "optim
 // Below this share of the step every overhead is noise: the run is compute-bound.
 constexpr double kComputeBound = 0.10;
 
-int phase_of(const std::string& name) {
+}  // namespace
+
+int phase_index(const std::string& name) {
   static const std::pair<const char*, int> kPhases[] = {
       {phase::kData, PhaseTotals::kData},
       {phase::kForward, PhaseTotals::kForward},
@@ -30,6 +32,8 @@ int phase_of(const std::string& name) {
     if (name == n) return p;
   return -1;
 }
+
+namespace {
 
 std::string percent(double f) {
   char buf[16];
@@ -95,7 +99,7 @@ nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int
 
 void PhaseSink::on_span(const std::string& name, std::chrono::steady_clock::time_point,
                         double seconds) {
-  const int p = phase_of(name);
+  const int p = phase_index(name);
   if (p < 0) return;
   totals_.seconds[p] += seconds;
   if (p == PhaseTotals::kStep) ++totals_.steps;

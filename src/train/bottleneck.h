@@ -51,6 +51,10 @@ struct PhaseTotals {
   int64_t steps = 0;  // step spans seen
 };
 
+// The PhaseTotals index of a span name of train/step_phases.h, or -1 for a span that is not a
+// step phase (evaluation, checkpoint, membership, comm.*).
+int phase_index(const std::string& span);
+
 // Sums the loop's step phases as they come (core/events.h).
 class PhaseSink : public core::EventSink {
  public:
