@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/errors.h"
+#include "monitor/dashboard.h"
 #include "monitor/endpoint.h"
 #include "monitor/exposition.h"
 #include "monitor/snapshot_sink.h"
@@ -19,6 +20,8 @@ std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
   std::unique_ptr<NodeMonitor> m(new NodeMonitor());
   // The endpoint first: its errors are the user's to fix, and nothing is left to clean up.
   m->endpoint_ = std::make_unique<monitor::Endpoint>(config.get_string("monitor.bind"), port);
+  m->dashboard_ = config.get_bool("monitor.dashboard");
+  if (m->dashboard_) monitor::read_chart_js();  // installed, or refused before training
   // mkdtemp's 0700: other users of the machine do not see the snapshots (nor replace them).
   const char* tmp = std::getenv("TMPDIR");
   std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-monitor-XXXXXX");
@@ -30,6 +33,7 @@ std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
 }
 
 NodeMonitor::~NodeMonitor() {
+  page_.reset();
   endpoint_.reset();  // no scrape reads the directory while it goes
   std::error_code ec;
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
@@ -40,12 +44,15 @@ void NodeMonitor::serve(int node_rank) {
   endpoint_->route("/metrics", monitor::kExpositionType, [dir, node] {
     return monitor::render_metrics(monitor::read_snapshots(dir), node);
   });
+  if (dashboard_) page_ = std::make_unique<monitor::Dashboard>(*endpoint_, dir_);
   // Every interface includes loopback: the address to click on this machine.
   const std::string& bind = endpoint_->bind();
   const bool any = bind == "0.0.0.0" || bind == "::";
   const bool v6 = !any && bind.find(':') != std::string::npos;
-  std::fprintf(stderr, "krab: metrics at http://%s:%d/metrics\n",
-               any ? "127.0.0.1" : (v6 ? "[" + bind + "]" : bind).c_str(), endpoint_->port());
+  const std::string host = any ? "127.0.0.1" : (v6 ? "[" + bind + "]" : bind);
+  std::fprintf(stderr, "krab: metrics at http://%s:%d/metrics\n", host.c_str(), endpoint_->port());
+  if (dashboard_)
+    std::fprintf(stderr, "krab: dashboard at http://%s:%d/\n", host.c_str(), endpoint_->port());
 }
 
 int NodeMonitor::port() const { return endpoint_->port(); }
