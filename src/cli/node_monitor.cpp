@@ -9,6 +9,7 @@
 
 #include "core/errors.h"
 #include "federated/rounds.h"
+#include "monitor/dashboard.h"
 #include "monitor/endpoint.h"
 #include "monitor/exposition.h"
 #include "monitor/snapshot_sink.h"
@@ -21,6 +22,8 @@ std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
   std::unique_ptr<NodeMonitor> m(new NodeMonitor());
   // The endpoint first: its errors are the user's to fix, and nothing is left to clean up.
   m->endpoint_ = std::make_unique<monitor::Endpoint>(config.get_string("monitor.bind"), port);
+  m->dashboard_ = config.get_bool("monitor.dashboard");
+  if (m->dashboard_) monitor::read_chart_js();  // installed, or refused before training
   // mkdtemp's 0700: other users of the machine do not see the snapshots (nor replace them).
   const char* tmp = std::getenv("TMPDIR");
   std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-monitor-XXXXXX");
@@ -32,6 +35,7 @@ std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
 }
 
 NodeMonitor::~NodeMonitor() {
+  page_.reset();
   endpoint_.reset();  // no scrape reads the directory while it goes
   std::error_code ec;
   if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
@@ -41,12 +45,14 @@ namespace {
 
 // The line every command with an endpoint prints; every interface includes loopback, the
 // address to click on this machine.
-void say_where(const monitor::Endpoint& endpoint) {
+void say_where(const monitor::Endpoint& endpoint, bool dashboard = false) {
   const std::string& bind = endpoint.bind();
   const bool any = bind == "0.0.0.0" || bind == "::";
   const bool v6 = !any && bind.find(':') != std::string::npos;
-  std::fprintf(stderr, "krab: metrics at http://%s:%d/metrics\n",
-               any ? "127.0.0.1" : (v6 ? "[" + bind + "]" : bind).c_str(), endpoint.port());
+  const std::string host = any ? "127.0.0.1" : (v6 ? "[" + bind + "]" : bind);
+  std::fprintf(stderr, "krab: metrics at http://%s:%d/metrics\n", host.c_str(), endpoint.port());
+  if (dashboard)
+    std::fprintf(stderr, "krab: dashboard at http://%s:%d/\n", host.c_str(), endpoint.port());
 }
 
 }  // namespace
@@ -56,7 +62,8 @@ void NodeMonitor::serve(int node_rank) {
   endpoint_->route("/metrics", monitor::kExpositionType, [dir, node] {
     return monitor::render_metrics(monitor::read_snapshots(dir), node);
   });
-  say_where(*endpoint_);
+  if (dashboard_) page_ = std::make_unique<monitor::Dashboard>(*endpoint_, dir_);
+  say_where(*endpoint_, dashboard_);
 }
 
 int NodeMonitor::port() const { return endpoint_->port(); }

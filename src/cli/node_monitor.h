@@ -13,8 +13,9 @@
 #include "core/config.h"
 
 namespace krab::monitor {
+class Dashboard;
 class Endpoint;
-}
+}  // namespace krab::monitor
 namespace krab::federated {
 struct RoundRecord;
 }
@@ -24,14 +25,15 @@ namespace krab::cli {
 class NodeMonitor {
  public:
   // Null when monitor.port is 0. Throws krab::InvalidArgument naming monitor.port or
-  // monitor.bind when the endpoint cannot listen, krab::Error when the directory cannot be
-  // made (in TMPDIR, else /tmp).
+  // monitor.bind when the endpoint cannot listen, or monitor.dashboard when Chart.js is not
+  // installed; krab::Error when the directory cannot be made (in TMPDIR, else /tmp).
   static std::unique_ptr<NodeMonitor> start(const core::Config& config);
   // Removes the directory and stops serving.
   ~NodeMonitor();
 
   // Serves /metrics, every sample labelled node="<node_rank>" (known once the node has
-  // joined the job), and says where on stderr.
+  // joined the job), and with monitor.dashboard the page (monitor/dashboard.h); says where on
+  // stderr.
   void serve(int node_rank);
   // What the workers get as KRAB_MONITOR_DIR.
   const std::string& dir() const { return dir_; }
@@ -40,7 +42,9 @@ class NodeMonitor {
  private:
   NodeMonitor() = default;
   std::string dir_;
+  bool dashboard_ = false;
   std::unique_ptr<monitor::Endpoint> endpoint_;
+  std::unique_ptr<monitor::Dashboard> page_;  // stopped before the endpoint
 };
 
 // `krab fl-server` with monitor.port > 0: the same endpoint, serving the rounds' numbers

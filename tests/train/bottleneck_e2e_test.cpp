@@ -41,8 +41,9 @@ double mean_share(const nlohmann::json& b, const char* share) {
 
 nlohmann::json train(TempDir& dir, const std::string& job, const std::string& printed) {
   std::ofstream(dir.file("job.yaml")) << job;
-  const auto [code, out] = run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" +
-                               dir.file("runs") + " --report " + dir.file("report.json"));
+  const auto [code, out] =
+      run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" + dir.file("runs") +
+          " --report " + dir.file("report.json"));
   EXPECT_EQ(code, 0) << out;
   EXPECT_NE(out.find(printed), std::string::npos) << out;
   std::ifstream in(dir.file("report.json"));
