@@ -26,6 +26,8 @@ packages=(
   libcpp-httplib-dev                  # elastic: the etcd client (compiled, not header-only)
   slurm-wlm munge                     # elastic: the Slurm autoscale provider and its test
   prometheus                          # monitor.port's test scrapes a run with a private one
+  libjs-chart.js                      # monitor.dashboard draws with Debian's Chart.js (no internet)
+  chromium                            # monitor.dashboard's test loads the page headless
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
