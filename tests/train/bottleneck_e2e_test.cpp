@@ -92,8 +92,9 @@ std::vector<uint8_t> noise(uint32_t seed, size_t n) {
 TEST(BottleneckE2E, ImagesDecodedByOneThreadMakeTheRunDataBound) {
   TempDir dir;
   // 60 noise PNGs of 384x384 RGB, resized to 128x128 (49 KiB decoded: the smallest cache,
-  // 1 MiB, holds 21 of each worker's 30) for an MLP of hidden width 2 (98k parameters: its
-  // all-reduce stays far below the decoding): decoding is most of a step.
+  // 1 MiB, holds 21 of them), 24 a batch per worker, for an MLP of hidden width 2
+  // (98k parameters: one all-reduce of 393 KB a step, far below decoding some 10 images even on
+  // a loaded machine): decoding is most of a step.
   for (int k = 0; k < 2; ++k) {
     const fs::path cls = fs::path(dir.file("train")) / ("class" + std::to_string(k));
     fs::create_directories(cls);
@@ -105,7 +106,7 @@ TEST(BottleneckE2E, ImagesDecodedByOneThreadMakeTheRunDataBound) {
                        "model: {name: mlp, hidden: 2}\n"
                        "data: {name: images, path: " +
                            dir.file("train") +
-                           ", size: 128x128, decode_threads: 1, cache_mb: 1, batch_size: 8}\n"
+                           ", size: 128x128, decode_threads: 1, cache_mb: 1, batch_size: 24}\n"
                            "train: {steps: 12, optimizer: {name: sgd, lr: 0.05}}\n"
                            "parallel: {workers: 2}\ncomm: {timeout_s: 30}\n",
                        "; try data.decode_threads: 2 (");
