@@ -310,6 +310,16 @@ TEST_F(Cli, OutOfRangePortsAreRefused) {
                       2, "'70000'");
 }
 
+// monitor.bind to an address this machine does not have (TEST-NET-1, RFC 5737: binding fails
+// locally, nothing is sent): refused before anything starts, naming the key; no run directory.
+TEST_F(Cli, AMonitoringAddressTheMachineDoesNotHaveIsRefused) {
+  write("ok.yaml", kSmallJob);
+  expect_refused_fast(krab("train ok.yaml --set monitor.port=" + std::to_string(free_port()) +
+                           " --set monitor.bind=192.0.2.1"),
+                      2, "monitor.bind 192.0.2.1: not an address of this machine");
+  EXPECT_FALSE(fs::exists(dir_ / "runs"));
+}
+
 TEST_F(Cli, MisleadingMessagesSayWhatIsWrong) {
   write("ok.yaml", kSmallJob);
   // Relative paths named as krab resolved them (from --set: the current directory).
