@@ -126,6 +126,10 @@ struct LaunchPlan {
   // Extra variables for the workers' environment, added unless the launcher's own environment
   // already sets them (the user's choice wins).
   std::map<std::string, std::string> worker_env;
+  // --trace: the launcher's private directory where each worker writes its part of the
+  // timeline (KRAB_TRACE_PART=<dir>/rank-<r>.jsonl, or rank-<r>-<member>.jsonl in an elastic
+  // run, whose replacements share a slot's rank); "" without --trace.
+  std::string trace_dir;
 };
 
 // Decides the role from the flags, the job's parallel.workers and the environment. Pure;
