@@ -7,6 +7,8 @@
     forward, backward, reduce and optimizer, and at least one comm.bucket.* span on track 2
     that lies inside it;
   - evaluation and checkpoint spans inside step 6 and no other step;
+  - monitor.profile_ops: LibTorch's operators on track 4, each inside a step of its rank, and
+    every step's forward and backward holding some;
   - an unwritable FILE (a missing directory; a directory under /proc, where even root cannot
     create files) exits 2 before any worker starts, naming --trace, and leaves nothing behind.
 Usage: trace_e2e_test.py KRAB_BINARY SOURCE_DIR. Exit 0 when every check holds."""
@@ -47,7 +49,7 @@ def check_shape(events):
             assert isinstance(e["ts"], (int, float)) and e["ts"] > 1.5e15, e  # unix µs
         if e["ph"] == "X":
             assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0, e
-            assert e["tid"] in (1, 2, 3), e
+            assert e["tid"] in (1, 2, 3, 4), e
 
 
 def check_rank(pid, events):
@@ -85,11 +87,32 @@ def check_trace(krab, workdir):
              if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {0: "rank 0", 1: "rank 1"}, names
     assert {e["pid"] for e in events} == {0, 1}
+    assert not [e for e in events if e.get("tid") == 4], "operators without monitor.profile_ops"
     for pid in (0, 1):
         check_rank(pid, events)
     assert oct(os.stat(out).st_mode & 0o777) == oct(0o644)
     assert sorted(os.listdir(workdir)) == ["T.json", "run", "tmp"], os.listdir(workdir)
     assert os.listdir(os.path.join(workdir, "tmp")) == [], "a private directory was left"
+
+
+def check_profile_ops(krab, workdir):
+    out = os.path.join(workdir, "ops.json")
+    r = run(krab, workdir, "--trace", out, "--set", "monitor.profile_ops=true",
+            "--set", "train.steps=2", "--set", "train.eval_every=0")
+    assert r.returncode == 0, r.stdout
+    with open(out) as f:
+        events = json.load(f)["traceEvents"]
+    check_shape(events)
+    for pid in (0, 1):
+        spans = [e for e in events if e["ph"] == "X" and e["pid"] == pid]
+        ops = [e for e in spans if e["name"].startswith("op.")]
+        assert ops and all(e["tid"] == 4 for e in ops), (pid, len(ops))
+        steps = [e for e in spans if e["name"] == "step"]
+        assert all(any(inside(o, s) for s in steps) for o in ops), (pid, "an op outside steps")
+        for phase in ("step.forward", "step.backward"):
+            for p in (e for e in spans if e["name"] == phase):
+                assert any(inside(o, p) for o in ops), (pid, phase, "without operators")
+    os.remove(out)
 
 
 def check_refused(krab, workdir, path, why):
@@ -108,6 +131,7 @@ def main():
         check_refused(krab, workdir, os.path.join(workdir, "missing", "T.json"), "does not exist")
         check_refused(krab, workdir, "/proc/T.json", "cannot write")
         check_trace(krab, workdir)
+        check_profile_ops(krab, workdir)
     print("trace e2e: ok")
 
 

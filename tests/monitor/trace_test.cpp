@@ -137,6 +137,7 @@ TEST(TrackOf, ByName) {
   EXPECT_EQ(track_of("evaluation"), kPhaseTrack);
   EXPECT_EQ(track_of("comm.bucket.12"), kCommTrack);
   EXPECT_EQ(track_of("membership"), kMembershipTrack);
+  EXPECT_EQ(track_of("op.aten::addmm"), kOpTrack);
   EXPECT_EQ(track_of("communication"), kPhaseTrack);  // only the "comm." prefix
 }
 
