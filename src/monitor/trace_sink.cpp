@@ -113,6 +113,9 @@ void TraceSink::on_span(const std::string& name, std::chrono::steady_clock::time
   const Micros ts(unix_nanos(start));
   std::fprintf(file_, "{\"ph\":\"X\",\"pid\":%d,\"tid\":%d,\"ts\":%s,\"dur\":%.3f,\"name\":%s}\n",
                pid_, tid, ts.text, micros, quoted(name).c_str());
+  // The step's events reach the file together. (on_step would not do: only a rank that
+  // draws the progress bar receives it.)
+  if (name == "step") std::fflush(file_);
 }
 
 void TraceSink::on_gauge(const std::string& name, double value, int64_t step) {
@@ -122,8 +125,6 @@ void TraceSink::on_gauge(const std::string& name, double value, int64_t step) {
                "{\"ph\":\"C\",\"pid\":%d,\"ts\":%s,\"name\":%s,\"args\":{\"value\":%.17g}}\n", pid_,
                ts.text, quoted(name).c_str(), value);
 }
-
-void TraceSink::on_step(int64_t done, int64_t total) { std::fflush(file_); }
 
 void TraceSink::on_note(const std::string& text) {
   const Micros ts(unix_nanos(std::chrono::steady_clock::now()));

@@ -5,8 +5,9 @@
 // of the part file, through a buffered FILE*, so a run of any length holds no more than the
 // buffer in memory. A worker killed mid-run leaves a part whose lines are whole events except,
 // at worst, the last one; the launcher's merge (monitor/trace_merge.h) keeps the whole lines
-// and drops a torn one. The buffer is flushed at the end of every step, so a killed worker
-// loses at most the step it was in.
+// and drops a torn one. The buffer is flushed when a "step" span arrives (the loop emits it
+// when the step has ended, on every rank), so a killed worker loses at most the step it was
+// in.
 //
 // What a part holds, in the trace's terms:
 //   pid    the process's row: the rank the launcher started it as (an elastic replacement,
@@ -77,8 +78,6 @@ class TraceSink : public core::EventSink {
   void on_span(const std::string& name, std::chrono::steady_clock::time_point start,
                double seconds) override;
   void on_gauge(const std::string& name, double value, int64_t step) override;
-  // Flushes: the step's events reach the file together.
-  void on_step(int64_t done, int64_t total) override;
   // An instant event on kMembershipTrack, flushed at once (a note often precedes an exit).
   void on_note(const std::string& text) override;
 

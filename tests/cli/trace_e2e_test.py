@@ -9,30 +9,87 @@
   - evaluation and checkpoint spans inside step 6 and no other step;
   - monitor.profile_ops: LibTorch's operators on track 4, each inside a step of its rank, and
     every step's forward and backward holding some;
+  - a run whose rank 1 is killed (SIGKILL) after step 3 still gets FILE: loadable, with the
+    steps each rank had finished (a part is flushed at every step's end);
   - an unwritable FILE (a missing directory; a directory under /proc, where even root cannot
     create files) exits 2 before any worker starts, naming --trace, and leaves nothing behind.
 Usage: trace_e2e_test.py KRAB_BINARY SOURCE_DIR. Exit 0 when every check holds."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 STEPS, EVERY = 12, 6
 PHASES = ("step.forward", "step.backward", "step.reduce", "step.optimizer")
 SLACK_US = 1.0  # ts and dur are printed to the nanosecond: containment allows that rounding
 
 
-def run(krab, workdir, *extra):
-    cmd = [krab, "train", os.path.join(SOURCE, "examples", "fashion_cnn.yaml"),
+def command(krab, workdir, *extra):
+    return [krab, "train", os.path.join(SOURCE, "examples", "fashion_cnn.yaml"),
            "--set", f"train.steps={STEPS}", "--set", "parallel.workers=2",
            "--set", f"train.eval_every={EVERY}", "--set", f"checkpoint.every_steps={EVERY}",
            "--set", "data.batch_size=32", "--set", f"checkpoint.dir={workdir}/run",
            "--set", "comm.timeout_s=60", *extra]
+
+
+def environment(workdir):
     # The launcher's private directories go to TMPDIR: it must be empty again at the end.
-    env = dict(os.environ, TMPDIR=os.path.join(workdir, "tmp"))
-    return subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=240)
+    return dict(os.environ, TMPDIR=os.path.join(workdir, "tmp"))
+
+
+def run(krab, workdir, *extra):
+    return subprocess.run(command(krab, workdir, *extra), cwd=workdir, env=environment(workdir),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=240)
+
+
+def child_with_rank(parent, rank):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == parent and f"RANK={rank}".encode() in env:
+            return int(pid)
+    return None
+
+
+def check_killed_worker(krab, workdir):
+    out, progress = os.path.join(workdir, "killed.json"), os.path.join(workdir, "progress")
+    launcher = subprocess.Popen(
+        command(krab, workdir, "--trace", out, "--progress-file", progress,
+                "--set", "train.steps=400", "--set", "train.eval_every=0"),
+        cwd=workdir, env=environment(workdir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True)
+    done, deadline = 0, time.monotonic() + 120
+    while done < 3 and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.05)
+        try:
+            with open(progress) as f:
+                done = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            pass
+    assert done >= 3, ("no progress", launcher.poll())
+    os.kill(child_with_rank(launcher.pid, 1), signal.SIGKILL)
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == 1, (launcher.returncode, output)
+    assert f"krab: trace {out}" in output, output
+    with open(out) as f:
+        events = json.load(f)["traceEvents"]
+    check_shape(events)
+    steps = {pid: sum(1 for e in events if e["ph"] == "X" and e["name"] == "step" and
+                      e["pid"] == pid) for pid in (0, 1)}
+    # Rank 0 ended step `done` with rank 1's gradients of that step, which rank 1 computed
+    # after ending (and flushing) step done - 1.
+    assert steps[0] >= done and steps[1] >= done - 1, (done, steps)
+    for name in ("killed.json", "progress"):
+        os.remove(os.path.join(workdir, name))
 
 
 def inside(inner, outer):
@@ -132,6 +189,8 @@ def main():
         check_refused(krab, workdir, "/proc/T.json", "cannot write")
         check_trace(krab, workdir)
         check_profile_ops(krab, workdir)
+        check_killed_worker(krab, workdir)
+        assert os.listdir(os.path.join(workdir, "tmp")) == [], "a private directory was left"
     print("trace e2e: ok")
 
 

@@ -68,7 +68,6 @@ TEST_F(Trace, SpansAreCompleteEventsOnTheirTracksInMicroseconds) {
     sink.on_span("comm.bucket.3", t0 + std::chrono::milliseconds(100), 0.002);
     sink.on_span("membership", t0 + std::chrono::seconds(2), 1.5);
     sink.on_span("checkpoint", t0, -1e-9);  // clock oddity: clamped
-    sink.on_step(1, 10);
   }
   const auto all = lines_of(path("rank-1.jsonl"));
   const auto spans = with_phase(all, "X");
@@ -126,10 +125,12 @@ TEST_F(Trace, NotesAreInstantsGaugesCountersAndWhatJsonCannotHoldIsLeftOut) {
 TEST_F(Trace, AStepReachesTheFileWhenItEnds) {
   TraceSink sink(path("p.jsonl"), {0, "rank 0"});
   const size_t metadata = lines_of(path("p.jsonl")).size();
+  sink.on_span("step.forward", Steady::now(), 0.05);
+  sink.on_span("step.backward", Steady::now(), 0.05);
+  EXPECT_EQ(lines_of(path("p.jsonl")).size(), metadata);  // buffered
   sink.on_span("step", Steady::now(), 0.1);
-  sink.on_step(1, 2);
   // The sink is still open: what a killed worker would leave.
-  EXPECT_EQ(lines_of(path("p.jsonl")).size(), metadata + 1);
+  EXPECT_EQ(lines_of(path("p.jsonl")).size(), metadata + 3);
 }
 
 TEST(TrackOf, ByName) {
