@@ -161,6 +161,10 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
   // Every node writes its own timeline; checked before the model is built for preflight.
   if (!args.trace.empty()) core::check_writable_file(args.trace, "--trace " + args.trace);
+  if (args.trace.empty() && config.get_bool("monitor.profile_ops"))
+    std::fprintf(stderr,
+                 "krab: warning: monitor.profile_ops records into --trace's timeline; without "
+                 "--trace FILE nothing is recorded\n");
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
   const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
   // Memory is checked from the configuration and the data alone, before preflight makes any
@@ -528,6 +532,11 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     options.etcd_endpoints = etcd->second;
   if (auto run = env.find("KRAB_RDZV_RUN"); run != env.end()) options.etcd_run = run->second;
   if (auto part = env.find("KRAB_TRACE_PART"); part != env.end()) options.trace_path = part->second;
+  if (!args.trace.empty() && options.trace_path.empty() && plan.rank == 0)
+    std::fprintf(stderr,
+                 "krab: warning: --trace %s is written by krab's own launcher (`krab train` "
+                 "without torchrun, mpirun or srun); no timeline is written\n",
+                 core::printable_text(args.trace).c_str());
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
 }
