@@ -25,6 +25,7 @@ packages=(
   etcd-server etcd-client             # elastic: the etcd rendezvous and its tests (a private etcd)
   libcpp-httplib-dev                  # elastic: the etcd client (compiled, not header-only)
   slurm-wlm munge                     # elastic: the Slurm autoscale provider and its test
+  prometheus                          # monitor.port's test scrapes a run with a private one
 )
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -37,7 +38,7 @@ done
 # Packages whose install starts and enables a system service (package:service). krab's tests
 # start private instances on free ports in temp dirs and never use the system's, so a service
 # that this run installs is stopped and disabled again; one that was there before is left alone.
-daemons=(etcd-server:etcd munge:munge slurmctld:slurmctld slurmd:slurmd)
+daemons=(etcd-server:etcd munge:munge slurmctld:slurmctld slurmd:slurmd prometheus:prometheus)
 new_services=()
 for d in "${daemons[@]}"; do
   installed "${d%%:*}" || new_services+=("${d#*:}")

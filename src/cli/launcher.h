@@ -126,6 +126,9 @@ struct LaunchPlan {
   // Extra variables for the workers' environment, added unless the launcher's own environment
   // already sets them (the user's choice wins).
   std::map<std::string, std::string> worker_env;
+  // monitor.port > 0: where the workers keep their snapshots for the node's endpoint
+  // (KRAB_MONITOR_DIR; cli/node_monitor.h); "" otherwise.
+  std::string monitor_dir;
   // --trace: the launcher's private directory where each worker writes its part of the
   // timeline (KRAB_TRACE_PART=<dir>/rank-<r>.jsonl, or rank-<r>-<member>.jsonl in an elastic
   // run, whose replacements share a slot's rank); "" without --trace.

@@ -35,6 +35,7 @@
 #include "cli/elastic_setup.h"
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
+#include "cli/node_monitor.h"
 #include "cli/resources.h"
 #include "comm/factory.h"
 #include "comm/store.h"
@@ -106,6 +107,9 @@ int run_fl_server(const ServerArgs& a) {
   federated::ServerRunOptions options;
   options.report_path = a.report;
   options.port_file = a.port_file;
+  const std::unique_ptr<cli::FlMonitor> monitor = cli::FlMonitor::start(config);
+  if (monitor)
+    options.on_round = [&monitor](const federated::RoundRecord& r) { monitor->observe(r); };
   const auto report = federated::run_fl_server(config, options);
   if (report.contains("metric"))
     std::fprintf(stderr, "krab: %s after %zu rounds\n", train::describe_test_metric(report).c_str(),
@@ -373,6 +377,8 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
     cli::join_running_job(p, mine, keys.timeout);
   }
   check_before_spawning(args, config, keys, p);
+  const std::unique_ptr<cli::NodeMonitor> monitor = cli::NodeMonitor::start(config);
+  if (monitor) p.monitor_dir = monitor->dir();
   // torch::set_num_threads() does not reach OpenBLAS, whose own pool (one busy-waiting thread
   // per core by default) would make W workers on few cores fight for them. It reads its
   // limit from the environment once, at load, so the launcher sets it for the workers.
@@ -418,6 +424,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
                      : "",
                  config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
                  p.rendezvous.to_string().c_str());
+  if (monitor) monitor->serve(p.node_rank);
   const std::unique_ptr<PrivateDir> trace_dir = trace_parts_dir(args, p);
   const int code = cli::spawn_and_supervise(p, argv, 5.0);
   if (code == 0 && joining)
@@ -441,6 +448,10 @@ void say_test_metric(const nlohmann::json& report) {
   std::fprintf(stderr, "krab: %s, final loss %s, %s\n", train::describe_test_metric(report).c_str(),
                train::describe_loss(report["final_loss"].get<double>()).c_str(),
                train::describe_samples_per_sec(report).c_str());
+}
+
+// The report's bottleneck section, as a few lines (train/bottleneck.h).
+void say_bottleneck(const nlohmann::json& report) {
   if (report.contains("bottleneck"))
     for (const std::string& line : train::describe_bottleneck(report["bottleneck"]))
       std::fprintf(stderr, "krab: %s\n", line.c_str());
@@ -488,6 +499,7 @@ int run_sync_worker(const core::Config& config, const JobKeys& keys, const cli::
   // Rank 0 of the group at the end returns the report (in an elastic run, not always the
   // process that started as rank 0).
   if (report.contains("metric")) say_test_metric(report);
+  say_bottleneck(report);
   return 0;
 }
 
@@ -531,6 +543,7 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
   if (auto etcd = env.find("KRAB_RDZV_ENDPOINTS"); etcd != env.end())
     options.etcd_endpoints = etcd->second;
   if (auto run = env.find("KRAB_RDZV_RUN"); run != env.end()) options.etcd_run = run->second;
+  if (auto dir = env.find("KRAB_MONITOR_DIR"); dir != env.end()) options.monitor_dir = dir->second;
   if (auto part = env.find("KRAB_TRACE_PART"); part != env.end()) options.trace_path = part->second;
   if (!args.trace.empty() && options.trace_path.empty() && plan.rank == 0)
     std::fprintf(stderr,

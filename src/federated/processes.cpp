@@ -167,6 +167,7 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
     const RoundRecord rec = runner.run_round(available_for_round(server, config, runner));
     checkpoint.save(runner);  // durable before it is reported
     progress.record(rec);
+    if (options.on_round) options.on_round(rec);
   }
   progress.finish();
   server.finish(milliseconds(3000));

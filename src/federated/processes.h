@@ -25,6 +25,7 @@
 // retries for `retry_s` before giving up (exit 1). A refused token or a model mismatch is exit 2.
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -33,10 +34,15 @@
 
 namespace krab::federated {
 
+struct RoundRecord;
+
 struct ServerRunOptions {
   std::string report_path;  // "" = none
   std::string port_file;    // "" = none; else the bound port, written once listening
   bool show_progress = true;
+  // Called on the server's thread after each round, once its checkpoint is saved (the
+  // monitoring endpoint's numbers, cli/node_monitor.h); empty = nobody.
+  std::function<void(const RoundRecord&)> on_round;
 };
 
 nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions& options);

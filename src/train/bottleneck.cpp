@@ -15,7 +15,9 @@ constexpr const char* kOverheads[] = {"communication", "waiting", "data", "optim
 // Below this share of the step every overhead is noise: the run is compute-bound.
 constexpr double kComputeBound = 0.10;
 
-int phase_of(const std::string& name) {
+}  // namespace
+
+int phase_index(const std::string& name) {
   static const std::pair<const char*, int> kPhases[] = {
       {phase::kData, PhaseTotals::kData},
       {phase::kForward, PhaseTotals::kForward},
@@ -24,11 +26,14 @@ int phase_of(const std::string& name) {
       {phase::kOptimizer, PhaseTotals::kOptimizer},
       {phase::kAfter, PhaseTotals::kAfter},
       {phase::kEnd, PhaseTotals::kEnd},
+      {phase::kLoss, PhaseTotals::kLoss},
       {phase::kStep, PhaseTotals::kStep}};
   for (const auto& [n, p] : kPhases)
     if (name == n) return p;
   return -1;
 }
+
+namespace {
 
 std::string percent(double f) {
   char buf[16];
@@ -36,11 +41,17 @@ std::string percent(double f) {
   return buf;
 }
 
-nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int slowest) {
+// `slow`: the slowest rank's row of fractions.
+nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int slowest,
+                          const nlohmann::json& slow) {
   auto make = [](std::string key, std::string value, std::string why) {
     return nlohmann::json{
         {"key", std::move(key)}, {"value", std::move(value)}, {"why", std::move(why)}};
   };
+  // The others wait for a rank slowed by its data: more decoding helps every rank, where a
+  // smaller slice would only move the wait.
+  if (largest == "waiting" && slow["data"].get<double>() > slow["compute"].get<double>())
+    return suggestion("data", shape, slowest, slow);
   if (largest == "waiting") {
     if (shape.balance != "auto")
       return make("parallel.balance", "auto",
@@ -88,7 +99,7 @@ nlohmann::json suggestion(const std::string& largest, const RunShape& shape, int
 
 void PhaseSink::on_span(const std::string& name, std::chrono::steady_clock::time_point,
                         double seconds) {
-  const int p = phase_of(name);
+  const int p = phase_index(name);
   if (p < 0) return;
   totals_.seconds[p] += seconds;
   if (p == PhaseTotals::kStep) ++totals_.steps;
@@ -104,7 +115,7 @@ nlohmann::json bottleneck_report(const std::vector<PhaseTotals>& ranks, const Ru
     if (t.steps == 0 || t.seconds[P::kStep] <= 0) continue;
     const double n = static_cast<double>(t.steps);
     step[r] = t.seconds[P::kStep] / n;
-    comm[r] = (t.seconds[P::kReduce] + t.seconds[P::kAfter]) / n;
+    comm[r] = (t.seconds[P::kReduce] + t.seconds[P::kAfter] + t.seconds[P::kLoss]) / n;
     busy[r] = (t.seconds[P::kData] + t.seconds[P::kForward] + t.seconds[P::kBackward] +
                t.seconds[P::kOptimizer]) /
               n;
@@ -140,10 +151,13 @@ nlohmann::json bottleneck_report(const std::vector<PhaseTotals>& ranks, const Ru
       most = mean[k] / timed;
       largest = k;
     }
+  nlohmann::json slow;
+  for (const auto& row : rows)
+    if (row["rank"].get<int>() == slowest) slow = row;
   return {{"ranks", std::move(rows)},
           {"slowest_rank", slowest},
           {"largest", largest},
-          {"suggestion", suggestion(largest, shape, slowest)}};
+          {"suggestion", suggestion(largest, shape, slowest, slow)}};
 }
 
 std::vector<std::string> describe_bottleneck(const nlohmann::json& b) {

@@ -6,13 +6,17 @@
 // section with bottleneck_report(). Per rank, the fractions of its mean step time:
 //
 //   compute        forward + backward (the artificial straggler's delay included)
-//   communication  the communication nobody hid: the least any rank spent in reduce + after.
-//                  The slowest rank arrives last at each collective and waits for nobody, so
-//                  its reduce time is the communication alone.
-//   waiting        its reduce + after beyond that least: the time it waited for slower ranks
+//   communication  the communication nobody hid: the least any rank spent in the step's
+//                  collectives (reduce, after, the shared loss). The slowest rank arrives last
+//                  at each collective and waits for nobody, so its time in them is the
+//                  communication alone.
+//   waiting        its time in the collectives beyond that least: waiting for slower ranks. A
+//                  rank that is slow after it launched its buckets (an artificial straggler
+//                  sleeps after backward) makes the others wait at the next collective, the
+//                  shared loss or the next step's reduce: both count.
 //   data           waiting for the batch
 //   optimizer      the update
-//   other          the rest of the step: the shared loss, checkpoints, evaluations, the loop
+//   other          the rest of the step: checkpoints, evaluations, the loop
 //
 // The slowest rank is the one with the most compute + data + optimizer per step. The largest
 // share is the overhead (communication, waiting, data, optimizer) with the highest mean over
@@ -31,10 +35,25 @@ namespace krab::train {
 
 // Seconds in each step phase on one rank, summed over the steps since the last reset().
 struct PhaseTotals {
-  enum Phase { kData, kForward, kBackward, kReduce, kOptimizer, kAfter, kEnd, kStep, kCount };
+  enum Phase {
+    kData,
+    kForward,
+    kBackward,
+    kReduce,
+    kOptimizer,
+    kAfter,
+    kEnd,
+    kLoss,
+    kStep,
+    kCount
+  };
   std::array<double, kCount> seconds{};
   int64_t steps = 0;  // step spans seen
 };
+
+// The PhaseTotals index of a span name of train/step_phases.h, or -1 for a span that is not a
+// step phase (evaluation, checkpoint, membership, comm.*).
+int phase_index(const std::string& span);
 
 // Sums the loop's step phases as they come (core/events.h).
 class PhaseSink : public core::EventSink {

@@ -12,6 +12,7 @@
 //     step.optimizer        Engine::apply(): the update
 //     step.after            Engine::after_step(): local SGD's average, the buffers' broadcast
 //     step.end              the loop's end of a step: shared loss, checkpoint, evaluation
+//       step.loss           the all-reduce of the step's loss (at the steps it is shown)
 //   comm.bucket.<b>         bucket b's reduction, launch to wait (Engine::step_spans();
 //                           runs alongside step.backward and step.reduce)
 //   evaluation, checkpoint  inside step.end when they run
@@ -31,6 +32,7 @@ inline constexpr const char* kReduce = "step.reduce";
 inline constexpr const char* kOptimizer = "step.optimizer";
 inline constexpr const char* kAfter = "step.after";
 inline constexpr const char* kEnd = "step.end";
+inline constexpr const char* kLoss = "step.loss";
 inline constexpr const char* kEvaluation = "evaluation";
 inline constexpr const char* kCheckpoint = "checkpoint";
 inline constexpr const char* kMembership = "membership";

@@ -22,6 +22,7 @@
 #include "models/model.h"
 #include "models/recompute.h"
 #include "models/torchscript.h"
+#include "monitor/snapshot_sink.h"
 #include "monitor/trace_sink.h"
 #include "train/bottleneck.h"
 #include "train/checkpoint.h"
@@ -148,6 +149,7 @@ struct Trainer::Loop {
   std::shared_ptr<ProgressSink> progress;  // rank 0 of a group, when shown
   std::shared_ptr<ReportSink> record = std::make_shared<ReportSink>();
   std::shared_ptr<PhaseSink> phases = std::make_shared<PhaseSink>();  // the bottleneck report
+  std::shared_ptr<monitor::SnapshotSink> snapshot;  // for the node's endpoint (monitor_dir)
   bool engine_spans = false;              // a sink draws the engine's spans (Engine::step_spans)
   std::unique_ptr<OpProfile> op_profile;  // monitor.profile_ops, with --trace
   // A sink shows the run while it lasts: every step then counts its samples and the bytes
@@ -285,6 +287,15 @@ void Trainer::Loop::attach_sinks() {
   } else if (rank0()) {
     events.add(std::make_shared<core::NoteSink>());
   }
+  // The launcher serves this rank's numbers while it trains (monitor/endpoint.h): they must
+  // then move at every step, not only at the end.
+  if (!options.monitor_dir.empty()) {
+    snapshot = std::make_shared<monitor::SnapshotSink>(
+        options.monitor_dir, monitor::SnapshotSink::Identity{
+                                 group != nullptr ? group->rank() : world.rank, options.member_id});
+    events.add(snapshot);
+    live_metrics = true;
+  }
 }
 
 nlohmann::json Trainer::Loop::run() {
@@ -313,7 +324,15 @@ nlohmann::json Trainer::Loop::run() {
       return nlohmann::json();
     }
   }
-  return group != nullptr ? finish_group() : finish_alone();
+  nlohmann::json report = group != nullptr ? finish_group() : finish_alone();
+  // The endpoint serves the run's last numbers too; a snapshot that cannot be written (its
+  // directory gone with a launcher that died) must not fail a run whose outputs are written.
+  try {
+    if (snapshot) snapshot->flush();
+  } catch (const Error& e) {
+    std::fprintf(stderr, "krab: warning: rank %d: %s\n", world.rank, e.what());
+  }
+  return report;
 }
 
 void Trainer::Loop::train_steps() {
@@ -408,6 +427,7 @@ bool Trainer::Loop::recover(const std::string& cause) {
   }
   group = engine->group();
   live_traffic = group->traffic();  // the live byte counters go on from the new group's
+  if (snapshot) snapshot->set_rank(group->rank());
   committed = change["step"].get<int64_t>();
   awaiting_resume = true;
   // The process that is rank 0 now draws the bar (rank 0 of the start may be the one lost).
@@ -541,6 +561,7 @@ bool Trainer::Loop::loss_is_shared(int64_t done) const {
 }
 
 double Trainer::Loop::share_loss(double loss, int64_t examples) {
+  auto span = events.time(phase::kLoss);
   const comm::TrafficStats before = group->traffic();
   const double n = static_cast<double>(examples);
   auto sums = torch::tensor({loss * n, n}, torch::kFloat64);

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# monitor.dashboard end to end, in a real browser (Debian's chromium, headless) on loopback:
+#   1. a 2-worker run (a small MLP paced by a 40 ms straggler: about 20 steps a second, an
+#      evaluation every 40 steps) serves the page at / of monitor.port;
+#   2. once its history holds points with a rate and a loss, chromium loads the page, runs its
+#      script and dumps the DOM: every chart must hold data points from the running job
+#      (the page writes each chart's count and <body data-points>);
+#   3. chromium takes a screenshot, kept as a test artefact in ARTIFACTS (default: this
+#      script's working directory): a PNG, large enough to hold drawn charts.
+#
+#   dashboard.sh KRAB [PYTHON] [ARTIFACTS]
+# Exit: 0 pass, 1 fail, 77 skipped (no chromium or no Chart.js: scripts/setup.sh installs both).
+# Everything it starts is stopped on exit; everything it writes but the screenshot is in one
+# temporary directory.
+set -u
+KRAB=$(realpath "${1:?usage: dashboard.sh KRAB [PYTHON] [ARTIFACTS]}")
+PY=${2:-python3}
+ARTIFACTS=${3:-$PWD}
+command -v chromium >/dev/null || { echo "SKIPPED: no chromium (scripts/setup.sh installs it)"; exit 77; }
+[ -f /usr/share/javascript/chart.js/chart.min.js ] ||
+  { echo "SKIPPED: no Chart.js (libjs-chart.js; scripts/setup.sh installs it)"; exit 77; }
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/krab-dash-XXXXXX")
+PIDS=()
+cleanup() {
+  local rc=$? p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  [ -f "$WORK/krab.log" ] && tail -n 20 "$WORK/krab.log" >&2
+  exit 1
+}
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+get() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
+# Chromium as root needs --no-sandbox; its profile and crash files stay in WORK.
+browse() {
+  timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --no-first-run --user-data-dir="$WORK/profile" --hide-scrollbars "$@" 2>>"$WORK/chromium.log"
+}
+
+PORT=$(free_port)
+URL=http://127.0.0.1:$PORT
+cat >"$WORK/job.yaml" <<JOB
+model: {name: mlp, hidden: 32}
+data: {name: synthetic, synthetic_samples: 4096, batch_size: 32}
+train: {steps: 2000, eval_every: 40, slow_rank: 1, slow_delay_ms: 40,
+        optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+parallel: {workers: 2}
+comm: {timeout_s: 30}
+monitor: {port: $PORT, dashboard: true}
+checkpoint: {dir: $WORK/run}
+JOB
+"$KRAB" train "$WORK/job.yaml" >"$WORK/krab.log" 2>&1 &
+PIDS+=($!)
+
+# The history needs a few seconds of training: points with a rate, a loss and an accuracy.
+ready=""
+for _ in $(seq 150); do
+  if get "$URL/api/history" >"$WORK/history.json" 2>/dev/null &&
+     "$PY" - "$WORK/history.json" <<'PYEOF'
+import json, sys
+points = json.load(open(sys.argv[1]))["points"]
+ok = (sum(p["samples_per_sec"] is not None for p in points) >= 3 and
+      any(p["loss"] is not None for p in points) and any(p["accuracy"] is not None for p in points))
+sys.exit(0 if ok else 1)
+PYEOF
+  then ready=1; break; fi
+  sleep 0.2
+done
+[ -n "$ready" ] || fail "the history at $URL/api/history never held rates, a loss and an accuracy"
+echo "history: $("$PY" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["points"]))' "$WORK/history.json") points"
+
+# 2. The page in chromium: its script fetches the history and draws; the DOM says what it drew.
+browse --virtual-time-budget=5000 --dump-dom "$URL/" >"$WORK/dom.html" ||
+  fail "chromium could not load $URL/ ($(tail -n 3 "$WORK/chromium.log"))"
+"$PY" - "$WORK/dom.html" <<'PYEOF' || fail "the page's charts do not hold the run's data points"
+import re, sys
+dom = open(sys.argv[1]).read()
+points = re.search(r'<body data-points="(\d+)"', dom)
+counts = dict(re.findall(r'id="count-(\w+)">(\d+) points<', dom))
+print(f"page: data-points {points.group(1) if points else None}, chart points {counts}")
+charts = ["loss", "rate", "breakdown", "traffic", "memory", "members"]
+assert points and int(points.group(1)) >= 3, "fewer than 3 points drawn"
+missing = [c for c in charts if int(counts.get(c, 0)) < 1]
+assert not missing, f"charts without data points: {missing}"
+assert int(counts["breakdown"]) == 2, "the breakdown should show the 2 ranks"
+assert "workers · loss" in dom, "the status line was not written"
+PYEOF
+
+# 3. The screenshot, kept.
+mkdir -p "$ARTIFACTS"
+SHOT=$ARTIFACTS/dashboard.png
+rm -f "$SHOT"
+browse --virtual-time-budget=5000 --window-size=1400,1000 --screenshot="$SHOT" "$URL/" >/dev/null ||
+  fail "chromium could not take the screenshot"
+[ -f "$SHOT" ] || fail "no screenshot at $SHOT"
+head -c 8 "$SHOT" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || fail "$SHOT is not a PNG"
+size=$(stat -c %s "$SHOT")
+# A blank page of this size compresses to a few KB; six drawn charts take far more.
+[ "$size" -gt 40000 ] || fail "the screenshot is only $size bytes: the charts were not drawn"
+echo "screenshot: $SHOT ($size bytes)"
+echo "PASS"
