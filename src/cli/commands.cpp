@@ -26,6 +26,9 @@ void add_train_command(CLI::App& app, TrainArgs& args, bool& verbose) {
   train->add_option("job", args.job, "Job file (YAML); see docs/config.md")->required();
   train->add_option("--set", args.sets, "Override a key: --set train.steps=100 (repeatable)");
   train->add_option("--report", args.report, "Write a JSON report of the run to FILE");
+  train->add_option("--trace", args.trace,
+                    "Write a timeline of this node's workers to FILE (Chrome trace-event JSON: "
+                    "open it in https://ui.perfetto.dev or chrome://tracing)");
   train->add_option("--progress-file", args.progress_file,
                     "Rewrite FILE with the number of completed steps after every step (for "
                     "scripts that watch a run)");

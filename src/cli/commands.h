@@ -1,6 +1,7 @@
 // The commands `krab` knows, as CLI11 definitions, and the arguments each one fills.
 //
-//   krab train JOB.yaml [--set key=value ...] [--report FILE] [--nnodes N --node-rank K
+//   krab train JOB.yaml [--set key=value ...] [--report FILE] [--trace FILE] [--nnodes N
+//   --node-rank K
 //                       --rdzv HOST:PORT] [--nproc-per-node N] [--job-secret-file FILE]
 //   krab fl-sim FED.yaml [--clients N] [--set key=value ...] [--report FILE]
 //   krab fl-server FED.yaml [--set key=value ...] [--report FILE] [--port-file FILE]
@@ -45,6 +46,7 @@ struct TrainArgs {
   std::vector<std::string> sets;  // --set key=value, in order (later ones win)
   std::string report;             // --report FILE; "" = no report
   std::string progress_file;      // --progress-file FILE; "" = not written
+  std::string trace;              // --trace FILE: this node's timeline; "" = none
   LaunchFlags launch;             // --nnodes, --node-rank, --nproc-per-node, --rdzv, ...
 };
 

@@ -173,7 +173,7 @@ bool set_per_child(const std::string& k) {
          k == "MASTER_ADDR" || k == "MASTER_PORT" || k == "KRAB_WORKER" || k == "KRAB_PS_SHARD" ||
          k == "KRAB_STORE_FILE" || k == "KRAB_JOB_SECRET" || k == "KRAB_MEMBER_ID" ||
          k == "KRAB_ELASTIC_JOIN" || k == "KRAB_RDZV_ENDPOINTS" || k == "KRAB_RDZV_RUN" ||
-         k == "KRAB_MONITOR_DIR";
+         k == "KRAB_TRACE_PART" || k == "KRAB_MONITOR_DIR";
 }
 
 // The environment of a child: the launcher's, plan.worker_env where the launcher's does not
@@ -199,6 +199,9 @@ std::vector<std::string> child_environment(const LaunchPlan& plan, bool server, 
   if (!plan.rendezvous.secret.empty()) envs.push_back("KRAB_JOB_SECRET=" + plan.rendezvous.secret);
   // An elastic worker finds its rank in each generation record by this id (elastic/keeper.h).
   if (!member.empty()) envs.push_back("KRAB_MEMBER_ID=" + member);
+  if (!plan.trace_dir.empty() && !server)
+    envs.push_back(str_cat("KRAB_TRACE_PART=", plan.trace_dir, "/rank-", rank,
+                           member.empty() ? "" : "-" + member, ".jsonl"));
   if (plan.elastic && plan.elastic->etcd) {
     envs.push_back("KRAB_RDZV_ENDPOINTS=" + plan.elastic->etcd_endpoints);
     envs.push_back("KRAB_RDZV_RUN=" + plan.elastic->etcd->run_id());

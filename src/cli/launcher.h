@@ -129,6 +129,10 @@ struct LaunchPlan {
   // monitor.port > 0: where the workers keep their snapshots for the node's endpoint
   // (KRAB_MONITOR_DIR; cli/node_monitor.h); "" otherwise.
   std::string monitor_dir;
+  // --trace: the launcher's private directory where each worker writes its part of the
+  // timeline (KRAB_TRACE_PART=<dir>/rank-<r>.jsonl, or rank-<r>-<member>.jsonl in an elastic
+  // run, whose replacements share a slot's rank); "" without --trace.
+  std::string trace_dir;
 };
 
 // Decides the role from the flags, the job's parallel.workers and the environment. Pure;

@@ -49,6 +49,7 @@
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
+#include "monitor/trace_merge.h"
 #include "train/bottleneck.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
@@ -162,6 +163,12 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
   KRAB_CHECK_ARG(!keys.mpi,
                  "comm.backend 'mpi' needs the job started by mpirun "
                  "(mpirun -np N krab train JOB.yaml); krab's own launcher uses gloo");
+  // Every node writes its own timeline; checked before the model is built for preflight.
+  if (!args.trace.empty()) core::check_writable_file(args.trace, "--trace " + args.trace);
+  if (args.trace.empty() && config.get_bool("monitor.profile_ops"))
+    std::fprintf(stderr,
+                 "krab: warning: monitor.profile_ops records into --trace's timeline; without "
+                 "--trace FILE nothing is recorded\n");
   // Node 0 also runs sync.servers parameter servers for sync.mode async.
   const int servers = plan.node_rank == 0 && keys.async ? keys.servers : 0;
   // Memory is checked from the configuration and the data alone, before preflight makes any
@@ -274,14 +281,15 @@ std::string job_secret(const TrainArgs& args, const JobKeys& keys) {
 }
 
 // A directory only this user can enter, removed with the object: where a one-node job's
-// FileStore lives.
+// FileStore lives ("rdzv"), where the workers write their parts of --trace ("trace").
 struct PrivateDir {
   std::string path;
-  PrivateDir() {
+  explicit PrivateDir(const char* what = "rdzv") {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-rdzv-XXXXXX");
+    std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-", what, "-XXXXXX");
     if (::mkdtemp(templ.data()) == nullptr)
-      throw Error(str_cat("cannot create a directory for the rendezvous in ", templ, ": ",
+      throw Error(str_cat("cannot create a directory for the ",
+                          std::strcmp(what, "rdzv") == 0 ? "rendezvous" : what, " in ", templ, ": ",
                           std::strerror(errno)));
     path = templ;
   }
@@ -314,6 +322,34 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
                                                     keys.timeout, p.rendezvous.secret);
   p.rendezvous.port = server->port();
   return server;
+}
+
+// --trace: the workers' parts (in `dir`) merged into `file`, after any outcome of the run (a
+// failed run's timeline shows where it stopped). The run's exit code stands: a timeline that
+// cannot be written is a warning.
+void write_trace(const std::string& file, const std::string& dir) {
+  const std::string shown = core::printable_text(file);
+  try {
+    const monitor::MergeStats stats =
+        monitor::merge_trace_parts(monitor::list_trace_parts(dir), file);
+    if (stats.skipped > 0)
+      std::fprintf(stderr, "krab: --trace left out %lld torn line(s) of a worker cut short\n",
+                   static_cast<long long>(stats.skipped));
+    std::fprintf(stderr, "krab: trace %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
+                 shown.c_str());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "krab: warning: --trace %s was not written: %s\n", shown.c_str(),
+                 e.what());
+  }
+}
+
+// --trace: the private directory where the workers write their parts, named in the plan
+// (null without --trace).
+std::unique_ptr<PrivateDir> trace_parts_dir(const TrainArgs& args, cli::LaunchPlan& p) {
+  if (args.trace.empty()) return nullptr;
+  auto dir = std::make_unique<PrivateDir>("trace");
+  p.trace_dir = dir->path;
+  return dir;
 }
 
 // Whether `path` was written at or after `since` (a file of this run, not an older one's).
@@ -389,6 +425,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
                  config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
                  p.rendezvous.to_string().c_str());
   if (monitor) monitor->serve(p.node_rank);
+  const std::unique_ptr<PrivateDir> trace_dir = trace_parts_dir(args, p);
   const int code = cli::spawn_and_supervise(p, argv, 5.0);
   if (code == 0 && joining)
     std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on the job's node 0\n",
@@ -403,6 +440,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
     say_where_outputs_are(
         args, config, p.node_rank, node0,
         p.elastic && wrote_since(train::run_directory(config) + "/model.pt", started));
+  if (trace_dir) write_trace(args.trace, trace_dir->path);
   return code;
 }
 
@@ -506,6 +544,12 @@ int run_train(const TrainArgs& args, const std::vector<std::string>& argv) {
     options.etcd_endpoints = etcd->second;
   if (auto run = env.find("KRAB_RDZV_RUN"); run != env.end()) options.etcd_run = run->second;
   if (auto dir = env.find("KRAB_MONITOR_DIR"); dir != env.end()) options.monitor_dir = dir->second;
+  if (auto part = env.find("KRAB_TRACE_PART"); part != env.end()) options.trace_path = part->second;
+  if (!args.trace.empty() && options.trace_path.empty() && plan.rank == 0)
+    std::fprintf(stderr,
+                 "krab: warning: --trace %s is written by krab's own launcher (`krab train` "
+                 "without torchrun, mpirun or srun); no timeline is written\n",
+                 core::printable_text(args.trace).c_str());
   if (keys.async) return run_async_process(config, plan, env, options);
   return run_sync_worker(config, keys, plan, options);
 }

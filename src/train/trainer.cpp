@@ -23,6 +23,7 @@
 #include "models/recompute.h"
 #include "models/torchscript.h"
 #include "monitor/snapshot_sink.h"
+#include "monitor/trace_sink.h"
 #include "train/bottleneck.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
@@ -30,6 +31,7 @@
 #include "train/manifest.h"
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
+#include "train/op_profile.h"
 #include "train/options.h"
 #include "train/peer_state.h"
 #include "train/precision.h"
@@ -74,6 +76,19 @@ struct Snapshot {
   double trained_seconds;
   at::Tensor values;
 };
+
+// This rank's part of --trace's timeline (monitor/trace_sink.h). Its row is the rank the
+// launcher started it as; an elastic replacement starts in a dead member's slot with that
+// slot's rank, so a later incarnation takes a row of its own (rank + 1000 × incarnation)
+// rather than continue the dead one's.
+std::shared_ptr<core::EventSink> trace_sink(const WorkerOptions& options, int rank) {
+  monitor::TraceProcess process{rank, str_cat("rank ", rank)};
+  if (!options.member_id.empty()) {
+    process.pid += 1000 * elastic::MemberId::parse(options.member_id).incarnation;
+    process.name += str_cat(" (member ", options.member_id, ")");
+  }
+  return std::make_shared<monitor::TraceSink>(options.trace_path, process);
+}
 
 }  // namespace
 
@@ -135,7 +150,8 @@ struct Trainer::Loop {
   std::shared_ptr<ReportSink> record = std::make_shared<ReportSink>();
   std::shared_ptr<PhaseSink> phases = std::make_shared<PhaseSink>();  // the bottleneck report
   std::shared_ptr<monitor::SnapshotSink> snapshot;  // for the node's endpoint (monitor_dir)
-  bool engine_spans = false;  // a sink draws the engine's spans (Engine::step_spans)
+  bool engine_spans = false;              // a sink draws the engine's spans (Engine::step_spans)
+  std::unique_ptr<OpProfile> op_profile;  // monitor.profile_ops, with --trace
   // A sink shows the run while it lasts: every step then counts its samples and the bytes
   // its collectives sent ("samples", "comm.bytes.<op>"; the report's own byte counts come once
   // at the end).
@@ -259,6 +275,11 @@ void Trainer::Loop::resume() {
 void Trainer::Loop::attach_sinks() {
   events.add(record);
   events.add(phases);
+  if (!options.trace_path.empty()) {
+    events.add(trace_sink(options, world.rank));
+    engine_spans = true;
+    if (c.get_bool("monitor.profile_ops")) op_profile = std::make_unique<OpProfile>();
+  }
   // Workers without a group have no view of the job's progress: their server draws it.
   if (rank0() && group != nullptr && options.show_progress) {
     progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
@@ -358,6 +379,7 @@ void Trainer::Loop::train_steps() {
       end_of_step(plan->step, loss, plan->slice.size());
     }
     step_span.stop();
+    if (op_profile) op_profile->drain(events);
     if (live_metrics) count_live(plan->slice.size() * o.micro_batches);
     ended = plan->step + 1;
     if (awaiting_resume) {  // the first step of the new generation is complete
