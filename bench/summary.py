@@ -36,8 +36,10 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
 
-from summary_records import (BENCHES, REPO, accuracy, compression, federated, images, num,
+from summary_records import (BENCHES, REPO, accuracy, compression, elastic_autoscale,
+                             elastic_balance, elastic_kill, federated, images, num,
                              own_model_speed, read_paths, real_networks, slow_network, stragglers,
                              throughput, traffic, zero_largest, zero_memory, zero_speed)
 
@@ -139,10 +141,30 @@ def cells_fl(kind, v):
     if kind == "images":
         return (f"{v['krab']:,.0f} samples/s, data wait {v['wait']:.2f}%",
                 f"fashion-mnist {v['peer']:,.0f}; wait goal < 5%", f"{v['krab'] / v['peer']:.2f}×")
+    if kind in ("kill", "balance", "autoscale"):
+        return cells_elastic(kind, v)
     if kind == "fl-byz":
         failed = f" ({v['failed']:.0f} failed rounds)" if v["failed"] else ""
         return f"{v['krab']:.4f}{failed}", f"no attack {v['clean']:.4f}", pt(v["krab"] - v["clean"])
     raise ValueError(kind)
+
+
+def cells_elastic(kind, v):
+    if kind == "kill":
+        krab = (f"{v['past']:.2f} s, {v['lost']:.0f} steps lost in {v['trials']:.0f} kills, "
+                f"acc. {v['acc']:.2f}% (uninterrupted {v['base']:.2f}%)")
+        if v["ppast"] is None:
+            return krab, "no peer run", "—"
+        return (krab, f"torchrun {v['ppast']:.2f} s, {v['plost']:.0f} steps recomputed, acc. "
+                f"{v['pacc']:.2f}% (uninterrupted {v['pbase']:.2f}%)",
+                f"{v['ratio'] or v['ppast'] / v['past']:.1f}× less time lost")
+    if kind == "balance":
+        return (f"{v['krab']:,.0f} samples/s", f"equal slices {v['equal']:,.0f}; best possible "
+                f"{v['best']:.2f}×", f"{v['ratio'] or v['krab'] / v['equal']:.2f}×")
+    return (f"settled at {v['at']:.0f} worker(s){'' if v['settled'] else ' (not settled)'}, "
+            f"{v['krab']:,.0f} samples/s over the run",
+            f"fixed size at {v['at']:.0f}: {v['fixed_at']:,.0f}; fastest fixed size "
+            f"({v['best_w']:.0f}): {v['best']:,.0f}", f"{v['krab'] / v['best']:.2f}× the fastest")
 
 
 SETTINGS = {"adam-cosine": "Adam lr 0.003 + cosine", "sgd-constant": "SGD lr 0.05 m 0.9"}
@@ -210,6 +232,8 @@ def items_of(rec):
         out += items_zero(rec)
     elif b == "zero_largest":
         out += items_largest(rec)
+    elif b.startswith("elastic_"):
+        out += items_elastic(rec)
     elif b == "images":
         got = images(rec)
         base = got.get("fashion-mnist", (None, None))[0]
@@ -262,6 +286,45 @@ def items_largest(rec):
                  f"{cap:g} GiB in its own cgroup: {{keys}}", split=True)
             for i, (run, p, size) in enumerate(got)
             if p is not None and run.startswith("krab") and run != "krab stage 0"]
+
+
+def items_elastic(rec):
+    """The elastic benchmarks: a kill's time lost against torchrun's restart from a checkpoint;
+    balanced against equal slices with a straggler; where autoscaling settles against the
+    fixed-size runs."""
+    if rec.bench == "elastic_kill":
+        k = elastic_kill(rec)
+        if k["krab"] is None:
+            return []
+        peer = k["peer"] or (None,) * 4
+        zero = f" at ZeRO stage {k['zero_stage']}" if k["zero_stage"] else ""
+        vs = "; torchrun restarting from a checkpoint on the same kills" if k["peer"] else ""
+        return [item("kill", f"kill-{k['zero_stage']}-{k['workers']}", 0, "", rec, dict(
+            zip(("past", "lost", "acc", "base", "ppast", "plost", "pacc", "pbase"),
+                k["krab"] + tuple(peer)), trials=k["trials"], ratio=k["ratio"]),
+            f"Elastic run{zero}, CNN, {k['workers']} workers, {k['steps']} steps: kill -9 of a "
+            f"random worker at a random step: median time lost (kill → past the kill step), "
+            f"steps lost, accuracy{vs}")]
+    if rec.bench == "elastic_balance":
+        w, got = elastic_balance(rec)
+        return [item("balance", f"balance-{w}", i, f"{who} (last split {split})", rec,
+                     {"krab": bal, "equal": eq, "ratio": ratio, "best": best},
+                     f"Load balancing (elastic.balance auto), CNN, {w} workers × 64, samples/s, "
+                     "balanced vs equal slices, straggler {keys}", split=True)
+                for i, (who, eq, bal, ratio, best, split) in enumerate(got)
+                if eq is not None and bal is not None]
+    a = elastic_autoscale(rec)
+    if not a["fixed"]:
+        return []
+    best_w = max(a["fixed"], key=a["fixed"].get)
+    return [item("autoscale", "autoscale", i, provider, rec,
+                 {"at": at, "settled": ok, "krab": sps, "fixed_at": a["fixed"].get(at),
+                  "best_w": best_w, "best": a["fixed"][best_w]},
+                 f"Autoscaling from 1 worker, max {a['max']}, CNN, global batch 256: where "
+                 "it settles and samples/s over the run, vs fixed-size runs, provider {keys}",
+                 split=True)
+            for i, (provider, (at, ok, sps, _)) in enumerate(a["runs"].items())
+            if at in a["fixed"]]
 
 
 def items_compression(rec):
@@ -411,32 +474,51 @@ def row(measures):
 
 HEADER = ["what", "krab", "peer or limit", "krab vs peer", "CPU", "commit", "date",
           "command"]
+CPU = HEADER.index("CPU")
 
 
 def table(records):
+    """The markdown table; when every row was measured on the same CPU it is named once, on a
+    line above the table, instead of in a column repeated on every row."""
     slow = [r for r in records if r.bench == "slow_network"]
     items = [it for r in records if r.bench != "slow_network" for it in items_of(r)]
     items += items_slow(slow)
     order = {b: i for i, b in enumerate(BENCHES)}
     items.sort(key=lambda it: order[it["rec"].bench])  # stable: records keep their order
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" + "---|" * 4]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(items)]
+    body, head, lead = rows(items), list(HEADER), []
+    cpus = {r[CPU] for r in body}
+    if len(cpus) == 1:
+        lead = [f"Every row: {cpus.pop()}.", ""]
+        body, head = [r[:CPU] + r[CPU + 1:] for r in body], head[:CPU] + head[CPU + 1:]
+    align = ["---"] * len(head)
+    align[head.index("krab vs peer")] = "---:"
+    lines = lead + ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
     return "\n".join(lines)
 
 
 # --- record, write, main --------------------------------------------------------------------------
 
 def cpu_name():
+    """"<cores> × <model> (AVX2, AVX-512)": the vector units matter as much as the model to
+    LibTorch's kernels, and two VMs of one model name differ in them."""
+    model, flags = "unknown CPU", set()
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
-                         "unknown CPU")
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model == "unknown CPU":
+                    model = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
     except OSError:
-        model = "unknown CPU"
-    return f"{os.cpu_count()} × {model}"
+        pass
+    units = ", ".join([("AVX2" if "avx2" in flags else "no AVX2"),
+                       ("AVX-512" if "avx512f" in flags else "no AVX-512")])
+    return f"{os.cpu_count()} × {model} ({units})"
 
 
-def header(bench, command):
+def header(bench, command, note=None):
     try:
         commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
                                 capture_output=True, text=True).stdout.strip()
@@ -444,24 +526,32 @@ def header(bench, command):
         commit = ""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (f"# bench: {bench}\n# date: {now}\n# commit: {commit or 'not recorded'}\n"
-            f"# cpu: {cpu_name()}\n# command: {shlex.join(command)}\n")
+            f"# cpu: {cpu_name()}\n# command: {shlex.join(command)}\n"
+            + (f"# note: {note}\n" if note else ""))
 
 
-def record(out, command):
-    """Runs `command`, echoing its output, and writes header + output to `out`; the exit
-    status is the command's, and nothing is written if it failed."""
+def record(out, command, note=None):
+    """Runs `command`, echoing its output, and writes header + output to `out`, the run's
+    seconds last in the header (bench/all.py estimates a pass from them). The exit status is
+    the command's; if it failed, the output goes to `out` + ".failed" instead, which no reader
+    takes for a result but a person can read."""
     bench = next((b for b in BENCHES for c in command if os.path.basename(c) == b + ".py"), "")
     if not bench:
         sys.exit(f"summary: record: no bench/<name>.py of {', '.join(BENCHES)} in the command")
-    head = header(bench, command)
+    head, start = header(bench, command, note), time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     lines = []
     for line in proc.stdout:
         sys.stdout.write(line)
+        sys.stdout.flush()
         lines.append(line)
+    head += f"# seconds: {time.monotonic() - start:.0f}\n"
     if proc.wait() != 0:
-        sys.exit(f"summary: record: the command failed (exit status {proc.returncode}); "
-                 f"{out} not written")
+        with open(out + ".failed", "w", encoding="utf-8") as f:
+            f.write(head + "".join(lines))
+        print(f"summary: record: the command failed (exit status {proc.returncode}); its "
+              f"output is in {out}.failed, {out} not written", file=sys.stderr)
+        return proc.returncode
     with open(out, "w", encoding="utf-8") as f:
         f.write(head + "".join(lines))
     if "--json" in command[:-1]:
@@ -487,6 +577,8 @@ def main(argv):
         p = argparse.ArgumentParser(prog="summary.py record",
                                     description="run a benchmark and keep its output as a "
                                     "result file (with date, commit, CPU and command)")
+        p.add_argument("--note", help="a `# note:` line for the header (bench/all.py --quick: "
+                       "\"quick\", which --write-doc refuses)")
         p.add_argument("file")
         p.add_argument("command", nargs=argparse.REMAINDER,
                        help="-- then the benchmark's command line")
@@ -494,7 +586,7 @@ def main(argv):
         command = a.command[1:] if a.command[:1] == ["--"] else a.command
         if not command:
             p.error("no command after the file")
-        return record(a.file, command)
+        return record(a.file, command, a.note)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -508,6 +600,10 @@ def main(argv):
         sys.exit("summary: no records in " + ", ".join(a.paths))
     text = table(records)
     print(text)
+    quick = sorted({r.source for r in records if r.meta.get("note", "").startswith("quick")})
+    if a.write_doc and quick:
+        sys.exit(f"summary: not writing {a.write_doc}: smoke-test records (note: quick) in "
+                 + ", ".join(quick))
     if a.write_doc:
         write_doc(a.write_doc, text)
     return 0
