@@ -40,7 +40,8 @@ from summary_records import REPO, read_paths
 PY = "/usr/bin/python3"  # Debian's, the one with python3-torch
 
 # (name, arguments of bench/<script>.py for the table, those of --quick, minutes to expect when
-# no result file of that command says how long it took). The settings are the ones the table's
+# no result file of that command says how long it took: the durations of the separate runs the
+# table's rows came from, added up, from docs/benchmarks.md). The settings are the ones the table's
 # "command" column recorded; where the table gathered several runs of one script (the slow
 # network's configs, federated's parts) one run here measures them all side by side.
 SLOW_CNN = ["--krab-config", "none:", "--krab-config", "topk:comm.compression=topk,comm.ratio=0.01",
@@ -53,16 +54,16 @@ PLAN = [
     ("own_model_speed", ["--repeats", "5", "--ddp-scripted"],
      ["--steps", "20", "--repeats", "1", "--ddp-scripted"], 8),
     ("real_networks", ["--repeats", "4"],
-     ["--steps", "4", "--short-steps", "2", "--repeats", "1"], 13),
+     ["--steps", "4", "--short-steps", "2", "--repeats", "1"], 12),
     ("accuracy", [], ["--steps", "20"], 5),
     ("traffic", [], ["--steps", "10"], 1),
     ("compression", [], ["--steps", "20"], 18),
     ("slow_network", SLOW_CNN,
      ["--rates", "100", "--no-unshaped", "--steps", "20", "--eval-every", "10",
-      "--link-check-seconds", "1", "--krab-config", "none:"], 80),
+      "--link-check-seconds", "1", "--krab-config", "none:"], 55),
     ("slow_network-gpt", SLOW_GPT,
      ["--job", "gpt", "--rates", "100", "--no-unshaped", "--steps", "10", "--eval-every", "5",
-      "--link-check-seconds", "1", "--krab-config", "none:"], 40),
+      "--link-check-seconds", "1", "--krab-config", "none:"], 35),
     ("stragglers", [], ["--steps", "48", "--eval-every", "16"], 10),
     ("federated", [], ["--quick"], 38),
     ("images", ["--repeats", "3"], ["--images", "500", "--steps", "20"], 6),
@@ -74,7 +75,7 @@ PLAN = [
      10),
     ("zero_largest", ["--runs", "ddp,s0,s3cb,s3cbo", "--cap-gib", "5", "--start",
                       "s3cbo=24x2048", "--max-m", "1300", "--timeout-s", "3600"],
-     ["--quick", "--cap-gib", "1", "--max-m", "20", "--timeout-s", "300"], 90),
+     ["--quick", "--cap-gib", "1", "--max-m", "20", "--timeout-s", "300"], 45),
     ("elastic_kill", [], ["--trials", "1", "--epochs", "1"], 12),
     ("elastic_kill-zero3", ["--no-peer", "--trials", "3", "--epochs", "1", "--zero-stage", "3"],
      ["--no-peer", "--trials", "1", "--epochs", "1", "--zero-stage", "3"], 3),

@@ -302,7 +302,8 @@ def items_elastic(rec):
         return [item("kill", f"kill-{k['zero_stage']}-{k['workers']}", 0, "", rec, dict(
             zip(("past", "lost", "acc", "base", "ppast", "plost", "pacc", "pbase"),
                 k["krab"] + tuple(peer)), trials=k["trials"], ratio=k["ratio"]),
-            f"Elastic run{zero}, CNN, {k['workers']} workers, {k['steps']} steps: kill -9 of a "
+            f"Elastic run{zero}, CNN, {k['workers']} workers, {k['epochs']} epoch(s) = "
+            f"{k['steps']} steps: kill -9 of a "
             f"random worker at a random step: median time lost (kill → past the kill step), "
             f"steps lost, accuracy{vs}")]
     if rec.bench == "elastic_balance":
@@ -484,7 +485,10 @@ def table(records):
     items = [it for r in records if r.bench != "slow_network" for it in items_of(r)]
     items += items_slow(slow)
     order = {b: i for i, b in enumerate(BENCHES)}
-    items.sort(key=lambda it: order[it["rec"].bench])  # stable: records keep their order
+    # Stable: records keep their order, but for the elastic groups (data parallel before
+    # ZeRO stage 3, 2 workers before 4), which would otherwise follow the files' names.
+    items.sort(key=lambda it: (order[it["rec"].bench],
+                               it["group"] if it["kind"] in ("kill", "balance") else ""))
     body, head, lead = rows(items), list(HEADER), []
     cpus = {r[CPU] for r in body}
     if len(cpus) == 1:

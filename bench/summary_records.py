@@ -417,13 +417,13 @@ def opt(command, name, default):
 
 
 def elastic_kill(rec):
-    """{"workers", "steps", "zero_stage", "trials", "krab": (median s from the kill to past the
+    """{"workers", "epochs", "steps", "zero_stage", "trials", "krab": (median s from the kill to past the
     kill step, steps lost in all, mean test accuracy %, uninterrupted %), "peer": torchrun's
     (median s, steps recomputed in all, mean %, uninterrupted %) or None, "ratio": the printed
     torchrun / krab or None}."""
     cmd = rec.meta.get("command", "")
     out = {"workers": opt(cmd, "workers", 4), "zero_stage": opt(cmd, "zero-stage", 0),
-           "steps": None, "trials": None, "krab": None, "peer": None, "ratio": None}
+           "epochs": opt(cmd, "epochs", 2), "steps": None, "trials": None, "krab": None, "peer": None, "ratio": None}
     if rec.data is not None:
         d = rec.data
         out["steps"] = d.get("steps")
@@ -441,9 +441,9 @@ def elastic_kill(rec):
                 None if base.get("test_accuracy") is None else 100 * base["test_accuracy"])
         return out
     text = "\n".join(rec.lines)
-    m = re.search(r"elastic_kill: .*?(\d+) workers.*?= (\d+) steps", text)
+    m = re.search(r"elastic_kill: .*?(\d+) workers.*?(\d+) epoch\(s\) = (\d+) steps", text)
     if m:
-        out["workers"], out["steps"] = int(m.group(1)), int(m.group(2))
+        out["workers"], out["epochs"], out["steps"] = map(int, m.groups())
     m = re.search(r"zero_stage (\d+)", text)
     out["zero_stage"] = int(m.group(1)) if m else out["zero_stage"]
     for side, name in (("krab", "krab"), ("peer", "torchrun")):

@@ -38,6 +38,7 @@ def check_readers():
     (kill,) = records("elastic_kill.txt")
     k = sr.elastic_kill(kill)
     assert (k["workers"], k["steps"], k["zero_stage"], k["trials"]) == (4, 468, 0, 2), k
+    assert k["epochs"] == 2 and sr.elastic_kill(records("elastic_kill_zero3.txt")[0])["epochs"] == 1
     assert k["krab"] == (0.25, 2, 88.50, 88.21), k["krab"]
     assert k["peer"] == (7.50, 61, 88.10, 88.40), k["peer"]
     assert close(k["ratio"], 30.0), k["ratio"]
@@ -63,7 +64,8 @@ def check_table():
     assert lines[2] == "| what | krab | peer or limit | krab vs peer | commit | date | command |"
     rows = [l for l in lines[4:] if l.startswith("| ")]
     assert len(rows) == 4, rows  # two kill rows, the balance's straggler and none
-    kill = next(r for r in rows if "468 steps" in r)
+    kill = next(r for r in rows if "2 epoch(s) = 468 steps" in r)
+    assert rows.index(kill) == 0, rows  # data parallel before ZeRO stage 3
     assert "| 0.25 s, 2 steps lost in 2 kills, acc. 88.50% (uninterrupted 88.21%) |" in kill
     assert "| torchrun 7.50 s, 61 steps recomputed" in kill and "| 30.0× less time lost |" in kill
     zero3 = next(r for r in rows if "ZeRO stage 3" in r)
