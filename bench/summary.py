@@ -9,8 +9,8 @@ A result file is either
   - text: one or more records, each a header of `# key: value` lines (bench, date, commit,
     cpu, command; note optional) followed by what the benchmark printed. `record` writes such
     a file: it runs COMMAND, shows its output as it goes, and writes the header (date and time
-    in UTC, `git describe --always --dirty`, the CPU from /proc/cpuinfo, the command) and the
-    output to FILE. Only the markdown tables of the output (and slow_network's speed-up lines)
+    in UTC, `git describe --always --dirty`, the CPU from /proc/cpuinfo with AVX2 / AVX-512,
+    the command, the run's seconds) and the output to FILE (FILE.failed if the run failed). Only the markdown tables of the output (and slow_network's speed-up lines)
     are read, each column found by its header, so a table with fewer columns (an older
     script's, or one copied from the page) is read too;
   - JSON: what a benchmark's `--json FILE` wrote (throughput, own_model_speed, real_networks,
@@ -27,7 +27,9 @@ command and commit are repeats and are averaged. The peer is PyTorch DDP, or pla
 the compression and straggler modes, from the same run; only where slow_network's krab config
 has no DDP run beside it is it paired with the newest DDP run of the same job and link, and
 both runs are named. A row gathers the measures of one group
-that come from the same run(s). Nothing is measured here: it only reads files.
+that come from the same run(s). When every row's CPU is the same it is named once, on a line
+above the table (bench/all.py's one pass); otherwise each row names its own. Nothing is measured
+here: it only reads files.
 """
 import argparse
 import datetime
