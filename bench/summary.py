@@ -106,7 +106,8 @@ def cells(kind, runs):
                 else f"{v['krab']:,.1f} s")
         ratio = ("—" if v["krab"] is None or v["ddp"] is None
                  else f"{v['ratio'] or v['ddp'] / v['krab']:.2f}×")
-        return krab, f"DDP {v['ddp']:,.1f} s", ratio
+        ddp = "DDP not reached" if v["ddp"] is None else f"DDP {v['ddp']:,.1f} s"
+        return krab, ddp, ratio
     return cells_fl(kind, v)
 
 
@@ -457,9 +458,20 @@ def joined(values):
     return values[0] if len(set(values)) == 1 else "; ".join(values)
 
 
+def shown_or_gap(runs):
+    """cells(), or dashes and a warning where the output lacks a number the cell needs (a
+    short --quick run, a run that stopped early): one odd record must not cost the table."""
+    try:
+        return cells(runs[0]["kind"], [r["values"] for r in runs])
+    except (TypeError, ZeroDivisionError) as e:
+        print(f"summary: {runs[0]['rec'].source}: a {runs[0]['kind']} measure lacks a number "
+              f"({e}); shown as —", file=sys.stderr)
+        return "—", "—", "—"
+
+
 def row(measures):
     it = measures[0][0]
-    shown = [cells(runs[0]["kind"], [r["values"] for r in runs]) for runs in measures]
+    shown = [shown_or_gap(runs) for runs in measures]
     what = it["title"].format(keys="; ".join(runs[0]["label"] for runs in measures))
     recs = [it["rec"]] if not it["cross"] else [it["rec"], it["peer_rec"]]
     tag = ["", ""] if len(recs) == 1 else ["krab: ", "DDP: "]

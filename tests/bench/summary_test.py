@@ -4,6 +4,7 @@
     elastic_autoscale) against the numbers written in the result files of tests/bench/fixtures;
   - the table names the CPU once, above it, when every row shares one, and keeps the CPU
     column when they differ;
+  - a measure whose output lacks a number shows dashes instead of ending the table;
   - `record` keeps the run's seconds in the header, and a failed run's output apart
     (FILE.failed, which no reader takes); --write-doc refuses records marked quick;
   - all.py's plan: estimates from recorded seconds or a date range, else its guess; --only,
@@ -115,6 +116,19 @@ def check_record(tmp):
         assert "old" in f.read()
 
 
+def check_gap(tmp):
+    """A measure whose output lacks a number (DDP's column empty here) shows dashes, and the
+    rest of the table is still made."""
+    path = os.path.join(tmp, "throughput.txt")
+    with open(path, "w") as f:
+        f.write("# bench: throughput\n# date: 2026-12-08 09:00 UTC\n# cpu: X\n"
+                "| workers | krab samples/s | DDP samples/s |\n|---|---|---|\n| 1 | 1000 | - |\n")
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        text = summary.table(sr.read_paths([path, os.path.join(FIXTURES, "elastic_balance.txt")]))
+    assert "| — | — | — |" in text and "lacks a number" in err.getvalue(), text
+    assert "| 1,800 samples/s |" in text, text
+
+
 def check_plan():
     assert bench_all.normal("/usr/bin/python3 bench/x.py --json f.json --a 1 --krab k") == \
         "bench/x.py --a 1"
@@ -140,6 +154,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="krab-summary-test-")
     try:
         check_record(tmp)
+        check_gap(tmp)
     finally:
         shutil.rmtree(tmp)
     check_plan()
