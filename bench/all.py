@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-from summary import cpu_name
+from record import cpu_name
 from summary_records import REPO, read_paths
 
 PY = "/usr/bin/python3"  # Debian's, the one with python3-torch
