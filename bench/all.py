@@ -180,27 +180,28 @@ def clock(secs):
 
 
 def run_pass(a, steps, out):
-    """Runs what is not yet in `out` (all of it unless --resume); returns the failed names."""
+    """Runs what is not yet in `out` (all of it unless --resume); returns the failed names.
+    "To go" is the estimates of the benches left: on a slower machine or a loaded one it runs
+    behind, and the elapsed time beside it says by how much."""
     failed, start = [], time.monotonic()
-    total = sum(s for _, _, s, _ in steps)
-    done_est = 0.0
+    todo = [s for s in steps if not (a.resume and os.path.exists(os.path.join(out, s[0] + ".txt")))]
+    left = sum(s[2] for s in todo)
     for i, (name, cmd, est, _) in enumerate(steps):
         path = os.path.join(out, name + ".txt")
-        if a.resume and os.path.exists(path):
+        if (name, cmd, est, _) not in todo:
             print(f"all: [{i + 1}/{len(steps)}] {name}: recorded already, skipped", flush=True)
-            total -= est
             continue
         print(f"\nall: [{i + 1}/{len(steps)}] {name} (about {clock(est)}); elapsed "
-              f"{clock(time.monotonic() - start)} of about {clock(total)}: {shlex.join(cmd)}",
-              flush=True)
+              f"{clock(time.monotonic() - start)}, about {clock(left)} to go: "
+              f"{shlex.join(cmd)}", flush=True)
         rec = [PY, os.path.join(REPO, "bench", "summary.py"), "record"]
         rec += ["--note", "quick: smoke check, not a measurement"] if a.quick else []
         t0 = time.monotonic()
         rc = subprocess.call(rec + [path, "--"] + cmd, cwd=REPO)
-        done_est += est
+        left -= est
         print(f"all: {name} {'done' if rc == 0 else f'FAILED (exit status {rc})'} in "
-              f"{clock(time.monotonic() - t0)}; elapsed {clock(time.monotonic() - start)}, "
-              f"about {clock(max(total - done_est, 0))} to go", flush=True)
+              f"{clock(time.monotonic() - t0)} (estimate {clock(est)}); elapsed "
+              f"{clock(time.monotonic() - start)}, about {clock(left)} to go", flush=True)
         if rc != 0:
             failed.append(name)
     return failed

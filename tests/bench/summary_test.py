@@ -8,7 +8,7 @@
   - `record` keeps the run's seconds in the header, and a failed run's output apart
     (FILE.failed, which no reader takes); --write-doc refuses records marked quick;
   - all.py's plan: estimates from recorded seconds or a date range, else its guess; --only,
-    --skip and --quick.
+    --skip and --quick; --resume skips what the folder has, and a failed bench is named.
 Exit status 0 when every check holds; an AssertionError names the one that failed."""
 import argparse
 import contextlib
@@ -148,6 +148,24 @@ def check_plan():
     assert only[1] == ["/usr/bin/python3", "bench/traffic.py", "--steps", "10", "--krab", "/k"]
 
 
+def check_resume(tmp):
+    """--resume skips a bench whose record is in the folder; a failed one is named."""
+    open(os.path.join(tmp, "traffic.txt"), "w").close()
+    args = argparse.Namespace(only=["traffic", "accuracy"], skip=[], quick=True, krab="",
+                              resume=True)
+    ran, real = [], bench_all.subprocess.call
+    bench_all.subprocess.call = lambda cmd, cwd: ran.append(cmd) or 7
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            failed = bench_all.run_pass(args, bench_all.plan(args, {}), tmp)
+    finally:
+        bench_all.subprocess.call = real
+    assert failed == ["accuracy"] and len(ran) == 1, (failed, ran)
+    assert ran[0][-3:] == ["/usr/bin/python3", "bench/accuracy.py", "--steps", "20"][-3:], ran
+    assert os.path.join(tmp, "accuracy.txt") in ran[0], ran[0]
+    assert "traffic: recorded already, skipped" in out.getvalue(), out.getvalue()
+
+
 def main():
     check_readers()
     check_table()
@@ -155,6 +173,7 @@ def main():
     try:
         check_record(tmp)
         check_gap(tmp)
+        check_resume(tmp)
     finally:
         shutil.rmtree(tmp)
     check_plan()
