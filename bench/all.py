@@ -58,7 +58,7 @@ PLAN = [
     ("accuracy", [], ["--steps", "20"], 5),
     ("traffic", [], ["--steps", "10"], 1),
     ("compression", [], ["--steps", "20"], 18),
-    ("slow_network", SLOW_CNN,
+    ("slow_network-cnn", SLOW_CNN,
      ["--rates", "100", "--no-unshaped", "--steps", "20", "--eval-every", "10",
       "--link-check-seconds", "1", "--krab-config", "none:"], 55),
     ("slow_network-gpt", SLOW_GPT,
@@ -138,7 +138,7 @@ def plan(a, known):
             continue
         cmd = command(name, quick if a.quick else full, a.krab)
         secs = known.get(normal(cmd))
-        out.append((name, cmd, secs if secs is not None else (1 if a.quick else minutes) * 60,
+        out.append((name, cmd, secs if secs is not None else (2 if a.quick else minutes) * 60,
                     "recorded" if secs is not None else "guess"))
     return out
 
@@ -227,7 +227,7 @@ def main(argv):
     p.add_argument("--doc", default=os.path.join(REPO, "docs", "benchmarks.md"))
     a = p.parse_args(argv)
     steps = plan(a, durations([os.path.join(REPO, "bench", "results")] + sorted(
-        d for d in glob.glob(os.path.join(REPO, "bench", "results", "*-all")) if os.path.isdir(d))))
+        d for d in glob.glob(os.path.join(REPO, "bench", "results", "*-all*")) if os.path.isdir(d))))
     print(f"all: CPU {cpu_name()}; {len(steps)} benches, about "
           f"{clock(sum(s for _, _, s, _ in steps))} in all{' (quick)' if a.quick else ''}")
     if a.list:
