@@ -144,15 +144,21 @@ def plan(a, known):
 
 
 def folder(a):
+    """--dir; with --resume the pass folder last written to; else a fresh one, the date's (or
+    the date and time's, when a pass of that day has a folder already: a fresh pass must not
+    mix with an older one's records)."""
     if a.dir:
         return a.dir
     suffix = "-all-quick" if a.quick else "-all"
+    results = os.path.join(REPO, "bench", "results")
     if a.resume:
-        found = sorted(glob.glob(os.path.join(REPO, "bench", "results", "*" + suffix)))
+        found = [d for d in glob.glob(os.path.join(results, "*" + suffix)) if os.path.isdir(d)]
         if found:
-            return found[-1]
-    day = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    return os.path.join(REPO, "bench", "results", day + suffix)
+            return max(found, key=os.path.getmtime)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    day = os.path.join(results, now.strftime("%Y-%m-%d") + suffix)
+    return day if not os.path.exists(day) else os.path.join(
+        results, now.strftime("%Y-%m-%d-%H%M") + suffix)
 
 
 def quiet_enough(a):
