@@ -193,9 +193,10 @@ def secagg_bytes(n, m):
     """Bytes per round (down, up) that the message sizes of src/federated/secagg.h and the
     16-byte per-message framing of rounds.cpp give for n clients and m parameters, nobody
     dropping out: the model down and AdvertiseKeys up with the fit, then Roster, IncomingShares
-    and UnmaskRequest down, ShareKeys, MaskedInput and UnmaskResponse up."""
+    and UnmaskRequest down, ShareKeys, MaskedInput (60 + 4m: the masked vector and the 32-byte
+    commitment to the self-mask seed) and UnmaskResponse up."""
     down = n * 4 * m + n * (16 + 72 * n + 16) + n * (24 + 196 * (n - 1) + 16) + n * (20 + 8 * n + 16)
-    up = n * (84 + 16) + n * (24 + 196 * (n - 1) + 16) + n * (28 + 4 * m + 16) + n * (28 + 68 * n + 16)
+    up = n * (84 + 16) + n * (24 + 196 * (n - 1) + 16) + n * (60 + 4 * m + 16) + n * (28 + 68 * n + 16)
     return down, up
 
 

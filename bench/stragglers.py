@@ -103,8 +103,12 @@ def main():
     with tempfile.TemporaryDirectory(prefix="krab-stragglers-") as tmp:
         krab = shutil.copy(args.krab, os.path.join(tmp, "krab"))
         job = write_cnn_job(os.path.join(tmp, "job.yaml"), "stragglers", os.path.join(tmp, "ck"))
-        for mode, sets in MODES.items():
-            for slowed in (False, True):
+        # The unslowed runs first, then the slowed ones, each round going through the modes:
+        # the runs a ratio compares (async slowed against sync slowed) sit side by side in
+        # time, so a change of load between them is as small as the order can make it. Sync
+        # comes first, to calibrate the delay.
+        for slowed in (False, True):
+            for mode, sets in MODES.items():
                 name = f"{mode}{' slowed' if slowed else ''}"
                 s = [f"parallel.workers={args.workers}", f"train.steps={args.steps}",
                      f"train.eval_every={args.eval_every}"] + sets

@@ -9,8 +9,8 @@ A result file is either
   - text: one or more records, each a header of `# key: value` lines (bench, date, commit,
     cpu, command; note optional) followed by what the benchmark printed. `record` writes such
     a file: it runs COMMAND, shows its output as it goes, and writes the header (date and time
-    in UTC, `git describe --always --dirty`, the CPU from /proc/cpuinfo, the command) and the
-    output to FILE. Only the markdown tables of the output (and slow_network's speed-up lines)
+    in UTC, `git describe --always --dirty`, the CPU from /proc/cpuinfo with AVX2 / AVX-512,
+    the command, the run's seconds) and the output to FILE (FILE.failed if the run failed). Only the markdown tables of the output (and slow_network's speed-up lines)
     are read, each column found by its header, so a table with fewer columns (an older
     script's, or one copied from the page) is read too;
   - JSON: what a benchmark's `--json FILE` wrote (throughput, own_model_speed, real_networks,
@@ -27,17 +27,18 @@ command and commit are repeats and are averaged. The peer is PyTorch DDP, or pla
 the compression and straggler modes, from the same run; only where slow_network's krab config
 has no DDP run beside it is it paired with the newest DDP run of the same job and link, and
 both runs are named. A row gathers the measures of one group
-that come from the same run(s). Nothing is measured here: it only reads files.
+that come from the same run(s). When every row's CPU is the same it is named once, on a line
+above the table (bench/all.py's one pass); otherwise each row names its own. Nothing is measured
+here: it only reads files.
 """
 import argparse
-import datetime
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 
-from summary_records import (BENCHES, REPO, accuracy, compression, federated, images, num,
+from record import record
+from summary_records import (BENCHES, REPO, accuracy, compression, elastic_autoscale,
+                             elastic_balance, elastic_kill, federated, images, num,
                              own_model_speed, read_paths, real_networks, slow_network, stragglers,
                              throughput, traffic, zero_largest, zero_memory, zero_speed)
 
@@ -102,7 +103,8 @@ def cells(kind, runs):
                 else f"{v['krab']:,.1f} s")
         ratio = ("—" if v["krab"] is None or v["ddp"] is None
                  else f"{v['ratio'] or v['ddp'] / v['krab']:.2f}×")
-        return krab, f"DDP {v['ddp']:,.1f} s", ratio
+        ddp = "DDP not reached" if v["ddp"] is None else f"DDP {v['ddp']:,.1f} s"
+        return krab, ddp, ratio
     return cells_fl(kind, v)
 
 
@@ -139,10 +141,30 @@ def cells_fl(kind, v):
     if kind == "images":
         return (f"{v['krab']:,.0f} samples/s, data wait {v['wait']:.2f}%",
                 f"fashion-mnist {v['peer']:,.0f}; wait goal < 5%", f"{v['krab'] / v['peer']:.2f}×")
+    if kind in ("kill", "balance", "autoscale"):
+        return cells_elastic(kind, v)
     if kind == "fl-byz":
         failed = f" ({v['failed']:.0f} failed rounds)" if v["failed"] else ""
         return f"{v['krab']:.4f}{failed}", f"no attack {v['clean']:.4f}", pt(v["krab"] - v["clean"])
     raise ValueError(kind)
+
+
+def cells_elastic(kind, v):
+    if kind == "kill":
+        krab = (f"{v['past']:.2f} s, {v['lost']:.0f} steps lost in {v['trials']:.0f} kills, "
+                f"acc. {v['acc']:.2f}% (uninterrupted {v['base']:.2f}%)")
+        if v["ppast"] is None:
+            return krab, "no peer run", "—"
+        return (krab, f"torchrun {v['ppast']:.2f} s, {v['plost']:.0f} steps recomputed, acc. "
+                f"{v['pacc']:.2f}% (uninterrupted {v['pbase']:.2f}%)",
+                f"{v['ratio'] or v['ppast'] / v['past']:.1f}× less time lost")
+    if kind == "balance":
+        return (f"{v['krab']:,.0f} samples/s", f"equal slices {v['equal']:,.0f}; best possible "
+                f"{v['best']:.2f}×", f"{v['ratio'] or v['krab'] / v['equal']:.2f}×")
+    return (f"settled at {v['at']:.0f} worker(s){'' if v['settled'] else ' (not settled)'}, "
+            f"{v['krab']:,.0f} samples/s over the run",
+            f"fixed size at {v['at']:.0f}: {v['fixed_at']:,.0f}; fastest fixed size "
+            f"({v['best_w']:.0f}): {v['best']:,.0f}", f"{v['krab'] / v['best']:.2f}× the fastest")
 
 
 SETTINGS = {"adam-cosine": "Adam lr 0.003 + cosine", "sgd-constant": "SGD lr 0.05 m 0.9"}
@@ -210,6 +232,8 @@ def items_of(rec):
         out += items_zero(rec)
     elif b == "zero_largest":
         out += items_largest(rec)
+    elif b.startswith("elastic_"):
+        out += items_elastic(rec)
     elif b == "images":
         got = images(rec)
         base = got.get("fashion-mnist", (None, None))[0]
@@ -262,6 +286,46 @@ def items_largest(rec):
                  f"{cap:g} GiB in its own cgroup: {{keys}}", split=True)
             for i, (run, p, size) in enumerate(got)
             if p is not None and run.startswith("krab") and run != "krab stage 0"]
+
+
+def items_elastic(rec):
+    """The elastic benchmarks: a kill's time lost against torchrun's restart from a checkpoint;
+    balanced against equal slices with a straggler; where autoscaling settles against the
+    fixed-size runs."""
+    if rec.bench == "elastic_kill":
+        k = elastic_kill(rec)
+        if k["krab"] is None:
+            return []
+        peer = k["peer"] or (None,) * 4
+        zero = f" at ZeRO stage {k['zero_stage']}" if k["zero_stage"] else ""
+        vs = "; torchrun restarting from a checkpoint on the same kills" if k["peer"] else ""
+        return [item("kill", f"kill-{k['zero_stage']}-{k['workers']}", 0, "", rec, dict(
+            zip(("past", "lost", "acc", "base", "ppast", "plost", "pacc", "pbase"),
+                k["krab"] + tuple(peer)), trials=k["trials"], ratio=k["ratio"]),
+            f"Elastic run{zero}, CNN, {k['workers']} workers, {k['epochs']} epoch(s) = "
+            f"{k['steps']} steps: kill -9 of a "
+            f"random worker at a random step: median time lost (kill → past the kill step), "
+            f"steps lost, accuracy{vs}")]
+    if rec.bench == "elastic_balance":
+        w, got = elastic_balance(rec)
+        return [item("balance", f"balance-{w}", i, f"{who} (last split {split})", rec,
+                     {"krab": bal, "equal": eq, "ratio": ratio, "best": best},
+                     f"Load balancing (elastic.balance auto), CNN, {w} workers × 64, samples/s, "
+                     "balanced vs equal slices, straggler {keys}", split=True)
+                for i, (who, eq, bal, ratio, best, split) in enumerate(got)
+                if eq is not None and bal is not None]
+    a = elastic_autoscale(rec)
+    if not a["fixed"]:
+        return []
+    best_w = max(a["fixed"], key=a["fixed"].get)
+    return [item("autoscale", "autoscale", i, provider, rec,
+                 {"at": at, "settled": ok, "krab": sps, "fixed_at": a["fixed"].get(at),
+                  "best_w": best_w, "best": a["fixed"][best_w]},
+                 f"Autoscaling from 1 worker, max {a['max']}, CNN, global batch 256: where "
+                 "it settles and samples/s over the run, vs fixed-size runs, provider {keys}",
+                 split=True)
+            for i, (provider, (at, ok, sps, _)) in enumerate(a["runs"].items())
+            if at in a["fixed"]]
 
 
 def items_compression(rec):
@@ -391,9 +455,20 @@ def joined(values):
     return values[0] if len(set(values)) == 1 else "; ".join(values)
 
 
+def shown_or_gap(runs):
+    """cells(), or dashes and a warning where the output lacks a number the cell needs (a
+    short --quick run, a run that stopped early): one odd record must not cost the table."""
+    try:
+        return cells(runs[0]["kind"], [r["values"] for r in runs])
+    except (TypeError, ZeroDivisionError) as e:
+        print(f"summary: {runs[0]['rec'].source}: a {runs[0]['kind']} measure lacks a number "
+              f"({e}); shown as —", file=sys.stderr)
+        return "—", "—", "—"
+
+
 def row(measures):
     it = measures[0][0]
-    shown = [cells(runs[0]["kind"], [r["values"] for r in runs]) for runs in measures]
+    shown = [shown_or_gap(runs) for runs in measures]
     what = it["title"].format(keys="; ".join(runs[0]["label"] for runs in measures))
     recs = [it["rec"]] if not it["cross"] else [it["rec"], it["peer_rec"]]
     tag = ["", ""] if len(recs) == 1 else ["krab: ", "DDP: "]
@@ -411,66 +486,33 @@ def row(measures):
 
 HEADER = ["what", "krab", "peer or limit", "krab vs peer", "CPU", "commit", "date",
           "command"]
+CPU = HEADER.index("CPU")
 
 
 def table(records):
+    """The markdown table; when every row was measured on the same CPU it is named once, on a
+    line above the table, instead of in a column repeated on every row."""
     slow = [r for r in records if r.bench == "slow_network"]
     items = [it for r in records if r.bench != "slow_network" for it in items_of(r)]
     items += items_slow(slow)
     order = {b: i for i, b in enumerate(BENCHES)}
-    items.sort(key=lambda it: order[it["rec"].bench])  # stable: records keep their order
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * 3 + "---:|" + "---|" * 4]
-    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(items)]
+    # Stable: records keep their order, but for the elastic groups (data parallel before
+    # ZeRO stage 3, 2 workers before 4), which would otherwise follow the files' names.
+    items.sort(key=lambda it: (order[it["rec"].bench],
+                               it["group"] if it["kind"] in ("kill", "balance") else ""))
+    body, head, lead = rows(items), list(HEADER), []
+    cpus = {r[CPU] for r in body}
+    if len(cpus) == 1:
+        lead = [f"Every row: {cpus.pop()}.", ""]
+        body, head = [r[:CPU] + r[CPU + 1:] for r in body], head[:CPU] + head[CPU + 1:]
+    align = ["---"] * len(head)
+    align[head.index("krab vs peer")] = "---:"
+    lines = lead + ["| " + " | ".join(head) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in body]
     return "\n".join(lines)
 
 
 # --- record, write, main --------------------------------------------------------------------------
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")),
-                         "unknown CPU")
-    except OSError:
-        model = "unknown CPU"
-    return f"{os.cpu_count()} × {model}"
-
-
-def header(bench, command):
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"# bench: {bench}\n# date: {now}\n# commit: {commit or 'not recorded'}\n"
-            f"# cpu: {cpu_name()}\n# command: {shlex.join(command)}\n")
-
-
-def record(out, command):
-    """Runs `command`, echoing its output, and writes header + output to `out`; the exit
-    status is the command's, and nothing is written if it failed."""
-    bench = next((b for b in BENCHES for c in command if os.path.basename(c) == b + ".py"), "")
-    if not bench:
-        sys.exit(f"summary: record: no bench/<name>.py of {', '.join(BENCHES)} in the command")
-    head = header(bench, command)
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    lines = []
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        lines.append(line)
-    if proc.wait() != 0:
-        sys.exit(f"summary: record: the command failed (exit status {proc.returncode}); "
-                 f"{out} not written")
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(head + "".join(lines))
-    if "--json" in command[:-1]:
-        meta = os.path.splitext(command[command.index("--json") + 1])[0] + ".meta"
-        with open(meta, "w", encoding="utf-8") as f:
-            f.write(head)
-    print(f"summary: wrote {out}")
-    return 0
-
 
 def write_doc(path, text):
     with open(path, encoding="utf-8") as f:
@@ -487,6 +529,8 @@ def main(argv):
         p = argparse.ArgumentParser(prog="summary.py record",
                                     description="run a benchmark and keep its output as a "
                                     "result file (with date, commit, CPU and command)")
+        p.add_argument("--note", help="a `# note:` line for the header (bench/all.py --quick: "
+                       "\"quick\", which --write-doc refuses)")
         p.add_argument("file")
         p.add_argument("command", nargs=argparse.REMAINDER,
                        help="-- then the benchmark's command line")
@@ -494,7 +538,7 @@ def main(argv):
         command = a.command[1:] if a.command[:1] == ["--"] else a.command
         if not command:
             p.error("no command after the file")
-        return record(a.file, command)
+        return record(a.file, command, a.note)
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 epilog=__doc__.split("\n", 2)[2],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -508,6 +552,10 @@ def main(argv):
         sys.exit("summary: no records in " + ", ".join(a.paths))
     text = table(records)
     print(text)
+    quick = sorted({r.source for r in records if r.meta.get("note", "").startswith("quick")})
+    if a.write_doc and quick:
+        sys.exit(f"summary: not writing {a.write_doc}: smoke-test records (note: quick) in "
+                 + ", ".join(quick))
     if a.write_doc:
         write_doc(a.write_doc, text)
     return 0

@@ -20,7 +20,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHES = ("throughput", "own_model_speed", "real_networks", "accuracy", "traffic", "compression",
            "slow_network", "stragglers", "federated", "images", "zero_memory", "zero_speed",
-           "zero_largest")
+           "zero_largest", "elastic_kill", "elastic_balance", "elastic_autoscale")
 
 
 # --- records --------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def json_bench(data):
             "traffic" if "ring_model_per_step" in data[0] else "")
     if not isinstance(data, dict):
         return ""
-    if data.get("bench") in ("real_networks", "zero_largest"):
+    if data.get("bench") in ("real_networks", "zero_largest", "elastic_kill"):
         return data["bench"]
     if "python_parameters" in data:
         return "own_model_speed"
@@ -406,3 +406,87 @@ def federated_json(d, out):
     for label, res in d.get("part3", {}).items():
         out["byz"][label] = res["final_accuracy"]
         out["failed"][label] = len(res["failed_rounds"])
+
+
+# --- the elastic benchmarks -----------------------------------------------------------------------
+
+def opt(command, name, default):
+    """The integer value of `--name N` in a recorded command line, or `default`."""
+    m = re.search(rf"--{name}[ =](\d+)", command or "")
+    return int(m.group(1)) if m else default
+
+
+def elastic_kill(rec):
+    """{"workers", "epochs", "steps", "zero_stage", "trials", "krab": (median s from the kill to past the
+    kill step, steps lost in all, mean test accuracy %, uninterrupted %), "peer": torchrun's
+    (median s, steps recomputed in all, mean %, uninterrupted %) or None, "ratio": the printed
+    torchrun / krab or None}."""
+    cmd = rec.meta.get("command", "")
+    out = {"workers": opt(cmd, "workers", 4), "zero_stage": opt(cmd, "zero-stage", 0),
+           "epochs": opt(cmd, "epochs", 2), "steps": None, "trials": None, "krab": None, "peer": None, "ratio": None}
+    if rec.data is not None:
+        d = rec.data
+        out["steps"] = d.get("steps")
+        for side, lost in (("krab", "lost_steps"), ("torchrun", "recomputed_steps")):
+            got = d.get(side) or {}
+            trials, base = got.get("trials") or [], got.get("uninterrupted") or {}
+            if not trials:
+                continue
+            past = [t["past_seconds"] for t in trials if t.get("past_seconds") is not None]
+            accs = [100 * t["test_accuracy"] for t in trials if t.get("test_accuracy") is not None]
+            out["trials"] = len(trials)
+            out["krab" if side == "krab" else "peer"] = (
+                statistics.median(past) if past else None, sum(t.get(lost) or 0 for t in trials),
+                statistics.mean(accs) if accs else None,
+                None if base.get("test_accuracy") is None else 100 * base["test_accuracy"])
+        return out
+    text = "\n".join(rec.lines)
+    m = re.search(r"elastic_kill: .*?(\d+) workers.*?(\d+) epoch\(s\) = (\d+) steps", text)
+    if m:
+        out["workers"], out["epochs"], out["steps"] = map(int, m.groups())
+    m = re.search(r"zero_stage (\d+)", text)
+    out["zero_stage"] = int(m.group(1)) if m else out["zero_stage"]
+    for side, name in (("krab", "krab"), ("peer", "torchrun")):
+        m = re.search(rf"^{name}, (\d+) kills.*?past the kill step median ([\d.]+) s.*?"
+                      r"(?:lost steps|steps recomputed) (\d+) in all\n\s*test accuracy ([\d.]+) "
+                      r"%.*?uninterrupted ([\d.]+) %", text, re.M)
+        if m:
+            out["trials"] = int(m.group(1))
+            out[side] = (float(m.group(2)), int(m.group(3)), float(m.group(4)),
+                         float(m.group(5)))
+    m = re.search(r"torchrun's time lost / krab's \(medians\): ([\d.]+)x", text)
+    out["ratio"] = float(m.group(1)) if m else None
+    return out
+
+
+def elastic_balance(rec):
+    """(workers, [(straggler, equal slices samples/s, balanced samples/s, printed balanced /
+    equal, best possible, last split)])."""
+    m = next((re.search(r"(\d+) workers", l) for l in rec.lines
+              if l.startswith("elastic_balance:")), None)
+    return (int(m.group(1)) if m else None), [
+        (r["straggler"], num(col(r, "equal slices")), num(col(r, "balanced (")),
+         num(col(r, "balanced /")), num(col(r, "best possible")), col(r, "last split"))
+        for _, head, rows in tables(rec.lines) if head[0] == "straggler" for r in rows]
+
+
+def elastic_autoscale(rec):
+    """{"max": max workers or None, "runs": {provider: (settled at, settled?, samples/s over
+    the run, wall s)}, "fixed": {workers: samples/s of the fixed-size run}}."""
+    out = {"max": None, "runs": {}, "fixed": {}}
+    for line in rec.lines:
+        m = re.match(r"(\w+): settled at (\d+) worker\(s\) \(settled: (\w+)\), (\d+) "
+                     r"samples/s over the run, (\d+) s wall", line)
+        if m:
+            out["runs"][m.group(1)] = (int(m.group(2)), m.group(3) == "True",
+                                       float(m.group(4)), float(m.group(5)))
+        m = re.search(r"max (\d+)", line) if line.startswith("elastic_autoscale:") else None
+        if m:
+            out["max"] = int(m.group(1))
+    for _, head, rows in tables(rec.lines):
+        if head[0] == "workers":
+            for r in rows:
+                sps = num(col(r, "fixed size"))
+                if sps is not None:
+                    out["fixed"][int(num(r["workers"]))] = sps
+    return out
