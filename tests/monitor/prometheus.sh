@@ -2,8 +2,9 @@
 # monitor.port end to end, with a real Prometheus (Debian's prometheus) on loopback:
 #   1. a port in use (Prometheus's own) is refused before training: exit 2, the message names
 #      monitor.port, no model.pt is written;
-#   2. Prometheus scrapes a 2-worker CNN run (examples/fashion_cnn.yaml, 150 steps,
-#      about 20 s) every second through krab's /metrics; afterwards its query API must show
+#   2. Prometheus scrapes a 2-worker CNN run (examples/fashion_cnn.yaml, 150 steps paced by a
+#      60 ms straggler: at least 9 s of training however fast the machine, about 20 s on a
+#      loaded one) every second through krab's /metrics; afterwards its query API must show
 #      both ranks, and `sum(rate(krab_train_samples_total[W]))` over the part of the run where
 #      the counter moved must agree with the report's samples_per_sec within 10%;
 #   3. the scraped text names no path of the run (nothing secret, no directory).
@@ -72,6 +73,7 @@ echo "port in use: exit 2 after $("$PY" -c "print(f'{$T1 - $T0:.1f}')") s: $(gre
 # 2. The run, scraped. A copy of /metrics midway is kept for the checks of step 3.
 START=$(date +%s)
 "$KRAB" train "$JOB" --set parallel.workers=2 --set train.steps="$STEPS" \
+  --set train.slow_rank=1 --set train.slow_delay_ms=60 \
   --set monitor.port="$KPORT" --set checkpoint.dir="$WORK/run" --report "$WORK/report.json" \
   >"$WORK/train.log" 2>&1 &
 KRAB_PID=$!
