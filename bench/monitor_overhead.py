@@ -38,13 +38,7 @@ import time
 import urllib.request
 
 from common import machine_load, write_cnn_job
-
-
-def cpu_name():
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((l.split(":", 1)[1].strip() for l in out.splitlines()
-                  if l.startswith("Model name")), "unknown CPU")
-    return f"{model}, {os.cpu_count()} cores"
+from record import cpu_name
 
 
 def free_port():

@@ -20,25 +20,9 @@ command -v chromium >/dev/null || { echo "SKIPPED: no chromium (scripts/setup.sh
 [ -f /usr/share/javascript/chart.js/chart.min.js ] ||
   { echo "SKIPPED: no Chart.js (libjs-chart.js; scripts/setup.sh installs it)"; exit 77; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/krab-dash-XXXXXX")
-PIDS=()
-cleanup() {
-  local rc=$? p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  [ -f "$WORK/krab.log" ] && tail -n 20 "$WORK/krab.log" >&2
-  exit 1
-}
-free_port() {
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-get() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
+# shellcheck source=lib.sh
+. "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh" krab-dash
+FAIL_LOG=$WORK/krab.log
 # Chromium as root needs --no-sandbox; its profile and crash files stay in WORK.
 browse() {
   timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \

@@ -20,25 +20,8 @@ JOB=$HERE/../../examples/fashion_cnn.yaml
 STEPS=${STEPS:-150}
 command -v prometheus >/dev/null || { echo "SKIPPED: no prometheus (scripts/setup.sh installs it)"; exit 77; }
 
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/krab-prom-XXXXXX")
-PIDS=()
-cleanup() {
-  local rc=$? p
-  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-  exit "$rc"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  exit 1
-}
-free_port() {
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-# GET on loopback only; prints the body.
-get() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
+# shellcheck source=lib.sh
+. "$HERE/lib.sh" krab-prom
 
 KPORT=$(free_port)
 PPORT=$(free_port)

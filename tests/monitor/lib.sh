@@ -1,0 +1,24 @@
+# What the monitoring end-to-end scripts share (sourced, after they set PY): a temporary
+# directory WORK removed on exit with every process in PIDS stopped, fail, a free loopback port,
+# and a GET on loopback. Sets WORK from its first argument, the directory's name prefix.
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/${1:?lib.sh: a name prefix}-XXXXXX")
+PIDS=()
+cleanup() {
+  local rc=$? p
+  for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+  exit "$rc"
+}
+trap cleanup EXIT
+# FAIL_LOG: a file whose tail explains a failure (the run's output), shown with it.
+fail() {
+  echo "FAIL: $*" >&2
+  [ -n "${FAIL_LOG:-}" ] && [ -f "$FAIL_LOG" ] && tail -n 20 "$FAIL_LOG" >&2
+  exit 1
+}
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# GET on loopback only; prints the body.
+get() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
