@@ -359,6 +359,42 @@ bool wrote_since(const std::string& path, std::filesystem::file_time_type since)
   return !ec && t >= since;
 }
 
+// The launcher's first line: the job, its workers and where they meet.
+void say_launching(const TrainArgs& args, const core::Config& config, const cli::LaunchPlan& p,
+                   bool joining) {
+  if (joining)
+    std::fprintf(stderr, "krab: %s — joins the run at %s as node %d with %d worker(s)\n",
+                 core::printable_text(args.job).c_str(), p.rendezvous.to_string().c_str(),
+                 p.node_rank, p.nproc_per_node);
+  else
+    std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
+                 core::printable_text(args.job).c_str(), p.world_size,
+                 args.launch.nnodes > 1
+                     ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
+                     : "",
+                 config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
+                 p.rendezvous.to_string().c_str());
+}
+
+// The launcher's last line of a run that succeeded: where this node's outputs are.
+void say_done(const TrainArgs& args, const core::Config& config, const cli::LaunchPlan& p,
+              const cli::Node0Outputs& node0, bool joining,
+              std::filesystem::file_time_type started) {
+  if (joining)
+    std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on the job's node 0\n",
+                 p.node_rank);
+  else if (p.elastic && p.elastic->etcd && p.node_rank != 0 &&
+           !wrote_since(train::run_directory(config) + "/model.pt", started))
+    std::fprintf(stderr,
+                 "krab: node %d done; the last generation's rank 0 wrote model.pt and the "
+                 "report in its machine's checkpoint.dir\n",
+                 p.node_rank);
+  else
+    say_where_outputs_are(
+        args, config, p.node_rank, node0,
+        p.elastic && wrote_since(train::run_directory(config) + "/model.pt", started));
+}
+
 int run_launcher(const TrainArgs& args, const core::Config& config, const JobKeys& keys,
                  const cli::LaunchPlan& plan, const std::vector<std::string>& argv) {
   const auto started = std::filesystem::file_time_type::clock::now();
@@ -412,34 +448,11 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
   cli::Node0Outputs node0;
   if (args.launch.nnodes > 1)
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);
-  if (joining)
-    std::fprintf(stderr, "krab: %s — joins the run at %s as node %d with %d worker(s)\n",
-                 core::printable_text(args.job).c_str(), p.rendezvous.to_string().c_str(),
-                 p.node_rank, p.nproc_per_node);
-  else
-    std::fprintf(stderr, "krab: %s — %d worker(s)%s, model %s, data %s, rendezvous %s\n",
-                 core::printable_text(args.job).c_str(), p.world_size,
-                 args.launch.nnodes > 1
-                     ? (" on " + std::to_string(args.launch.nnodes) + " nodes").c_str()
-                     : "",
-                 config.get_string("model.name").c_str(), config.get_string("data.name").c_str(),
-                 p.rendezvous.to_string().c_str());
+  say_launching(args, config, p, joining);
   if (monitor) monitor->serve(p.node_rank);
   const std::unique_ptr<PrivateDir> trace_dir = trace_parts_dir(args, p);
   const int code = cli::spawn_and_supervise(p, argv, 5.0);
-  if (code == 0 && joining)
-    std::fprintf(stderr, "krab: node %d done; rank 0 wrote the model on the job's node 0\n",
-                 p.node_rank);
-  else if (code == 0 && p.elastic && p.elastic->etcd && p.node_rank != 0 &&
-           !wrote_since(train::run_directory(config) + "/model.pt", started))
-    std::fprintf(stderr,
-                 "krab: node %d done; the last generation's rank 0 wrote model.pt and the "
-                 "report in its machine's checkpoint.dir\n",
-                 p.node_rank);
-  else if (code == 0)
-    say_where_outputs_are(
-        args, config, p.node_rank, node0,
-        p.elastic && wrote_since(train::run_directory(config) + "/model.pt", started));
+  if (code == 0) say_done(args, config, p, node0, joining, started);
   if (trace_dir) write_trace(args.trace, trace_dir->path);
   return code;
 }
