@@ -36,7 +36,9 @@
 #include "cli/job_agreement.h"
 #include "cli/launcher.h"
 #include "cli/node_monitor.h"
+#include "cli/private_dir.h"
 #include "cli/resources.h"
+#include "cli/trace_output.h"
 #include "comm/factory.h"
 #include "comm/store.h"
 #include "core/config.h"
@@ -49,7 +51,6 @@
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
-#include "monitor/trace_merge.h"
 #include "train/bottleneck.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
@@ -280,32 +281,13 @@ std::string job_secret(const TrainArgs& args, const JobKeys& keys) {
   return secret;
 }
 
-// A directory only this user can enter, removed with the object: where a one-node job's
-// FileStore lives ("rdzv"), where the workers write their parts of --trace ("trace").
-struct PrivateDir {
-  std::string path;
-  explicit PrivateDir(const char* what = "rdzv") {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-", what, "-XXXXXX");
-    if (::mkdtemp(templ.data()) == nullptr)
-      throw Error(str_cat("cannot create a directory for the ",
-                          std::strcmp(what, "rdzv") == 0 ? "rendezvous" : what, " in ", templ, ": ",
-                          std::strerror(errno)));
-    path = templ;
-  }
-  ~PrivateDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 // The rendezvous store this launcher hosts, if any. One node: a FileStore in a private
 // directory (`store_dir`), as torch 1.13's TCPStore would listen on every interface
 // (comm/store.h). Several nodes: node 0 hosts a TCPStore at --rdzv. Updates p.rendezvous to
 // what the workers must reach.
 std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const JobKeys& keys,
                                                    cli::LaunchPlan& p,
-                                                   std::unique_ptr<PrivateDir>& store_dir) {
+                                                   std::unique_ptr<cli::PrivateDir>& store_dir) {
   if (!args.launch.join.empty()) return nullptr;  // the running job's node 0 hosts it
   if (args.launch.nnodes == 1) {
     if (!args.launch.rdzv.empty())
@@ -313,7 +295,7 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
                    "krab: note: --rdzv %s is not used on one node: the rendezvous is a "
                    "private file (README \"Running across machines safely\")\n",
                    args.launch.rdzv.c_str());
-    store_dir = std::make_unique<PrivateDir>();
+    store_dir = std::make_unique<cli::PrivateDir>("rdzv", "the rendezvous");
     p.rendezvous = {"127.0.0.1", 0, store_dir->path + "/store", p.rendezvous.secret};
     return std::make_unique<comm::StoreServer>(p.rendezvous);
   }
@@ -322,34 +304,6 @@ std::unique_ptr<comm::StoreServer> host_rendezvous(const TrainArgs& args, const 
                                                     keys.timeout, p.rendezvous.secret);
   p.rendezvous.port = server->port();
   return server;
-}
-
-// --trace: the workers' parts (in `dir`) merged into `file`, after any outcome of the run (a
-// failed run's timeline shows where it stopped). The run's exit code stands: a timeline that
-// cannot be written is a warning.
-void write_trace(const std::string& file, const std::string& dir) {
-  const std::string shown = core::printable_text(file);
-  try {
-    const monitor::MergeStats stats =
-        monitor::merge_trace_parts(monitor::list_trace_parts(dir), file);
-    if (stats.skipped > 0)
-      std::fprintf(stderr, "krab: --trace left out %lld torn line(s) of a worker cut short\n",
-                   static_cast<long long>(stats.skipped));
-    std::fprintf(stderr, "krab: trace %s (open in https://ui.perfetto.dev or chrome://tracing)\n",
-                 shown.c_str());
-  } catch (const Error& e) {
-    std::fprintf(stderr, "krab: warning: --trace %s was not written: %s\n", shown.c_str(),
-                 e.what());
-  }
-}
-
-// --trace: the private directory where the workers write their parts, named in the plan
-// (null without --trace).
-std::unique_ptr<PrivateDir> trace_parts_dir(const TrainArgs& args, cli::LaunchPlan& p) {
-  if (args.trace.empty()) return nullptr;
-  auto dir = std::make_unique<PrivateDir>("trace");
-  p.trace_dir = dir->path;
-  return dir;
 }
 
 // Whether `path` was written at or after `since` (a file of this run, not an older one's).
@@ -426,7 +380,7 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
     p.tolerate_server_loss = config.get_int("sync.replicas") > 0;
   }
   if (!joining) p.rendezvous.secret = job_secret(args, keys);
-  std::unique_ptr<PrivateDir> store_dir;
+  std::unique_ptr<cli::PrivateDir> store_dir;
   cli::EtcdSetup etcd;
   const bool use_etcd = args.launch.rdzv_backend == "etcd";
   if (use_etcd)
@@ -450,10 +404,10 @@ int run_launcher(const TrainArgs& args, const core::Config& config, const JobKey
     node0 = agree_with_other_nodes(args, config, p, server.get(), keys.timeout);
   say_launching(args, config, p, joining);
   if (monitor) monitor->serve(p.node_rank);
-  const std::unique_ptr<PrivateDir> trace_dir = trace_parts_dir(args, p);
+  const std::unique_ptr<cli::TraceOutput> trace = cli::TraceOutput::start(args.trace, p);
   const int code = cli::spawn_and_supervise(p, argv, 5.0);
   if (code == 0) say_done(args, config, p, node0, joining, started);
-  if (trace_dir) write_trace(args.trace, trace_dir->path);
+  if (trace) trace->write();
   return code;
 }
 

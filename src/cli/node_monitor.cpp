@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <mutex>
 
+#include "cli/private_dir.h"
 #include "core/errors.h"
 #include "federated/rounds.h"
 #include "monitor/dashboard.h"
@@ -24,21 +25,14 @@ std::unique_ptr<NodeMonitor> NodeMonitor::start(const core::Config& config) {
   m->endpoint_ = std::make_unique<monitor::Endpoint>(config.get_string("monitor.bind"), port);
   m->dashboard_ = config.get_bool("monitor.dashboard");
   if (m->dashboard_) monitor::read_chart_js();  // installed, or refused before training
-  // mkdtemp's 0700: other users of the machine do not see the snapshots (nor replace them).
-  const char* tmp = std::getenv("TMPDIR");
-  std::string templ = str_cat(tmp && *tmp ? tmp : "/tmp", "/krab-monitor-XXXXXX");
-  if (::mkdtemp(templ.data()) == nullptr)
-    throw Error(str_cat("cannot create a directory for the monitoring snapshots in ", templ, ": ",
-                        std::strerror(errno)));
-  m->dir_ = templ;
+  // 0700: other users of the machine do not see the snapshots (nor replace them).
+  m->dir_ = std::make_unique<PrivateDir>("monitor", "the monitoring snapshots");
   return m;
 }
 
 NodeMonitor::~NodeMonitor() {
   page_.reset();
-  endpoint_.reset();  // no scrape reads the directory while it goes
-  std::error_code ec;
-  if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  endpoint_.reset();  // no scrape reads the directory while it goes (dir_ goes last)
 }
 
 namespace {
@@ -58,11 +52,11 @@ void say_where(const monitor::Endpoint& endpoint, bool dashboard = false) {
 }  // namespace
 
 void NodeMonitor::serve(int node_rank) {
-  const std::string dir = dir_, node = std::to_string(node_rank);
+  const std::string dir = dir_->path, node = std::to_string(node_rank);
   endpoint_->route("/metrics", monitor::kExpositionType, [dir, node] {
     return monitor::render_metrics(monitor::read_snapshots(dir), node);
   });
-  if (dashboard_) page_ = std::make_unique<monitor::Dashboard>(*endpoint_, dir_);
+  if (dashboard_) page_ = std::make_unique<monitor::Dashboard>(*endpoint_, dir_->path);
   say_where(*endpoint_, dashboard_);
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 
+#include "cli/private_dir.h"
 #include "core/config.h"
 
 namespace krab::monitor {
@@ -36,12 +37,12 @@ class NodeMonitor {
   // stderr.
   void serve(int node_rank);
   // What the workers get as KRAB_MONITOR_DIR.
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const { return dir_->path; }
   int port() const;
 
  private:
   NodeMonitor() = default;
-  std::string dir_;
+  std::unique_ptr<PrivateDir> dir_;  // declared first: removed after the endpoint stops
   bool dashboard_ = false;
   std::unique_ptr<monitor::Endpoint> endpoint_;
   std::unique_ptr<monitor::Dashboard> page_;  // stopped before the endpoint
