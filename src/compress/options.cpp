@@ -24,6 +24,16 @@ bool is_chunked(CompressorKind k) {
 // The checks that cross layers: comm.* against sync.* and train.optimizer.*.
 void check_against_job(const CompressionOptions& o, const core::Config& c) {
   const std::string& name = kind_name(o.kind);
+  if (o.automatic) {
+    KRAB_CHECK_ARG(c.get_string("sync.mode") == "sync",
+                   "comm.compression 'auto' picks the compression of sync.mode 'sync''s gradients; "
+                   "sync.mode '",
+                   c.get_string("sync.mode"), "' does not average gradients");
+    KRAB_CHECK_ARG(c.get_int("parallel.zero_stage") == 0,
+                   "comm.compression 'auto' is built for parallel.zero_stage 0 (data "
+                   "parallelism's all-reduce); parallel.zero_stage ",
+                   c.get_int("parallel.zero_stage"), " takes a compressor by name");
+  }
   KRAB_CHECK_ARG(o.kind == CompressorKind::kNone || c.get_string("sync.mode") == "sync",
                  "comm.compression '", name,
                  "' compresses the gradients of sync.mode 'sync'; sync.mode '",
@@ -107,7 +117,9 @@ void validate(const CompressionOptions& o) {
 
 CompressionOptions CompressionOptions::from_config(const core::Config& c) {
   CompressionOptions o;
-  o.kind = parse_compressor(c.get_string("comm.compression"));
+  const std::string& name = c.get_string("comm.compression");
+  o.automatic = name == "auto";
+  o.kind = o.automatic ? CompressorKind::kNone : parse_compressor(name);
   o.ratio = c.get_float("comm.ratio");
   o.rank = c.get_int("comm.rank");
   o.chunk = c.get_int("comm.chunk");

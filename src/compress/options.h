@@ -24,6 +24,10 @@ enum class Rotation { kNone, kHadamard };
 
 struct CompressionOptions {
   CompressorKind kind = CompressorKind::kNone;
+  // comm.compression: auto (parallel/auto_compression.h): the run picks among none, fp16,
+  // powersgd and topk as it measures its communication; `kind` is kNone until it does, and the
+  // other fields are the candidates' knobs. Only data parallelism's hook acts on it.
+  bool automatic = false;
   double ratio = 0.01;                  // topk, randomk: fraction of values sent, in (0, 1]
   int64_t rank = 4;                     // powersgd
   int64_t chunk = 0;                    // int8, onebit: values per scale (0: 256 for both)
@@ -47,8 +51,9 @@ struct CompressionOptions {
 // The names comm.compression accepts (without "none"), in CompressorKind order.
 const std::vector<std::string>& compressor_names();
 
-// "none", "fp16", ...: the config's spelling of a kind, and back. parse_compressor throws
-// krab::InvalidArgument naming comm.compression and listing the known names.
+// "none", "fp16", ...: the config's spelling of a kind, and back ("auto" is not a kind:
+// from_config reads it). parse_compressor throws krab::InvalidArgument naming
+// comm.compression and listing the known names.
 const std::string& kind_name(CompressorKind kind);
 CompressorKind parse_compressor(const std::string& name);
 

@@ -338,9 +338,12 @@ std::vector<KeySpec> comm_keys() {
           "`fp16`, `bf16` (16-bit casts), `int8` (stochastic rounding, scale per "
           "`comm.chunk`), `onebit` (sign and two scales per `comm.chunk`), `topk`, `randomk` "
           "(the `comm.ratio` largest or random values, all-gathered as sparse payloads or "
-          "all-reduced at shared positions) or `powersgd` (rank `comm.rank`). Needs "
-          "`sync.mode: sync`.",
-          {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd"}),
+          "all-reduced at shared positions) or `powersgd` (rank `comm.rank`); `auto` starts "
+          "with `none` and picks among `none`, `fp16`, `powersgd` and `topk` from the share of "
+          "the step the workers wait for communication, checked again every 200 steps "
+          "(docs/monitoring.md; `parallel.zero_stage` 0 only; the report's "
+          "`compression_auto` lists the decisions). Needs `sync.mode: sync`.",
+          {"none", "fp16", "bf16", "int8", "onebit", "topk", "randomk", "powersgd", "auto"}),
       float_key("comm.ratio", "0.01",
                 "Fraction of the values `topk` and `randomk` send each step, in (0, 1].", 0, 1),
       int_key("comm.rank", "4", "Rank of `powersgd`'s low-rank approximation.", 1),

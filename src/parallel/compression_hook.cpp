@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "parallel/auto_compression.h"
 #include "parallel/then_work.h"
 
 namespace krab::parallel {
@@ -155,6 +156,7 @@ void CompressionHook::correct(BucketState& st, at::Tensor& bucket) const {
 }
 
 std::unique_ptr<CommHook> make_compression_hook(const compress::CompressionOptions& options) {
+  if (options.automatic) return std::make_unique<AutoCompressionHook>(options);
   std::unique_ptr<compress::Compressor> compressor = compress::make_compressor(options);
   if (!compressor) return nullptr;
   return std::make_unique<CompressionHook>(std::move(compressor));

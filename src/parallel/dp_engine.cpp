@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "parallel/auto_compression.h"
 #include "parallel/memory_stats.h"
 
 namespace krab::parallel {
@@ -67,6 +68,8 @@ nlohmann::json DataParallelEngine::describe() const {
   nlohmann::json out = {{"backend", comm_->backend()},
                         {"buckets", dp_.plan().buckets.size()},
                         {"compression", dp_.hook().name()}};
+  if (const auto* a = dynamic_cast<const AutoCompressionHook*>(&dp_.hook()))
+    out["compression_auto"] = a->decisions();
   if (auto balance = steps_.describe(); !balance.is_null()) out["balance"] = balance;
   return out;
 }
