@@ -116,26 +116,32 @@ train: {steps: 20, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 2}
 comm: {timeout_s: 30}
 EOF
-mkdir -p "$WORK/A" "$WORK/B" "$WORK/host" "$WORK/lr0"
+mkdir -p "$WORK/host" "$WORK/lr0"
 
 # Node 0 names its interface, node 1 its address: both forms of comm.iface are exercised.
-log "node 0 in $NS_A, node 1 in $NS_B"
-(cd "$WORK/A" && exec timeout -k 5 "$(left 90)" ip netns exec "$NS_A" "$KRAB" train ../job.yaml \
-   --nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv "$ADDR_A:$PORT" \
-   --set comm.iface="$VETH_A" --report report.json) >"$WORK/A.log" 2>&1 &
-PID_A=$!; PIDS+=("$PID_A")
-(cd "$WORK/B" && exec timeout -k 5 "$(left 90)" ip netns exec "$NS_B" "$KRAB" train ../job.yaml \
-   --nnodes 2 --node-rank 1 --nproc-per-node 1 --rdzv "$ADDR_A:$PORT" \
-   --set comm.iface="$ADDR_B") >"$WORK/B.log" 2>&1 &
-PID_B=$!; PIDS+=("$PID_B")
-wait "$PID_A"; RC_A=$?
-wait "$PID_B"; RC_B=$?
-PIDS=()
-log "node 0 exited $RC_A, node 1 exited $RC_B"
-for n in A B; do echo "----- node $n output -----"; tail -n 30 "$WORK/$n.log"; done
-echo "--------------------------"
-[ "$RC_A" -eq 0 ] || fail "node 0 exited $RC_A (124/137 = timed out)"
-[ "$RC_B" -eq 0 ] || fail "node 1 exited $RC_B (124/137 = timed out)"
+# run_nodes TAG [--set K=V ...]: the job on both namespaces, outputs in $WORK/A$TAG, $WORK/B$TAG.
+run_nodes() {
+  local tag=$1; shift
+  mkdir -p "$WORK/A$tag" "$WORK/B$tag"
+  log "node 0 in $NS_A, node 1 in $NS_B${tag:+ ($tag)}"
+  (cd "$WORK/A$tag" && exec timeout -k 5 "$(left 90)" ip netns exec "$NS_A" "$KRAB" train \
+     ../job.yaml --nnodes 2 --node-rank 0 --nproc-per-node 1 --rdzv "$ADDR_A:$PORT" \
+     --set comm.iface="$VETH_A" --report report.json "$@") >"$WORK/A$tag.log" 2>&1 &
+  PID_A=$!; PIDS+=("$PID_A")
+  (cd "$WORK/B$tag" && exec timeout -k 5 "$(left 90)" ip netns exec "$NS_B" "$KRAB" train \
+     ../job.yaml --nnodes 2 --node-rank 1 --nproc-per-node 1 --rdzv "$ADDR_A:$PORT" \
+     --set comm.iface="$ADDR_B" "$@") >"$WORK/B$tag.log" 2>&1 &
+  PID_B=$!; PIDS+=("$PID_B")
+  wait "$PID_A"; RC_A=$?
+  wait "$PID_B"; RC_B=$?
+  PIDS=()
+  log "node 0 exited $RC_A, node 1 exited $RC_B"
+  for n in A B; do echo "----- node $n$tag output -----"; tail -n 30 "$WORK/$n$tag.log"; done
+  echo "--------------------------"
+  [ "$RC_A" -eq 0 ] || fail "node 0${tag:+ ($tag)} exited $RC_A (124/137 = timed out)"
+  [ "$RC_B" -eq 0 ] || fail "node 1${tag:+ ($tag)} exited $RC_B (124/137 = timed out)"
+}
+run_nodes ""
 [ -f "$WORK/A/runs/net/model.pt" ] || fail "node 0 wrote no runs/net/model.pt"
 
 TX_A=$(( $(tx_bytes "$NS_A" "$VETH_A") - TX_A0 )); TX_B=$(( $(tx_bytes "$NS_B" "$VETH_B") - TX_B0 ))
@@ -200,4 +206,19 @@ ok = match <= 1e-5 and moved > 1e-3
 print("two-hosts result matches the single-host run" if ok else "MISMATCH")
 sys.exit(0 if ok else 1)
 EOF
+if [ "$MODE" = shaped ]; then
+  # comm.compression: auto on the same link: after 30 steps of fp32 it measures the exposed
+  # share (~0.99), takes the least lossy compressor predicted within a tenth of the step
+  # (powersgd: ~6% of fp32's bytes for this mlp) and the run's last 10 steps send far less.
+  run_nodes "-auto" --set comm.compression=auto --set train.steps=40
+  timeout "$(left 30)" "$PY" - "$WORK/A-auto/report.json" <<'EOF' || fail "comm.compression auto"
+import json, sys
+r = json.load(open(sys.argv[1]))
+d = r["compression_auto"]
+print(f"auto: {r['compression']}; decisions {d}")
+assert r["compression"] == "auto: powersgd", r["compression"]
+assert len(d) == 1 and d[0]["step"] == 30 and d[0]["ran"] == "none", d
+assert d[0]["exposed_share"] > 0.5, d
+EOF
+fi
 log "PASS ($MODE)"
