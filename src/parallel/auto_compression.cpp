@@ -148,10 +148,9 @@ void AutoCompressionHook::on_new_step(comm::Communicator& comm, int64_t step) {
   {
     std::lock_guard<std::mutex> lock(timing_->mu);
     if (last_step_ >= 0) {
-      timing_->steps.emplace_back(
-          std::chrono::duration<double>(now - timing_->step_start).count(), timing_->waited);
-      while (static_cast<int64_t>(timing_->steps.size()) > auto_.window)
-        timing_->steps.pop_front();
+      timing_->steps.emplace_back(std::chrono::duration<double>(now - timing_->step_start).count(),
+                                  timing_->waited);
+      while (static_cast<int64_t>(timing_->steps.size()) > auto_.window) timing_->steps.pop_front();
     }
     timing_->waited = 0;
     timing_->step_start = now;

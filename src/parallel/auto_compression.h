@@ -63,8 +63,8 @@ std::vector<AutoCandidate> auto_candidates(const std::vector<BucketLayout>& buck
 struct AutoOptions {
   int64_t first_check = 30;  // the first decision, after this many steps of none
   int64_t check_every = 200;
-  int64_t window = 20;    // steps measured before each check
-  double target = 0.10;   // AutoPolicy's: the exposed share that is fine
+  int64_t window = 20;   // steps measured before each check
+  double target = 0.10;  // AutoPolicy's: the exposed share that is fine
 };
 
 class AutoCompressionHook : public CommHook {

@@ -118,7 +118,8 @@ TEST(AutoCompressionHook, EveryRankSwitchesAtTheSameStepAndTheReplicasStayEqual)
   EXPECT_EQ(decisions[0][1]["choice"], "topk");
   EXPECT_EQ(names[0], "auto: topk");
   ASSERT_EQ(finals[0].size(), finals[1].size());
-  for (size_t i = 0; i < finals[0].size(); ++i) EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
+  for (size_t i = 0; i < finals[0].size(); ++i)
+    EXPECT_TRUE(torch::equal(finals[0][i], finals[1][i]));
 }
 
 }  // namespace
