@@ -10,7 +10,8 @@
 #   - what crosses the wire is the size of model updates, not of data;
 #   - the clients' tokens come from a file (--token-file), the environment (KRAB_FL_TOKEN) and
 #     the command line (--token, with a warning); a missing or empty token file is exit 2 naming
-#     it, before anything connects.
+#     it, before anything connects;
+#   - plain mode: after two rounds the server's /metrics (monitor.port) counts them.
 # Usage: fl_processes.sh KRAB [secure]
 set -euo pipefail
 KRAB=$(readlink -f "$1")
@@ -97,7 +98,10 @@ set -e
 
 STRACE=()
 if command -v strace >/dev/null; then STRACE=(strace -f -qq -e trace=open,openat -o "$T/strace.out"); fi
-"${STRACE[@]}" "$KRAB" fl-server fed.yaml --port-file port --report report.json > server.log 2>&1 &
+# The server serves its rounds' metrics (monitor.port, docs/monitoring.md) on a free loopback port.
+MPORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+"${STRACE[@]}" "$KRAB" fl-server fed.yaml --port-file port --report report.json \
+  --set monitor.port="$MPORT" > server.log 2>&1 &
 server=$!
 pids+=("$server")
 for _ in $(seq 1 300); do [[ -s port ]] && break; sleep 0.1; done
@@ -177,6 +181,18 @@ kill -9 "$client4"
 if [[ $MODE == plain ]]; then
   for _ in $(seq 1 900); do grep -q " 2/5 " server.log 2>/dev/null && break; sleep 0.02; done
   grep -q " 2/5 " server.log || fail "round 2 never finished"
+  # Two rounds done: /metrics counts them, names the clients by state, shows no path.
+  python3 - "$MPORT" "$T" <<'PY' || fail "the server's /metrics"
+import re, sys, urllib.request
+port, T = sys.argv[1], sys.argv[2]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+rounds = float(re.search(r"^krab_fl_rounds_total\S* (\S+)$", text, re.M).group(1))
+assert rounds >= 2, text
+assert re.search(r'^krab_fl_clients\{[^}]*state="', text, re.M), text
+assert re.search(r"^krab_fl_bytes_total\{", text, re.M), text
+assert T not in text and "/usr/share" not in text, "a path in /metrics"
+print(f"fl-server /metrics: {rounds:g} rounds counted")
+PY
   pkill -9 -f -- "fl-server fed.yaml" || true
   wait "$server" 2>/dev/null || true
   "$KRAB" fl-server fed.yaml --report report.json --set checkpoint.resume=true \
