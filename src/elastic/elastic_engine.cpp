@@ -347,6 +347,7 @@ void ElasticEngine::enter(const GenerationRecord& record, std::unique_ptr<comm::
     generation_ = record.generation;
   }
   inner_ = make_inner_(std::move(group), entry);
+  inner_->measure_gradient_norms(measure_norms_);  // the new generation's engine measures too
   previous.reset();
   members_.clear();
   for (const Member& m : record.members) members_.push_back(m.id);

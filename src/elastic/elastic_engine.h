@@ -174,6 +174,13 @@ class ElasticEngine : public engine::Engine {
   void after_restore() override { inner_->after_restore(); }
   engine::MemoryStats memory() const override { return inner_->memory(); }
   std::vector<engine::PhaseSpan> step_spans() const override { return inner_->step_spans(); }
+  void measure_gradient_norms(bool on) override {
+    measure_norms_ = on;
+    inner_->measure_gradient_norms(on);
+  }
+  std::optional<std::pair<double, double>> gradient_norms() const override {
+    return inner_->gradient_norms();
+  }
   bool visit_parameters(const engine::ParameterVisitor& fn) override {
     return inner_->visit_parameters(fn);
   }
@@ -204,6 +211,7 @@ class ElasticEngine : public engine::Engine {
   ElasticEngineOptions options_;
   InnerEngineFactory make_inner_;
   std::unique_ptr<engine::Engine> inner_;
+  bool measure_norms_ = false;  // measure_gradient_norms(), for every generation's engine
   std::atomic<int64_t> generation_;
   std::mutex group_mu_;  // the view's thread aborts the group the training thread replaces
   comm::Communicator* live_group_ = nullptr;  // guarded by group_mu_

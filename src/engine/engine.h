@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/sampler.h"
@@ -197,6 +198,12 @@ class Engine {
   // The pieces of the last step that ran alongside the loop's calls (see PhaseSpan), read after
   // reduce_gradients(); empty for an engine that times none. Cheap: only when someone listens.
   virtual std::vector<PhaseSpan> step_spans() const { return {}; }
+
+  // The squared norms of the last step's gradient, this rank's own and the group's average
+  // (DataParallel::GradientNorms), once measure_gradient_norms(true) asked for them; none from
+  // an engine that does not measure (train/noise_scale.h).
+  virtual void measure_gradient_norms(bool on) {}
+  virtual std::optional<std::pair<double, double>> gradient_norms() const { return std::nullopt; }
 
   // Engine-specific fields of the report ("buckets", "compression", ...), merged into it.
   virtual nlohmann::json describe() const = 0;

@@ -10,7 +10,8 @@
 // growth of the phase totals), so the breakdown is live rather than an average since the start.
 //
 //   {"points": [{"t": unix seconds,
-//                "loss", "accuracy", "test_loss": last values (null before the first),
+//                "loss", "accuracy", "test_loss", "noise_scale" (the gradient noise scale,
+//                train/noise_scale.h): last values (null before the first),
 //                "samples_per_sec", "bytes_per_sec": the node's, over the last interval,
 //                "workers", "generation": membership (the ranks seen; generation 0 when fixed),
 //                "ranks": [{"rank", "rss_bytes", "step_seconds", "compute", "communication",

@@ -78,6 +78,8 @@ void per_rank_families(const std::vector<Snapshot>& ranks, const std::string& no
   Family acc("krab_train_test_accuracy", "gauge", "Test accuracy at the last evaluation.");
   Family test_loss("krab_train_test_loss", "gauge", "Test loss at the last evaluation.");
   Family rss("krab_memory_rss_bytes", "gauge", "Resident memory of this rank's process.");
+  Family noise("krab_train_gradient_noise_scale", "gauge",
+               "This rank's estimate of the gradient noise scale B_simple, in examples.");
   for (const Snapshot& s : ranks) {
     const Labels who{{"node", node}, {"rank", std::to_string(s.rank)}};
     const auto counter = s.counters.find("samples");
@@ -108,13 +110,14 @@ void per_rank_families(const std::vector<Snapshot>& ranks, const std::string& no
     const std::pair<Family*, const char*> gauges[] = {{&loss, "loss"},
                                                       {&rate, "samples_per_sec"},
                                                       {&acc, "test_accuracy"},
-                                                      {&test_loss, "test_loss"}};
+                                                      {&test_loss, "test_loss"},
+                                                      {&noise, "gradient_noise_scale"}};
     for (const auto& [family, name] : gauges)
       if (auto it = s.gauges.find(name); it != s.gauges.end()) family->add(who, it->second);
     rss.add(who, static_cast<double>(s.rss_bytes));
   }
   for (const Family* f :
-       {&samples, &steps, &hist, &phases, &comm, &loss, &rate, &acc, &test_loss, &rss})
+       {&samples, &steps, &hist, &phases, &comm, &loss, &rate, &acc, &test_loss, &rss, &noise})
     f->render(out);
 }
 

@@ -17,6 +17,7 @@
 //   krab_train_samples_per_second{rank}       gauge      the job's rate (rank 0 shows it)
 //   krab_train_test_accuracy{rank}, krab_train_test_loss{rank}   gauge  last evaluation
 //   krab_memory_rss_bytes{rank}               gauge      resident memory of the process
+//   krab_train_gradient_noise_scale{rank}     gauge      train/noise_scale.h's B_simple
 //   krab_elastic_workers, krab_elastic_generation   gauge   membership (elastic runs)
 //   krab_bottleneck_share{rank,share}         gauge      train/bottleneck.h's fractions of
 //                                                        this node's ranks, from the start

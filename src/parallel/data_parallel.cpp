@@ -65,6 +65,7 @@ void broadcast_from_rank0(comm::Communicator& comm, const std::vector<at::Tensor
 
 void DataParallel::begin_step() {
   step_active_ = true;
+  norms_ = {};
   next_launch_ = 0;
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     pending_[b] = static_cast<int64_t>(plan_.buckets[b].size());
@@ -99,6 +100,8 @@ void DataParallel::launch_ready_buckets() {
 
 void DataParallel::launch(int64_t bucket) {
   timings_[bucket].launched = std::chrono::steady_clock::now();
+  if (measure_norms_)  // before the hook: it may compress the bucket in place
+    norms_.local_sq += buffers_[bucket].square().sum(at::kDouble).item<double>();
   works_[bucket] = hook_->reduce(comm_, buffers_[bucket], bucket, step_);
 }
 
@@ -125,6 +128,7 @@ void DataParallel::finish() {
   for (size_t b = 0; b < plan_.buckets.size(); ++b) {
     works_[b]->wait();
     timings_[b].done = std::chrono::steady_clock::now();
+    if (measure_norms_) norms_.global_sq += buffers_[b].square().sum(at::kDouble).item<double>();
     for (int64_t i : plan_.buckets[b]) {
       at::Tensor& p = params_[i];
       at::Tensor avg = buffers_[b].narrow(0, plan_.offset_of[i], p.numel()).view(p.sizes());
@@ -134,6 +138,7 @@ void DataParallel::finish() {
         p.mutable_grad() = avg.clone();
     }
   }
+  norms_.valid = measure_norms_;
   ++step_;
 }
 

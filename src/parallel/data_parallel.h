@@ -77,6 +77,17 @@ class DataParallel {
   };
   const std::vector<BucketTiming>& bucket_timings() const { return timings_; }
 
+  // The squared L2 norms of the last synced step's gradient: this rank's own (as its buckets
+  // were launched, before any compression) and the group's average (after finish()). What
+  // the gradient noise scale is estimated from (train/noise_scale.h). Off by default: each is
+  // one more pass over the gradients.
+  struct GradientNorms {
+    double local_sq = 0, global_sq = 0;
+    bool valid = false;
+  };
+  void measure_norms(bool on) { measure_norms_ = on; }
+  const GradientNorms& gradient_norms() const { return norms_; }
+
   const BucketPlan& plan() const { return plan_; }
   int64_t steps() const { return step_; }
   const CommHook& hook() const { return *hook_; }
@@ -99,6 +110,8 @@ class DataParallel {
   std::vector<char> filled_;         // parameter copied this step
   std::vector<comm::WorkPtr> works_;
   std::vector<BucketTiming> timings_;
+  bool measure_norms_ = false;
+  GradientNorms norms_;
   int64_t next_launch_ = 0;
   bool sync_ = true;
   bool step_active_ = false;

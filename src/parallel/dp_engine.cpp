@@ -53,6 +53,12 @@ engine::MemoryStats DataParallelEngine::memory() const {
   return m;
 }
 
+std::optional<std::pair<double, double>> DataParallelEngine::gradient_norms() const {
+  const DataParallel::GradientNorms& n = dp_.gradient_norms();
+  if (!n.valid) return std::nullopt;
+  return std::make_pair(n.local_sq, n.global_sq);
+}
+
 std::vector<engine::PhaseSpan> DataParallelEngine::step_spans() const {
   std::vector<engine::PhaseSpan> spans;
   const auto& timings = dp_.bucket_timings();

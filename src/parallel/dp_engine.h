@@ -62,6 +62,8 @@ class DataParallelEngine : public engine::Engine {
   engine::TrainState state() override { return {model_.get(), optimizer_.get()}; }
   // Each bucket's reduction, launch to wait ("comm.bucket.<b>").
   std::vector<engine::PhaseSpan> step_spans() const override;
+  void measure_gradient_norms(bool on) override { dp_.measure_norms(on); }
+  std::optional<std::pair<double, double>> gradient_norms() const override;
   // The full replica: parameters, their .grad, the optimizer's state, and DataParallel's bucket
   // buffers (a second copy of every gradient, alive all run) as the working set.
   engine::MemoryStats memory() const override;

@@ -38,6 +38,7 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
   report["sync_mode"] = o.sync_mode;
   if (!o.memory.is_null()) report["memory"] = o.memory;
   if (!o.bottleneck.is_null()) report["bottleneck"] = o.bottleneck;
+  if (!o.gradient_noise_scale.is_null()) report["gradient_noise_scale"] = o.gradient_noise_scale;
   report["checkpoint"] = o.checkpoint;
   report["state"] = o.state;
   report["config"] = config;

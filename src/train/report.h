@@ -42,6 +42,9 @@ struct RunOutcome {
   nlohmann::json memory;
   // The `bottleneck` section (train/bottleneck.h); null: left out.
   nlohmann::json bottleneck;
+  // `gradient_noise_scale` (train/noise_scale.h, rank 0's estimate; runs with monitoring);
+  // null: left out.
+  nlohmann::json gradient_noise_scale;
 };
 
 nlohmann::json make_report(const RunOutcome& outcome, const nlohmann::json& engine_fields,

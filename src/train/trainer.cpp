@@ -31,6 +31,7 @@
 #include "train/manifest.h"
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
+#include "train/noise_scale.h"
 #include "train/op_profile.h"
 #include "train/options.h"
 #include "train/peer_state.h"
@@ -111,6 +112,7 @@ struct Trainer::Loop {
   void maybe_snapshot(const engine::StepPlan& plan);
   void report_progress(int64_t step, int64_t done);
   void count_live(int64_t samples);
+  void observe_noise(const engine::StepPlan& plan);
   void write_progress_file(int64_t done);
   nlohmann::json finish_group();
   nlohmann::json gather_bottleneck();
@@ -157,6 +159,7 @@ struct Trainer::Loop {
   // at the end).
   bool live_metrics = false;
   comm::TrafficStats live_traffic;  // what the group had sent at the last step's count
+  std::optional<NoiseScale> noise;  // the gradient noise scale, when live_metrics
 
   // Timing: samples/s counts the steps after `warmup` and leaves evaluations out;
   // time-to-accuracy seconds count training only, from the first step.
@@ -296,6 +299,12 @@ void Trainer::Loop::attach_sinks() {
     events.add(snapshot);
     live_metrics = true;
   }
+  // Shown runs also estimate the gradient noise scale (train/noise_scale.h): two more passes
+  // over the gradients a step, for a number that says how large a batch still pays.
+  if (live_metrics && workers() > 1) {
+    engine->measure_gradient_norms(true);
+    noise.emplace();
+  }
 }
 
 nlohmann::json Trainer::Loop::run() {
@@ -365,6 +374,7 @@ void Trainer::Loop::train_steps() {
     if (engine_spans)
       for (const engine::PhaseSpan& s : engine->step_spans())
         events.span(s.name, s.start, s.seconds);
+    if (noise) observe_noise(*plan);
     {
       auto span = events.time(phase::kOptimizer);
       engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
@@ -530,6 +540,18 @@ void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples, boo
   if (!options.progress_file.empty() && rank0()) write_progress_file(done);
 }
 
+// This rank's gradient (of its slice) against the group's average (of the global batch), once
+// the step's reduction is done. A weighted slice's gradient (parallel.balance) is its mean
+// gradient times plan.weight: divided out here.
+void Trainer::Loop::observe_noise(const engine::StepPlan& plan) {
+  const auto norms = engine->gradient_norms();
+  const int64_t small = plan.slice.size() * o.micro_batches;
+  const int64_t big = global_batch() * o.micro_batches;
+  if (!norms || small <= 0 || big <= small) return;
+  noise->add(norms->first / (plan.weight * plan.weight), small, norms->second, big);
+  if (const auto b = noise->b_simple()) events.gauge("gradient_noise_scale", *b, plan.step + 1);
+}
+
 void Trainer::Loop::count_live(int64_t samples) {
   events.counter("samples", static_cast<double>(samples));
   if (group == nullptr) return;
@@ -668,6 +690,11 @@ nlohmann::json Trainer::Loop::finish_group() {
   group->allreduce(totals)->wait();
   const at::Tensor memory = gather_rank_memory(*engine, *group);  // report's `memory`
   out.bottleneck = gather_bottleneck();
+  if (noise && noise->b_simple())
+    out.gradient_noise_scale = {{"b_simple", *noise->b_simple()},
+                                {"gradient_sq", noise->gradient_sq()},
+                                {"trace_sigma", noise->trace_sigma()},
+                                {"steps", noise->steps()}};
   if (batches) {
     events.counter("data_wait_seconds", totals[3 + kOps].item<double>());
     events.counter("data_wait_train_seconds", totals[4 + kOps].item<double>());

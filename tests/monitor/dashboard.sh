@@ -70,7 +70,7 @@ dom = open(sys.argv[1]).read()
 points = re.search(r'<body data-points="(\d+)"', dom)
 counts = dict(re.findall(r'id="count-(\w+)">(\d+) points<', dom))
 print(f"page: data-points {points.group(1) if points else None}, chart points {counts}")
-charts = ["loss", "rate", "breakdown", "traffic", "memory", "members"]
+charts = ["loss", "rate", "breakdown", "traffic", "memory", "members", "noise"]
 assert points and int(points.group(1)) >= 3, "fewer than 3 points drawn"
 missing = [c for c in charts if int(counts.get(c, 0)) < 1]
 assert not missing, f"charts without data points: {missing}"
@@ -82,7 +82,7 @@ PYEOF
 mkdir -p "$ARTIFACTS"
 SHOT=$ARTIFACTS/dashboard.png
 rm -f "$SHOT"
-browse --virtual-time-budget=5000 --window-size=1400,1000 --screenshot="$SHOT" "$URL/" >/dev/null ||
+browse --virtual-time-budget=5000 --window-size=1400,1300 --screenshot="$SHOT" "$URL/" >/dev/null ||
   fail "chromium could not take the screenshot"
 [ -f "$SHOT" ] || fail "no screenshot at $SHOT"
 head -c 8 "$SHOT" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || fail "$SHOT is not a PNG"

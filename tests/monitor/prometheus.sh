@@ -134,5 +134,10 @@ for family in ["krab_train_steps_total", "krab_train_step_seconds_bucket",
                "krab_memory_rss_bytes", "krab_bottleneck_share", "krab_bottleneck_slowest_rank"]:
     if family not in scrape:
         fail(f"the scrape has no {family}")
+# A monitored run of 2 workers also estimates the gradient noise scale (train/noise_scale.h).
+noise = report.get("gradient_noise_scale")
+if not noise or not noise["b_simple"] > 0 or noise["steps"] < 100:
+    fail(f"the report's gradient_noise_scale is {noise}")
+print(f"gradient noise scale: B_simple {noise['b_simple']:.0f} examples over {noise['steps']} steps")
 EOF
 echo "PASS: $((END - START)) s run"

@@ -17,8 +17,8 @@ namespace {
 NoiseScale simulate(int64_t d, double g_norm, double s, int W, int64_t b, int steps,
                     double smoothing) {
   auto gen = at::detail::createCPUGenerator(11);
-  const at::Tensor G = torch::full({d}, g_norm / std::sqrt(static_cast<double>(d)),
-                                   torch::kFloat64);
+  const at::Tensor G =
+      torch::full({d}, g_norm / std::sqrt(static_cast<double>(d)), torch::kFloat64);
   NoiseScale ns(smoothing);
   for (int t = 0; t < steps; ++t) {
     at::Tensor sum = torch::zeros({d}, torch::kFloat64);
