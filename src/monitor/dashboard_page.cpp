@@ -7,8 +7,10 @@
 
 namespace krab::monitor {
 
-const std::string& dashboard_page() {
-  static const std::string page = R"HTML(<!DOCTYPE html>
+namespace {
+
+// The document: head (Chart.js, style) and the cards, each a canvas and its point count.
+constexpr const char* kMarkup = R"HTML(<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
@@ -36,8 +38,10 @@ const std::string& dashboard_page() {
   <div class="card"><h2>Resident memory per rank, MiB <span class="count" id="count-memory">0</span></h2><canvas id="memory"></canvas></div>
   <div class="card"><h2>Membership <span class="count" id="count-members">0</span></h2><canvas id="members"></canvas></div>
   <div class="card"><h2>Gradient noise scale (examples) <span class="count" id="count-noise">0</span></h2><canvas id="noise"></canvas></div>
-</div>
-<script>
+</div>)HTML";
+
+// The script: the charts, and a poll of /api/history every second that redraws them all.
+constexpr const char* kScript = R"JS(
 "use strict";
 const SHARES = ["compute", "communication", "waiting", "data", "optimizer", "other"];
 const COLOURS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#bab0ac",
@@ -131,10 +135,13 @@ async function poll() {
   setTimeout(poll, 1000);
 }
 poll();
-</script>
-</body>
-</html>
-)HTML";
+)JS";
+
+}  // namespace
+
+const std::string& dashboard_page() {
+  static const std::string page =
+      std::string(kMarkup) + "\n<script>" + kScript + "</script>\n</body>\n</html>\n";
   return page;
 }
 
