@@ -51,6 +51,7 @@
 #include "federated/tls_files.h"
 #include "krab_version.h"  // generated at build time (cmake/krab_version.cmake)
 #include "models/forward_error.h"
+#include "train/adaptive_batch.h"
 #include "train/bottleneck.h"
 #include "train/memory_plan.h"
 #include "train/model_export.h"
@@ -158,6 +159,7 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
       args.launch.nproc_per_node > 0 ? "--nproc-per-node" : "parallel.workers";
   // First, so that elastic with comm.backend mpi is named as such.
   train::check_elastic_options(config, plan.world_size, workers_key);
+  train::check_adaptive_batch_options(config, plan.world_size);
   KRAB_CHECK_ARG(args.launch.rdzv_backend != "etcd" || config.get_bool("elastic.enabled"),
                  "--rdzv-backend etcd keeps the membership of an elastic run: set "
                  "elastic.enabled: true (a fixed world across machines uses --rdzv)");

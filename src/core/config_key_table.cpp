@@ -218,6 +218,29 @@ std::vector<KeySpec> train_keys() {
                  {"fp32", "bf16"}),
       int_key("train.grad_accum", "1",
               "Batches whose gradients are accumulated before each optimizer step.", 1),
+      int_key("train.adaptive_batch.max", "0",
+              "Adaptive batch: the largest global batch, in examples (0 = off: the batch stays "
+              "`data.batch_size` x workers). The batch then grows and shrinks between "
+              "`train.adaptive_batch.min` and this as the gradient noise scale and the measured "
+              "cost of a step say, and the learning rate follows it (AdaScale's gain for `sgd`, "
+              "its square root for `adam` and `adamw`). Each worker's batch stays "
+              "`data.batch_size`; a larger one is accumulated. `train.steps`, "
+              "`train.warmup_steps`, `train.eval_every` and `checkpoint.every_steps` then count "
+              "steps of the smallest batch. A multiple of the global micro-batch "
+              "(`data.batch_size` x workers), at most the training examples; needs 2 or more "
+              "workers, `sync.mode: sync`, `parallel.zero_stage: 0`, `comm.compression` none, "
+              "fp16 or bf16, no `elastic.enabled` and `train.grad_accum: 1`.",
+              0),
+      int_key("train.adaptive_batch.min", "0",
+              "Adaptive batch: the smallest global batch and the one the run starts with, in "
+              "examples; 0 = the global micro-batch (`data.batch_size` x workers), of which it "
+              "must be a multiple.",
+              0),
+      float_key("train.adaptive_batch.overhead_examples", "0",
+                "Adaptive batch: what a step costs whatever its batch (exposed communication, "
+                "the optimizer), in examples' worth of compute; 0 measures it every 25 steps. "
+                "Set, the batch depends on the gradients alone, so a run is reproducible.",
+                0),
       int_key("train.threads_per_worker", "1",
               "CPU threads each worker's tensor ops may use (LibTorch's intra-op pool; krab's "
               "launcher also sets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS to it unless they "

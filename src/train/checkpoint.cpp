@@ -113,6 +113,14 @@ CheckpointMeta read_meta(const core::Record& in) {
       throw CorruptData(
           str_cat("checkpoint '", in.source(), "': meta.model_sha256 is not 64 hex digits"));
   }
+  if (in.has("meta.adaptive_batch")) {
+    const at::Tensor& t = in.tensor("meta.adaptive_batch");
+    if (t.scalar_type() != at::kDouble || t.dim() != 1)
+      throw CorruptData(
+          str_cat("checkpoint '", in.source(), "': meta.adaptive_batch is not float64 numbers"));
+    const at::Tensor v = t.contiguous();
+    meta.adaptive_batch.assign(v.data_ptr<double>(), v.data_ptr<double>() + v.numel());
+  }
   return meta;
 }
 
@@ -126,6 +134,9 @@ void write_meta(const CheckpointMeta& meta, core::RecordEntries& out) {
     out.add_string("meta.model_file", meta.model_file);
     out.add_string("meta.model_sha256", meta.model_sha256);
   }
+  if (!meta.adaptive_batch.empty())
+    out.add_tensor("meta.adaptive_batch",
+                   torch::tensor(at::ArrayRef<double>(meta.adaptive_batch), torch::kFloat64));
 }
 
 void check_generator_state(const at::Tensor& rng, const std::string& source) {

@@ -10,6 +10,7 @@
 // checkpoint is handed to a LibTorch parser) holding
 //   meta.step meta.model_name meta.signature meta.global_batch meta.seed   (CheckpointMeta)
 //   meta.model_file meta.model_sha256                  (TorchScript runs: the file, for export)
+//   meta.adaptive_batch               (train.adaptive_batch: its schedule so far, float64 numbers)
 //   param.NAME, buffer.NAME                                              (the module's tensors)
 //   optimizer.*                                       (train/optimizer_state.h: SGD, Adam, AdamW)
 //   rng                                               (the CPU generator's state, uint8)
@@ -48,6 +49,9 @@ struct CheckpointMeta {
   // SHA-256, so that `krab export` writes model.ts from the same code. "" for built-in models
   // and for checkpoints written before krab recorded them. Not part of resumability.
   std::string model_file{}, model_sha256{};
+  // train.adaptive_batch's state at this step (AdaptiveBatch::save): the batch schedule so far
+  // and the noise averages, as meta.adaptive_batch (float64). Empty for a fixed batch.
+  std::vector<double> adaptive_batch{};
 };
 
 // "name:shape;name:shape;..." over the module's parameters, in registration order.

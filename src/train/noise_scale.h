@@ -33,6 +33,19 @@ class NoiseScale {
   double trace_sigma() const { return weight_ > 0 ? trace_ / weight_ : 0; }
   int64_t steps() const { return steps_; }
 
+  // The raw averages, for a checkpoint (train/adaptive_batch.h) to continue them exactly.
+  struct State {
+    double g_sq = 0, trace = 0, weight = 0;
+    int64_t steps = 0;
+  };
+  State state() const { return {g_sq_, trace_, weight_, steps_}; }
+  void set_state(const State& s) {
+    g_sq_ = s.g_sq;
+    trace_ = s.trace;
+    weight_ = s.weight;
+    steps_ = s.steps;
+  }
+
  private:
   double smoothing_;
   double g_sq_ = 0, trace_ = 0;

@@ -24,6 +24,8 @@
 #include "models/torchscript.h"
 #include "monitor/snapshot_sink.h"
 #include "monitor/trace_sink.h"
+#include "train/adaptive_batch.h"
+#include "train/batch_schedule.h"
 #include "train/bottleneck.h"
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
@@ -105,10 +107,13 @@ struct Trainer::Loop {
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
   void end_of_step(int64_t step, double loss, int64_t examples, bool again = false);
-  bool loss_is_shared(int64_t done) const;
+  bool loss_is_shared(int64_t step) const;
   double share_loss(double loss, int64_t examples);
-  void maybe_checkpoint(int64_t done, bool again);
-  void maybe_evaluate(int64_t done, bool again);
+  void maybe_checkpoint(int64_t step, bool again);
+  void maybe_evaluate(int64_t step, bool again);
+  void plan_batches();
+  void restore_batches(const CheckpointMeta& saved, const std::string& path);
+  void adapt_batch(const engine::StepPlan& plan, Clock::time_point t_step, double compute_s);
   void maybe_snapshot(const engine::StepPlan& plan);
   void report_progress(int64_t step, int64_t done);
   void count_live(int64_t samples);
@@ -126,6 +131,14 @@ struct Trainer::Loop {
   // Examples per global micro-batch: fixed for the run (train.batch × the workers it started
   // with); an elastic run's changes re-split it among the workers of the day (§5.1).
   int64_t global_batch() const { return o.batch * world.size; }
+  // Examples of the global micro-batches from step `from`'s first to step `to`'s first.
+  int64_t examples_between(int64_t from, int64_t to) const {
+    return (micro_before(to) - micro_before(from)) * global_batch();
+  }
+  // The global micro-batches trained before step `step` (past the last: all of them).
+  int64_t micro_before(int64_t step) const {
+    return std::min(schedule->first_micro(step), schedule->total_micro());
+  }
 
   const core::Config job;  // as written: the report keeps it
   const core::Config c;    // as it runs (randomk's momentum folded, see options.h)
@@ -136,7 +149,12 @@ struct Trainer::Loop {
 
   data::DataSplits d;
   std::unique_ptr<data::GlobalBatchSampler> sampler;
+  // The optimizer steps of the run; with train.adaptive_batch, the most it can take (every step
+  // at the smallest batch) until training ends, then the steps it took.
   int64_t steps = 0;
+  std::unique_ptr<BatchSchedule> schedule;  // steps -> micro-batches (train/batch_schedule.h)
+  std::unique_ptr<AdaptiveBatch> adaptive;  // train.adaptive_batch; null for a fixed batch
+  double compute_seconds = 0;               // the last compute()'s
   std::unique_ptr<data::BatchPrefetcher> batches;      // data.name images: made ahead; else null
   std::unique_ptr<models::RecomputeRunner> recompute;  // model.activation_checkpointing
   std::unique_ptr<engine::Engine> engine;
@@ -200,8 +218,8 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   d = load_data(c, DataResidency::kLazy, world.rank == 0 ? LoadNotes::kSay : LoadNotes::kQuiet);
   sampler = std::make_unique<data::GlobalBatchSampler>(
       d.training().size(), global_batch(), static_cast<uint64_t>(o.seed), d.training().layout());
-  steps = total_steps(c, *sampler, o.micro_batches);
-  batches = image_batches(c, d, *sampler, steps * o.micro_batches);
+  plan_batches();
+  batches = image_batches(c, d, *sampler, schedule->total_micro());
   torch::manual_seed(static_cast<uint64_t>(o.seed));
   engine = make_engine(c, o, world, model_spec(c, d), steps,
                        {options.member_id, options.joining, options.etcd_endpoints,
@@ -237,10 +255,29 @@ Trainer::Loop::Loop(const core::Config& job_in, const comm::WorldInfo& world_in,
   engine->start_at(start_step);
 }
 
+// The run's length and how its steps take the sampler's micro-batches: train.grad_accum of them
+// a step, or train.adaptive_batch's schedule (its length in steps of the smallest batch).
+void Trainer::Loop::plan_batches() {
+  const auto adapt = AdaptiveBatchOptions::from_config(c, world.size, d.training().size());
+  if (!adapt) {
+    steps = total_steps(c, *sampler, o.micro_batches);
+    schedule = std::make_unique<BatchSchedule>(o.micro_batches, steps * o.micro_batches);
+    return;
+  }
+  const int64_t unit = adapt->min_micro;
+  const int64_t total = c.get_int("train.steps") > 0
+                            ? c.get_int("train.steps") * unit
+                            : c.get_int("train.epochs") * sampler->steps_per_epoch();
+  steps = (total + unit - 1) / unit;
+  schedule = std::make_unique<BatchSchedule>(unit, total);
+  adaptive = std::make_unique<AdaptiveBatch>(*adapt, *schedule);
+}
+
 CheckpointMeta Trainer::Loop::meta(int64_t step) const {
   CheckpointMeta m{step, model_name, signature, global_batch() * o.micro_batches, o.seed};
   m.model_file = script_file.path;
   m.model_sha256 = script_file.sha256;
+  if (adaptive) m.adaptive_batch = adaptive->save();
   return m;
 }
 
@@ -262,17 +299,31 @@ void Trainer::Loop::resume() {
     std::string bytes;
     if (rank0()) bytes = read_checkpoint_file(path, seal_key, seal_job);
     bytes = broadcast_bytes(*group, bytes);
-    start_step = decode_checkpoint(bytes, rank0() ? path : "rank 0's checkpoint", meta(0),
-                                   *state.model, *state.optimizer)
-                     .step;
+    const CheckpointMeta saved = decode_checkpoint(bytes, rank0() ? path : "rank 0's checkpoint",
+                                                   meta(0), *state.model, *state.optimizer);
+    start_step = saved.step;
+    restore_batches(saved, path);
   } else {
     // Every other pairing reads per parameter name (train/checkpoint_reader.h); every rank
     // needs the files its ranges touch.
     if (pick[0] == 'S') path = manifest_path(dir);
-    start_step = restore_checkpoint(group, dir, {seal_key, seal_job}, meta(0), state).step;
+    const CheckpointMeta saved =
+        restore_checkpoint(group, dir, {seal_key, seal_job}, meta(0), state);
+    start_step = saved.step;
+    restore_batches(saved, path);
   }
   engine->after_restore();
   events.note(str_cat("resumed from ", path, " at step ", start_step));
+}
+
+// A checkpoint's adaptive batch state into this run's; refused when one of the two runs adapts
+// its batch and the other does not (their steps would not be the same examples).
+void Trainer::Loop::restore_batches(const CheckpointMeta& saved, const std::string& path) {
+  KRAB_CHECK_ARG(saved.adaptive_batch.empty() == (adaptive == nullptr), "checkpoint '", path,
+                 "' was written by a run ", adaptive ? "without" : "with",
+                 " train.adaptive_batch; this job has it ", adaptive ? "on" : "off",
+                 " (it must match to resume)");
+  if (adaptive) adaptive->restore(saved.adaptive_batch, path);
 }
 
 void Trainer::Loop::attach_sinks() {
@@ -285,7 +336,8 @@ void Trainer::Loop::attach_sinks() {
   }
   // Workers without a group have no view of the job's progress: their server draws it.
   if (rank0() && group != nullptr && options.show_progress) {
-    progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
+    progress = std::make_shared<ProgressSink>("train", schedule->total_units(),
+                                              loss_and_rate_fields(), o.log_every);
     events.add(progress);
   } else if (rank0()) {
     events.add(std::make_shared<core::NoteSink>());
@@ -305,6 +357,7 @@ void Trainer::Loop::attach_sinks() {
     engine->measure_gradient_norms(true);
     noise.emplace();
   }
+  if (adaptive) engine->measure_gradient_norms(true);
 }
 
 nlohmann::json Trainer::Loop::run() {
@@ -320,6 +373,7 @@ nlohmann::json Trainer::Loop::run() {
     std::string cause;
     try {
       train_steps();
+      if (adaptive) steps = ended;  // the steps it took
       break;
     } catch (const PeerLost& e) {
       if (!engine->can_recover()) throw;
@@ -357,6 +411,9 @@ void Trainer::Loop::train_steps() {
     ended = std::max(ended, unended + 1);
   }
   while (const auto plan = engine->next_step()) {
+    // An adaptive batch that grew reaches the end of the data in fewer steps than the engine
+    // was given (every rank stops at the same step: the schedule is the same everywhere).
+    if (schedule->micro_batches(plan->step) == 0) break;
     maybe_snapshot(*plan);
     if (plan->step == start_step + warmup) {
       t_warm = Clock::now();
@@ -364,6 +421,7 @@ void Trainer::Loop::train_steps() {
       phases->reset();
     }
     auto step_span = events.time(phase::kStep);
+    const Clock::time_point t_step = Clock::now();
     const double loss = compute(*plan);
     step_loss = loss;  // kept for the step's end, which a failure in apply() may postpone
     step_examples = plan->slice.size();
@@ -374,14 +432,18 @@ void Trainer::Loop::train_steps() {
     if (engine_spans)
       for (const engine::PhaseSpan& s : engine->step_spans())
         events.span(s.name, s.start, s.seconds);
-    if (noise) observe_noise(*plan);
+    if (noise || adaptive) observe_noise(*plan);
     {
       auto span = events.time(phase::kOptimizer);
-      engine->apply(learning_rate(o.schedule, o.base_lr, plan->step, steps, o.lr_warmup_steps));
+      // The schedule counts steps of the smallest batch; an adaptive batch's rate follows it.
+      const double lr = learning_rate(o.schedule, o.base_lr, schedule->units_before(plan->step),
+                                      schedule->total_units(), o.lr_warmup_steps);
+      engine->apply(adaptive ? lr * adaptive->lr_gain(plan->step) : lr);
     }
     {
       auto span = events.time(phase::kAfter);
       engine->after_step(*plan);
+      if (adaptive) adapt_batch(*plan, t_step, compute_seconds);
     }
     ++computed;
     {
@@ -442,7 +504,8 @@ bool Trainer::Loop::recover(const std::string& cause) {
   awaiting_resume = true;
   // The process that is rank 0 now draws the bar (rank 0 of the start may be the one lost).
   if (rank0() && !progress && options.show_progress) {
-    progress = std::make_shared<ProgressSink>("train", steps, loss_and_rate_fields(), o.log_every);
+    progress = std::make_shared<ProgressSink>("train", schedule->total_units(),
+                                              loss_and_rate_fields(), o.log_every);
     events.add(progress);
   }
   events.gauge("workers", workers(), committed);
@@ -465,14 +528,16 @@ bool Trainer::Loop::recover(const std::string& cause) {
 // Forward and backward of the step's micro-batches on this rank's slice; the mean loss.
 double Trainer::Loop::compute(const engine::StepPlan& plan) {
   models::Model& model = engine->model();
-  const int64_t accum = o.micro_batches;
-  double step_loss = 0, compute_seconds = 0;
+  const int64_t accum = schedule->micro_batches(plan.step);
+  const int64_t first = schedule->first_micro(plan.step);
+  double step_loss = 0;
+  compute_seconds = 0;
   Clock::time_point t_backward;  // backward and train.slow_rank's delay: one span
   for (int64_t m = 0; m < accum; ++m) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
     auto data_span = events.time(phase::kData);
-    const auto xy = batch(plan.step * accum + m, plan.slice);
+    const auto xy = batch(first + m, plan.slice);
     data_span.stop();
     // A run's first step turns LibTorch's error into one naming train.precision when bf16
     // autocast cannot run this model (precision.h). Only the forward and the loss are autocast.
@@ -519,20 +584,20 @@ std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
 // `again`: this rank ran this step's end before a change cut it short elsewhere; it takes part
 // in the collectives (the loss it adds is its slice's of that step) and records nothing.
 void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples, bool again) {
-  const int64_t done = step + 1;
+  const int64_t done = schedule->units_after(step);  // steps for a fixed batch
   // Without a group (a parameter-server worker) this rank's loss is all there is, and nobody
   // draws it: its server shows the job's progress.
   if (group == nullptr) {
     events.gauge("loss", loss, done);
-  } else if (loss_is_shared(done)) {
+  } else if (loss_is_shared(step)) {
     const double shared = share_loss(loss, examples);
     if (!again) {
       shared_loss = shared;
       events.gauge("loss", shared, done);
     }
   }
-  maybe_checkpoint(done, again);
-  maybe_evaluate(done, again);
+  maybe_checkpoint(step, again);
+  maybe_evaluate(step, again);
   if (again) return;
   last_loss = ended_loss = loss;
   ended_examples = examples;
@@ -545,11 +610,31 @@ void Trainer::Loop::end_of_step(int64_t step, double loss, int64_t examples, boo
 // gradient times plan.weight: divided out here.
 void Trainer::Loop::observe_noise(const engine::StepPlan& plan) {
   const auto norms = engine->gradient_norms();
-  const int64_t small = plan.slice.size() * o.micro_batches;
-  const int64_t big = global_batch() * o.micro_batches;
+  const int64_t accum = schedule->micro_batches(plan.step);
+  const int64_t small = plan.slice.size() * accum;
+  const int64_t big = global_batch() * accum;
   if (!norms || small <= 0 || big <= small) return;
-  noise->add(norms->first / (plan.weight * plan.weight), small, norms->second, big);
-  if (const auto b = noise->b_simple()) events.gauge("gradient_noise_scale", *b, plan.step + 1);
+  const double own = norms->first / (plan.weight * plan.weight);
+  if (adaptive) adaptive->observe_gradients(own, small, norms->second, big);
+  if (!noise) return;
+  noise->add(own, small, norms->second, big);
+  if (const auto b = noise->b_simple())
+    events.gauge("gradient_noise_scale", *b, schedule->units_after(plan.step));
+}
+
+// train.adaptive_batch, after a step's update: its timing, then (every few steps, on every
+// rank) the choice of the batch for the steps to come.
+void Trainer::Loop::adapt_batch(const engine::StepPlan& plan, Clock::time_point t_step,
+                                double compute_s) {
+  adaptive->observe_time(plan.step, start_step, compute_s, seconds_between(t_step, Clock::now()),
+                         schedule->micro_batches(plan.step));
+  const int64_t before = schedule->segments().size();
+  adaptive->maybe_decide(plan.step, *group);
+  if (static_cast<int64_t>(schedule->segments().size()) != before) {
+    const int64_t batch = schedule->segments().back().micro_batches * global_batch();
+    events.gauge("global_batch", static_cast<double>(batch), schedule->units_after(plan.step));
+    events.note(str_cat("step ", plan.step + 1, ": global batch ", batch));
+  }
 }
 
 void Trainer::Loop::count_live(int64_t samples) {
@@ -577,9 +662,10 @@ void Trainer::Loop::write_progress_file(int64_t done) {
 // differ by one example weigh what they hold). Rank 0 alone knows only its slice, so the
 // group sums it, at the steps someone reads it: every train.log_every, every twentieth of the
 // run (the bar), and the last one. At most ~20 + steps / log_every all-reduces of 16 bytes.
-bool Trainer::Loop::loss_is_shared(int64_t done) const {
-  const int64_t stride = std::max<int64_t>(1, steps / 20);
-  return done == steps || (o.log_every > 0 && done % o.log_every == 0) || done % stride == 0;
+bool Trainer::Loop::loss_is_shared(int64_t step) const {
+  const int64_t stride = std::max<int64_t>(1, schedule->total_units() / 20);
+  return schedule->last(step) || (o.log_every > 0 && schedule->crosses(step, o.log_every)) ||
+         schedule->crosses(step, stride);
 }
 
 double Trainer::Loop::share_loss(double loss, int64_t examples) {
@@ -597,8 +683,11 @@ double Trainer::Loop::share_loss(double loss, int64_t examples) {
 
 // `again` (end_of_step): a sharded checkpoint is written again by the new group (its old
 // group may not have finished it); rank 0's whole one is on disk already when rank 0 ran it.
-void Trainer::Loop::maybe_checkpoint(int64_t done, bool again) {
-  if (o.checkpoint_every <= 0 || done % o.checkpoint_every != 0 || done >= steps) return;
+void Trainer::Loop::maybe_checkpoint(int64_t step, bool again) {
+  if (o.checkpoint_every <= 0 || !schedule->crosses(step, o.checkpoint_every) ||
+      schedule->last(step))
+    return;
+  const int64_t done = step + 1;  // a checkpoint's step counts optimizer steps
   auto span = events.time(phase::kCheckpoint);
   engine->settle();  // collective: every rank, before rank 0 reads the parameters
   const engine::TrainState state = engine->state();
@@ -613,10 +702,11 @@ void Trainer::Loop::maybe_checkpoint(int64_t done, bool again) {
 }
 
 // EvaluationMode::kCollective: every train.eval_every steps, on the group, timed apart.
-void Trainer::Loop::maybe_evaluate(int64_t done, bool again) {
-  if (group == nullptr || o.eval_every <= 0 || done % o.eval_every != 0 || done >= steps ||
-      d.testing() == nullptr)
+void Trainer::Loop::maybe_evaluate(int64_t step, bool again) {
+  if (group == nullptr || o.eval_every <= 0 || !schedule->crosses(step, o.eval_every) ||
+      schedule->last(step) || d.testing() == nullptr)
     return;
+  const int64_t done = schedule->units_after(step);
   auto span = events.time(phase::kEvaluation);
   const auto t_eval = Clock::now();
   const double trained = seconds_between(t_loop, t_eval) - eval_secs;
@@ -649,9 +739,11 @@ void Trainer::Loop::report_progress(int64_t step, int64_t done) {
   const double secs = seconds_between(t_warm, Clock::now()) - (eval_secs - eval_before_warm);
   const int64_t measured = step - (start_step + warmup) + 1;
   const double rate =
-      measured > 0 && secs > 0 ? measured * global_batch() * o.micro_batches / secs : 0;
+      measured > 0 && secs > 0
+          ? static_cast<double>(examples_between(start_step + warmup, step + 1)) / secs
+          : 0;
   events.gauge("samples_per_sec", rate, done);
-  events.step(done, steps);
+  events.step(done, schedule->total_units());
 }
 
 nlohmann::json Trainer::Loop::finish_group() {
@@ -659,9 +751,10 @@ nlohmann::json Trainer::Loop::finish_group() {
   const double train_secs = seconds_between(t_warm, t_end) - (eval_secs - eval_before_warm);
   RunOutcome out;
   out.measured_steps = std::max<int64_t>(0, steps - (start_step + warmup));
-  out.samples_per_sec = train_secs > 0 && out.measured_steps > 0
-                            ? out.measured_steps * global_batch() * o.micro_batches / train_secs
-                            : 0;
+  out.samples_per_sec =
+      train_secs > 0 && out.measured_steps > 0
+          ? static_cast<double>(examples_between(start_step + warmup, steps)) / train_secs
+          : 0;
   // Everything below talks to all ranks: take the traffic snapshot first, so the report
   // counts the training run only.
   comm::TrafficStats traffic = group->traffic();
@@ -772,10 +865,10 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
     out.state = save_checkpoint(run_dir, meta(steps), *state.model, *state.optimizer, seal_key,
                                 seal_job, o.checkpoint_keep);
   out.workers = workers();
-  out.global_batch = global_batch() * o.micro_batches;
+  out.global_batch = global_batch() * schedule->unit();  // an adaptive batch's smallest
   out.steps = steps;
   out.start_step = start_step;
-  out.epochs = static_cast<double>(steps * o.micro_batches) / sampler->steps_per_epoch();
+  out.epochs = static_cast<double>(micro_before(steps)) / sampler->steps_per_epoch();
   out.wall_seconds = seconds_between(t_start, Clock::now());
   out.evals = record->evals();
   out.bytes_sent = static_cast<uint64_t>(record->total("bytes_sent"));
@@ -792,6 +885,7 @@ nlohmann::json Trainer::Loop::write_final_state(RunOutcome& out) {
     report["data_wait_fraction"] = train > 0 ? record->total("data_wait_seconds") / train : 0.0;
   }
   if (!membership.empty()) report["membership"] = membership;
+  if (adaptive) report["adaptive_batch"] = adaptive->describe();
   if (c != job)
     report["folded_momentum"] = {{"momentum", job.get_float("train.optimizer.momentum")},
                                  {"lr", c.get_float("train.optimizer.lr")}};
