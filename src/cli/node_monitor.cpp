@@ -13,6 +13,7 @@
 #include "monitor/dashboard.h"
 #include "monitor/endpoint.h"
 #include "monitor/exposition.h"
+#include "monitor/fl_dashboard.h"
 #include "monitor/snapshot_sink.h"
 
 namespace krab::cli {
@@ -69,7 +70,10 @@ struct FlMonitor::State {
 
 FlMonitor::FlMonitor() : state_(std::make_shared<State>()) {}
 
-FlMonitor::~FlMonitor() = default;
+FlMonitor::~FlMonitor() {
+  page_.reset();
+  endpoint_.reset();
+}
 
 std::unique_ptr<FlMonitor> FlMonitor::start(const core::Config& config) {
   const int port = static_cast<int>(config.get_int("monitor.port"));
@@ -80,28 +84,43 @@ std::unique_ptr<FlMonitor> FlMonitor::start(const core::Config& config) {
     std::lock_guard<std::mutex> lock(state->mutex);
     return monitor::render_fl_metrics(state->rounds);
   });
-  say_where(*m->endpoint_);
+  const bool dashboard = config.get_bool("monitor.dashboard");
+  if (dashboard) m->page_ = std::make_unique<monitor::FlDashboard>(*m->endpoint_);
+  say_where(*m->endpoint_, dashboard);
   return m;
 }
 
-void FlMonitor::observe(const federated::RoundRecord& rec) {
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  monitor::FlRounds& r = state_->rounds;
-  ++r.rounds;
-  if (!rec.ok) ++r.failed;
-  r.last_round = rec.round;
+namespace {
+
+// What the endpoint shows of a round: counts, never the clients' names.
+monitor::FlRound counted_round(const federated::RoundRecord& rec) {
+  monitor::FlRound r;
+  r.round = rec.round;
+  r.ok = rec.ok;
   r.available = rec.available;
   r.cohort = static_cast<int64_t>(rec.cohort.size());
   r.counted = static_cast<int64_t>(rec.counted.size());
   r.dropped = static_cast<int64_t>(rec.dropped.size());
   r.rejected = static_cast<int64_t>(rec.rejected.size());
-  r.bytes_down += static_cast<double>(rec.bytes_down);
-  r.bytes_up += static_cast<double>(rec.bytes_up);
-  r.seconds += rec.seconds;
+  r.bytes_down = static_cast<double>(rec.bytes_down);
+  r.bytes_up = static_cast<double>(rec.bytes_up);
+  r.seconds = rec.seconds;
   if (rec.ok) r.mean_loss = rec.mean_loss;
   if (rec.test_accuracy >= 0) r.test_accuracy = rec.test_accuracy;
-  if (rec.test_loss) r.test_loss = *rec.test_loss;
+  r.test_loss = rec.test_loss;
   if (rec.epsilon >= 0) r.epsilon = rec.epsilon;
+  return r;
+}
+
+}  // namespace
+
+void FlMonitor::observe(const federated::RoundRecord& rec) {
+  const monitor::FlRound round = counted_round(rec);
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->rounds.add(round);
+  }
+  if (page_) page_->record(round);
 }
 
 }  // namespace krab::cli

@@ -16,6 +16,7 @@
 namespace krab::monitor {
 class Dashboard;
 class Endpoint;
+class FlDashboard;
 }  // namespace krab::monitor
 namespace krab::federated {
 struct RoundRecord;
@@ -49,8 +50,9 @@ class NodeMonitor {
 };
 
 // `krab fl-server` with monitor.port > 0: the same endpoint, serving the rounds' numbers
-// (monitor::FlRounds) that observe() is told of. Started before the server listens, so that a
-// port in use is refused before any client is waited for.
+// (monitor::FlRounds) that observe() is told of, and with monitor.dashboard the server's page
+// (monitor/fl_dashboard.h). Started before the server listens, so that a port in use or a
+// missing Chart.js is refused before any client is waited for.
 class FlMonitor {
  public:
   // Null when monitor.port is 0; throws as NodeMonitor::start does.
@@ -64,6 +66,7 @@ class FlMonitor {
   struct State;
   std::shared_ptr<State> state_;  // shared with the route, which the endpoint may still run
   std::unique_ptr<monitor::Endpoint> endpoint_;
+  std::unique_ptr<monitor::FlDashboard> page_;  // stopped before the endpoint
 };
 
 }  // namespace krab::cli

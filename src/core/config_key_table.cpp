@@ -561,8 +561,9 @@ std::vector<KeySpec> monitor_keys() {
                  "progress to whoever reaches it."),
       bool_key("monitor.dashboard", "false",
                "Serve a live dashboard at `/` of `monitor.port`: loss, accuracy, samples/s, "
-               "each rank's step-time breakdown, traffic, memory and membership, drawn with "
-               "the Chart.js that Debian packages (no internet needed)."),
+               "each rank's step-time breakdown, traffic, memory and membership (`krab "
+               "fl-server`: rounds, clients, test metric, bytes and privacy budget per round), "
+               "drawn with the Chart.js that Debian packages (no internet needed)."),
       bool_key("monitor.profile_ops", "false",
                "With `--trace FILE`: also record LibTorch's operators (its own profiler) and "
                "merge them into the timeline; slows training."),

@@ -1,16 +1,9 @@
 #include "monitor/dashboard.h"
 
-#include <fstream>
-#include <sstream>
-
-#include "core/errors.h"
-#include "monitor/endpoint.h"
 #include "train/bottleneck.h"
 
 namespace krab::monitor {
 namespace {
-
-constexpr const char* kChartJs = "/usr/share/javascript/chart.js/chart.min.js";
 
 nlohmann::json gauge_or_null(const std::vector<Snapshot>& ranks, const std::string& name) {
   for (const Snapshot& s : ranks)  // ordered by rank: rank 0's value first
@@ -91,65 +84,20 @@ void History::add(double unix_time, const std::vector<Snapshot>& ranks) {
     rows.push_back(std::move(row));
   }
   point["ranks"] = std::move(rows);
-  points_.push_back(std::move(point));
-  if (points_.size() > capacity_) points_.pop_front();
+  points_.add(std::move(point));
   last_.clear();
   for (const Snapshot& s : ranks) last_[s.rank] = s;
   last_time_ = unix_time;
 }
 
-nlohmann::json History::to_json(size_t last) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  nlohmann::json points = nlohmann::json::array();
-  const size_t first = points_.size() > last ? points_.size() - last : 0;
-  for (size_t i = first; i < points_.size(); ++i) points.push_back(points_[i]);
-  return {{"points", std::move(points)}};
-}
-
-size_t History::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return points_.size();
-}
-
-std::string read_chart_js() {
-  std::ifstream in(kChartJs, std::ios::binary);
-  KRAB_CHECK_ARG(in.good(), "monitor.dashboard: Chart.js is not installed (", kChartJs,
-                 "; Debian package libjs-chart.js, which scripts/setup.sh installs)");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+nlohmann::json History::to_json(size_t last) const { return {{"points", points_.last(last)}}; }
 
 Dashboard::Dashboard(Endpoint& endpoint, std::string dir, std::chrono::milliseconds period)
-    : dir_(std::move(dir)), period_(period) {
-  auto chart = std::make_shared<const std::string>(read_chart_js());
-  endpoint.route("/", "text/html; charset=utf-8", [] { return dashboard_page(); });
-  endpoint.route("/chart.js", "text/javascript; charset=utf-8", [chart] { return *chart; });
-  std::shared_ptr<History> history = history_;
-  endpoint.route("/api/history", "application/json",
-                 [history] { return history->to_json().dump(); });
-  sampler_ = std::thread([this] { sample_until_stopped(); });
-}
-
-Dashboard::~Dashboard() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  sampler_.join();
-}
-
-void Dashboard::sample_until_stopped() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    const double now =
-        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    history_->add(now, read_snapshots(dir_));
-    lock.lock();
-    wake_.wait_for(lock, period_, [this] { return stop_; });
-  }
+    : dir_(std::move(dir)) {
+  serve_live_page(endpoint, dashboard_page(),
+                  [history = history_] { return history->to_json().dump(); });
+  sampler_ = std::make_unique<Sampler>(
+      period, [this](double now) { history_->add(now, read_snapshots(dir_)); });
 }
 
 }  // namespace krab::monitor

@@ -18,19 +18,18 @@
 //                           "waiting", "data", "optimizer", "other"}]}, ...],
 //    "node": the node's label}
 //
-// Nothing secret: the same numbers as /metrics.
+// Nothing secret: the same numbers as /metrics. The pieces it shares with fl-server's page (the
+// routes, Chart.js, the sampling thread, the page's frame): monitor/live_page.h.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
-#include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "monitor/live_page.h"
 #include "monitor/snapshot_sink.h"
 
 namespace krab::monitor {
@@ -40,19 +39,18 @@ class Endpoint;
 // The points the page draws. Thread-safe: the sampler adds, the endpoint's threads read.
 class History {
  public:
-  explicit History(size_t capacity = 1800) : capacity_(capacity) {}
+  explicit History(size_t capacity = 1800) : points_(capacity) {}
   // One point at `unix_time` from this node's snapshots (one per rank), with rates over the
   // time since the previous point. Nothing is added for no snapshot at all.
   void add(double unix_time, const std::vector<Snapshot>& ranks);
   // {"points": [...]}: the last `last` points (the page redraws from them every second: ten
   // minutes by default, what a chart can show).
   nlohmann::json to_json(size_t last = 600) const;
-  size_t size() const;
+  size_t size() const { return points_.size(); }
 
  private:
-  mutable std::mutex mu_;
-  size_t capacity_;
-  std::deque<nlohmann::json> points_;
+  std::mutex mu_;  // the previous point's numbers: one add() at a time
+  PointLog points_;
   double last_time_ = 0;
   std::map<int, Snapshot> last_;  // the previous point's snapshots, by rank
 };
@@ -60,31 +58,20 @@ class History {
 // The page (HTML with its script inline; Chart.js from /chart.js).
 const std::string& dashboard_page();
 
-// Chart.js as libjs-chart.js installs it. Throws krab::InvalidArgument naming
-// monitor.dashboard and the package when it is not there.
-std::string read_chart_js();
-
-// Routes `/`, `/chart.js` and `/api/history` on `endpoint` and samples the snapshots in `dir`
-// every `period` until destroyed.
+// Routes `/`, `/chart.js` and `/api/history` on `endpoint` (serve_live_page: throws as it
+// does) and samples the snapshots in `dir` every `period` until destroyed.
 class Dashboard {
  public:
   Dashboard(Endpoint& endpoint, std::string dir,
             std::chrono::milliseconds period = std::chrono::milliseconds(1000));
-  ~Dashboard();
-  Dashboard(const Dashboard&) = delete;
+  Dashboard(const Dashboard&) = delete;  // the sampler holds `this`
   Dashboard& operator=(const Dashboard&) = delete;
   const History& history() const { return *history_; }
 
  private:
-  void sample_until_stopped();
-
   std::string dir_;
-  std::chrono::milliseconds period_;
-  std::shared_ptr<History> history_ = std::make_shared<History>();
-  std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::thread sampler_;
+  std::shared_ptr<History> history_ = std::make_shared<History>();  // shared with the route
+  std::unique_ptr<Sampler> sampler_;  // last: stopped before the rest goes
 };
 
 }  // namespace krab::monitor

@@ -202,6 +202,24 @@ std::string format_value(double v) {
   return std::string(buf, end);
 }
 
+void FlRounds::add(const FlRound& r) {
+  ++rounds;
+  if (!r.ok) ++failed;
+  last_round = r.round;
+  available = r.available;
+  cohort = r.cohort;
+  counted = r.counted;
+  dropped = r.dropped;
+  rejected = r.rejected;
+  bytes_down += r.bytes_down;
+  bytes_up += r.bytes_up;
+  seconds += r.seconds;
+  if (r.mean_loss) mean_loss = r.mean_loss;
+  if (r.test_accuracy) test_accuracy = r.test_accuracy;
+  if (r.test_loss) test_loss = r.test_loss;
+  if (r.epsilon) epsilon = r.epsilon;
+}
+
 std::string render_fl_metrics(const FlRounds& r) {
   std::string out;
   Family rounds("krab_fl_rounds_total", "counter", "Federated rounds this server ran.");

@@ -41,9 +41,24 @@ inline constexpr const char* kExpositionType = "text/plain; version=0.0.4; chars
 // `node`: the value of every sample's `node` label (the launcher's node rank).
 std::string render_metrics(const std::vector<Snapshot>& ranks, const std::string& node);
 
+// One round as `krab fl-server` finished it: what its endpoint shows of the round. The command
+// fills it from federated::RoundRecord (cli/node_monitor.h), so that monitor/ does not link
+// the federated layer.
+struct FlRound {
+  int64_t round = 0;  // 1 for the first (a resumed server goes on from its checkpoint's)
+  bool ok = false;    // false: too few clients counted, the model did not change
+  // Clients: available to draw from, drawn (the cohort), counted in the aggregate, dropped out
+  // (no update in time, or an error), rejected (an update that was refused).
+  int64_t available = 0, cohort = 0, counted = 0, dropped = 0, rejected = 0;
+  double bytes_down = 0, bytes_up = 0;  // the round's payloads, to and from clients
+  double seconds = 0;
+  std::optional<double> mean_loss;                 // the counted clients' (successful rounds)
+  std::optional<double> test_accuracy, test_loss;  // when the server evaluated after it
+  std::optional<double> epsilon;                   // with DP: spent so far, this round included
+};
+
 // `krab fl-server`'s rounds, for its endpoint: totals since the server started and the last
-// round's numbers. The command fills it from federated::RoundRecord (cli/node_monitor.h), so
-// that monitor/ does not link the federated layer.
+// round's numbers.
 struct FlRounds {
   int64_t rounds = 0;  // rounds run by this process, failed ones included
   int64_t failed = 0;
@@ -54,6 +69,10 @@ struct FlRounds {
   double bytes_down = 0, bytes_up = 0;  // the rounds' payloads, to and from clients
   double seconds = 0;                   // spent in rounds
   std::optional<double> mean_loss, test_accuracy, test_loss, epsilon;  // the latest known
+
+  // Counts `round` in: the totals grow, the last round's numbers are its, and each metric it
+  // does not have keeps its latest known value.
+  void add(const FlRound& round);
 };
 
 // fl-server's families (docs/monitoring.md), none of them labelled by node or rank:
