@@ -80,6 +80,9 @@ void per_rank_families(const std::vector<Snapshot>& ranks, const std::string& no
   Family rss("krab_memory_rss_bytes", "gauge", "Resident memory of this rank's process.");
   Family noise("krab_train_gradient_noise_scale", "gauge",
                "This rank's estimate of the gradient noise scale B_simple, in examples.");
+  Family batch(
+      "krab_train_global_batch", "gauge",
+      "Examples in the global batch a step takes (train.adaptive_batch: the last chosen).");
   for (const Snapshot& s : ranks) {
     const Labels who{{"node", node}, {"rank", std::to_string(s.rank)}};
     const auto counter = s.counters.find("samples");
@@ -107,17 +110,15 @@ void per_rank_families(const std::vector<Snapshot>& ranks, const std::string& no
         l.emplace_back("op", name.substr(std::char_traits<char>::length(kCommPrefix)));
         comm.add(l, bytes);
       }
-    const std::pair<Family*, const char*> gauges[] = {{&loss, "loss"},
-                                                      {&rate, "samples_per_sec"},
-                                                      {&acc, "test_accuracy"},
-                                                      {&test_loss, "test_loss"},
-                                                      {&noise, "gradient_noise_scale"}};
+    const std::pair<Family*, const char*> gauges[] = {
+        {&loss, "loss"},           {&rate, "samples_per_sec"},       {&acc, "test_accuracy"},
+        {&test_loss, "test_loss"}, {&noise, "gradient_noise_scale"}, {&batch, "global_batch"}};
     for (const auto& [family, name] : gauges)
       if (auto it = s.gauges.find(name); it != s.gauges.end()) family->add(who, it->second);
     rss.add(who, static_cast<double>(s.rss_bytes));
   }
-  for (const Family* f :
-       {&samples, &steps, &hist, &phases, &comm, &loss, &rate, &acc, &test_loss, &rss, &noise})
+  for (const Family* f : {&samples, &steps, &hist, &phases, &comm, &loss, &rate, &acc, &test_loss,
+                          &rss, &noise, &batch})
     f->render(out);
 }
 

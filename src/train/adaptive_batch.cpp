@@ -36,15 +36,17 @@ void check_adaptive_batch_options(const core::Config& c, int workers) {
     KRAB_CHECK_ARG(ok, kMax, " ", c.get_int(kMax), " cannot be combined with ", key, ": ", value);
   };
   refuse(workers >= 2, "parallel.workers",
-         str_cat(workers, " (the gradient noise scale needs each worker's gradient and their "
-                          "average: use 2 or more workers)"));
+         str_cat(workers,
+                 " (the gradient noise scale needs each worker's gradient and their "
+                 "average: use 2 or more workers)"));
   refuse(c.get_string("sync.mode") == "sync", "sync.mode", c.get_string("sync.mode"));
   refuse(c.get_int("parallel.zero_stage") == 0, "parallel.zero_stage",
          std::to_string(c.get_int("parallel.zero_stage")));
   const std::string& codec = c.get_string("comm.compression");
   refuse(codec == "none" || codec == "fp16" || codec == "bf16", "comm.compression",
-         codec + " (the noise scale reads the averaged gradient's norm, which a lossy codec "
-                 "changes; none, fp16 and bf16 can)");
+         codec +
+             " (the noise scale reads the averaged gradient's norm, which a lossy codec "
+             "changes; none, fp16 and bf16 can)");
   refuse(!c.get_bool("elastic.enabled"), "elastic.enabled", "true (not built yet)");
   refuse(c.get_int("train.grad_accum") == 1, "train.grad_accum",
          str_cat(c.get_int("train.grad_accum"),
@@ -107,8 +109,8 @@ void AdaptiveBatch::observe_gradients(double small_sq, int64_t small_batch, doub
   noise_.add(small_sq, small_batch, big_sq, big_batch);
 }
 
-void AdaptiveBatch::observe_time(int64_t step, int64_t first_step, double compute_s,
-                                 double step_s, int64_t micro_batches) {
+void AdaptiveBatch::observe_time(int64_t step, int64_t first_step, double compute_s, double step_s,
+                                 int64_t micro_batches) {
   if (step < first_step + kSettleSteps || micro_batches <= 0) return;
   window_overhead_ += std::max(0.0, step_s - compute_s);
   window_compute_per_example_ += compute_s / static_cast<double>(micro_batches * o_.micro);
@@ -122,10 +124,10 @@ void AdaptiveBatch::maybe_decide(int64_t step, comm::Communicator& group) {
   const NoiseScale::State n = noise_.state();
   // The smoothed estimates of |G|² and tr(Σ) (bias-corrected), and the timing window, averaged
   // over ranks: every rank then decides on the same numbers.
-  auto sums = torch::tensor({n.weight > 0 ? n.g_sq / n.weight : 0.0,
-                             n.weight > 0 ? n.trace / n.weight : 0.0, window_overhead_,
-                             window_compute_per_example_, static_cast<double>(window_steps_)},
-                            torch::kFloat64);
+  auto sums = torch::tensor(
+      {n.weight > 0 ? n.g_sq / n.weight : 0.0, n.weight > 0 ? n.trace / n.weight : 0.0,
+       window_overhead_, window_compute_per_example_, static_cast<double>(window_steps_)},
+      torch::kFloat64);
   group.allreduce(sums, comm::ReduceOp::kAvg)->wait();
   window_overhead_ = window_compute_per_example_ = 0;
   window_steps_ = 0;
@@ -134,7 +136,7 @@ void AdaptiveBatch::maybe_decide(int64_t step, comm::Communicator& group) {
   double ratio = o_.overhead_examples;
   if (ratio <= 0) {
     if (v[4] <= 0 || v[3] <= 0) return;  // nothing timed yet
-    ratio = v[2] / v[3];                  // both are per-step means times the same count
+    ratio = v[2] / v[3];                 // both are per-step means times the same count
   }
   if (g_sq <= 0 || trace <= 0 || noise_.steps() < kDecideEvery) return;
   const double noise_scale = trace / g_sq;
@@ -149,12 +151,9 @@ void AdaptiveBatch::maybe_decide(int64_t step, comm::Communicator& group) {
 
 std::vector<double> AdaptiveBatch::save() const {
   const NoiseScale::State n = noise_.state();
-  std::vector<double> out{kStateVersion,
-                          static_cast<double>(schedule_.segments().size()),
-                          n.g_sq,
-                          n.trace,
-                          n.weight,
-                          static_cast<double>(n.steps)};
+  std::vector<double> out{kStateVersion, static_cast<double>(schedule_.segments().size()),
+                          n.g_sq,        n.trace,
+                          n.weight,      static_cast<double>(n.steps)};
   for (const BatchSegment& s : schedule_.segments()) {
     out.push_back(static_cast<double>(s.first_step));
     out.push_back(static_cast<double>(s.first_micro));
@@ -169,8 +168,8 @@ void AdaptiveBatch::restore(const std::vector<double>& state, const std::string&
     throw CorruptData(str_cat("checkpoint '", source, "': not an adaptive batch state"));
   const int64_t count = whole(state[1], "segment count", source);
   if (count < 1 || state.size() != kHead + static_cast<size_t>(count) * kPerSegment)
-    throw CorruptData(str_cat("checkpoint '", source, "': adaptive batch state of ",
-                              state.size(), " numbers for ", count, " segments"));
+    throw CorruptData(str_cat("checkpoint '", source, "': adaptive batch state of ", state.size(),
+                              " numbers for ", count, " segments"));
   NoiseScale::State n{state[2], state[3], state[4], whole(state[5], "noise steps", source)};
   if (!std::isfinite(n.g_sq) || !std::isfinite(n.trace) || !(n.weight >= 0 && n.weight <= 1))
     throw CorruptData(str_cat("checkpoint '", source, "': adaptive batch noise averages"));
@@ -180,10 +179,10 @@ void AdaptiveBatch::restore(const std::vector<double>& state, const std::string&
     const int64_t micro = whole(s[2], "micro-batches", source);
     if (micro < o_.min_micro || micro > o_.max_micro || !std::isfinite(s[3]) || s[3] < 0)
       throw CorruptData(str_cat("checkpoint '", source, "': adaptive batch segment ", k, " has ",
-                                micro, " micro-batches (this job's bounds: ", o_.min_micro,
-                                " to ", o_.max_micro, ")"));
-    segments.push_back({whole(s[0], "step", source), whole(s[1], "micro-batch", source), micro,
-                        s[3]});
+                                micro, " micro-batches (this job's bounds: ", o_.min_micro, " to ",
+                                o_.max_micro, ")"));
+    segments.push_back(
+        {whole(s[0], "step", source), whole(s[1], "micro-batch", source), micro, s[3]});
   }
   try {
     schedule_.restore(std::move(segments));

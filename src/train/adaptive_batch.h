@@ -41,9 +41,9 @@ class Communicator;
 namespace krab::train {
 
 struct AdaptiveBatchOptions {
-  int64_t micro = 0;       // examples of a global micro-batch: data.batch_size x workers
-  int64_t min_micro = 1;   // micro-batches of the smallest batch (train.adaptive_batch.min)
-  int64_t max_micro = 1;   // of the largest (train.adaptive_batch.max)
+  int64_t micro = 0;             // examples of a global micro-batch: data.batch_size x workers
+  int64_t min_micro = 1;         // micro-batches of the smallest batch (train.adaptive_batch.min)
+  int64_t max_micro = 1;         // of the largest (train.adaptive_batch.max)
   double overhead_examples = 0;  // a/c fixed; 0: measured
   bool sqrt_gain = false;        // adam, adamw: the learning rate scales by the gain's root
 

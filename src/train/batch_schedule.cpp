@@ -55,11 +55,11 @@ void BatchSchedule::restore(std::vector<BatchSegment> segments) {
                    " has ", s.micro_batches, " micro-batches and noise scale ", s.noise_scale);
     if (k == 0) continue;
     const BatchSegment& p = segments[k - 1];
-    KRAB_CHECK_ARG(s.first_step > p.first_step &&
-                       s.first_micro == p.first_micro + (s.first_step - p.first_step) *
-                                                            p.micro_batches,
-                   "batch schedule segment ", k, " (step ", s.first_step, ", micro-batch ",
-                   s.first_micro, ") does not follow the one before");
+    KRAB_CHECK_ARG(
+        s.first_step > p.first_step &&
+            s.first_micro == p.first_micro + (s.first_step - p.first_step) * p.micro_batches,
+        "batch schedule segment ", k, " (step ", s.first_step, ", micro-batch ", s.first_micro,
+        ") does not follow the one before");
   }
   segments_ = std::move(segments);
 }

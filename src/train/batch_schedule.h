@@ -21,10 +21,10 @@
 namespace krab::train {
 
 struct BatchSegment {
-  int64_t first_step = 0;      // the segment's first optimizer step
-  int64_t first_micro = 0;     // the global micro-batch that step starts at
-  int64_t micro_batches = 1;   // per step
-  double noise_scale = 0;      // B_simple when it was chosen (0: none; the gain is then 1)
+  int64_t first_step = 0;     // the segment's first optimizer step
+  int64_t first_micro = 0;    // the global micro-batch that step starts at
+  int64_t micro_batches = 1;  // per step
+  double noise_scale = 0;     // B_simple when it was chosen (0: none; the gain is then 1)
 };
 
 class BatchSchedule {

@@ -357,7 +357,10 @@ void Trainer::Loop::attach_sinks() {
     engine->measure_gradient_norms(true);
     noise.emplace();
   }
-  if (adaptive) engine->measure_gradient_norms(true);
+  if (adaptive) {
+    engine->measure_gradient_norms(true);
+    events.gauge("global_batch", static_cast<double>(global_batch() * schedule->unit()), 0);
+  }
 }
 
 nlohmann::json Trainer::Loop::run() {

@@ -54,9 +54,9 @@ std::string slurp(const std::string& path) {
 // Trains the job with `sets` into DIR/name; the report.
 nlohmann::json train(TempDir& dir, const std::string& name, const std::string& sets) {
   std::ofstream(dir.file("job.yaml")) << kJob;
-  const auto [code, out] = run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" +
-                               dir.file(name) + " --report " + dir.file(name + ".json") + " " +
-                               sets);
+  const auto [code, out] =
+      run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" + dir.file(name) +
+          " --report " + dir.file(name + ".json") + " " + sets);
   EXPECT_EQ(code, 0) << out;
   if (code != 0) return nlohmann::json::object();
   return nlohmann::json::parse(slurp(dir.file(name + ".json")));
@@ -94,8 +94,7 @@ TEST(AdaptiveBatchE2E, ExpensiveStepsGrowTheBatchToTheGoodputOptimum) {
   // Every change: within one micro-batch of B* = sqrt(B_noise · 4096), clamped to the bounds.
   for (size_t k = 1; k < a["changes"].size(); ++k) {
     const auto& c = a["changes"][k];
-    const double best =
-        std::clamp(std::sqrt(c["noise_scale"].get<double>() * 4096.0), 64.0, 512.0);
+    const double best = std::clamp(std::sqrt(c["noise_scale"].get<double>() * 4096.0), 64.0, 512.0);
     EXPECT_LE(std::abs(c["batch"].get<double>() - best), 64.0) << c;
   }
   // The examples trained are the 150 steps of 64 asked for, in fewer, larger steps.
@@ -140,8 +139,9 @@ TEST(AdaptiveBatchE2E, WhatItCannotRunIsRefusedBeforeTraining) {
                 dir.file("f") + " --set train.adaptive_batch.max=0 --set train.steps=5")
                 .first,
             0);
-  const auto [code, out] = run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" +
-                               dir.file("f") + " --set checkpoint.resume=true");
+  const auto [code, out] =
+      run(kKrab + " train " + dir.file("job.yaml") + " --set checkpoint.dir=" + dir.file("f") +
+          " --set checkpoint.resume=true");
   EXPECT_EQ(code, 2) << out;
   EXPECT_NE(out.find("without train.adaptive_batch"), std::string::npos) << out;
 }

@@ -3,12 +3,13 @@
 // micro-batches where the ones before end; AdaScale's gain and the goodput-optimal batch
 // B* = sqrt(B_noise · a/c) computed by hand; a checkpoint's state round-trips and a corrupt
 // one is refused.
+#include "train/adaptive_batch.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/errors.h"
-#include "train/adaptive_batch.h"
 #include "train/batch_schedule.h"
 
 namespace krab::train {
@@ -102,8 +103,8 @@ TEST(AdaptiveBatch, StateRoundTripsAndCorruptStateIsRefused) {
   o.max_micro = 8;
   BatchSchedule s(1, 1000);
   AdaptiveBatch a(o, s);
-  const std::vector<double> state{1, 3, 0.5, 40, 0.9, 30, 0, 0, 1, 0, 25, 25, 4, 80.5,
-                                  50, 125, 8, 200};
+  const std::vector<double> state{1, 3,  0.5, 40, 0.9,  30, 0,   0, 1,
+                                  0, 25, 25,  4,  80.5, 50, 125, 8, 200};
   a.restore(state, "x");
   EXPECT_EQ(a.save(), state);
   EXPECT_EQ(s.first_micro(60), 125 + 10 * 8);
