@@ -66,6 +66,7 @@ void History::add(double unix_time, const std::vector<Snapshot>& ranks) {
                        {"accuracy", gauge_or_null(ranks, "test_accuracy")},
                        {"test_loss", gauge_or_null(ranks, "test_loss")},
                        {"noise_scale", gauge_or_null(ranks, "gradient_noise_scale")},
+                       {"global_batch", gauge_or_null(ranks, "global_batch")},
                        {"samples_per_sec", rates ? nlohmann::json(samples / dt) : nullptr},
                        {"bytes_per_sec", rates ? nlohmann::json(bytes / dt) : nullptr}};
   const nlohmann::json workers = gauge_or_null(ranks, "workers");

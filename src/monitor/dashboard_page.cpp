@@ -15,7 +15,7 @@ constexpr const char* kCards = R"HTML(
   <div class="card"><h2>Traffic sent, MB/s <span class="count" id="count-traffic">0</span></h2><canvas id="traffic"></canvas></div>
   <div class="card"><h2>Resident memory per rank, MiB <span class="count" id="count-memory">0</span></h2><canvas id="memory"></canvas></div>
   <div class="card"><h2>Membership <span class="count" id="count-members">0</span></h2><canvas id="members"></canvas></div>
-  <div class="card"><h2>Gradient noise scale (examples) <span class="count" id="count-noise">0</span></h2><canvas id="noise"></canvas></div>
+  <div class="card"><h2>Gradient noise scale and global batch (examples) <span class="count" id="count-noise">0</span></h2><canvas id="noise"></canvas></div>
 )HTML";
 
 // The script: the charts, and the draw() that the poll loop calls every second with the
@@ -29,7 +29,7 @@ const charts = {
               y1: { position: "right", min: 0, max: 1, grid: { drawOnChartArea: false },
                     title: { display: true, text: "accuracy" } } } }),
   rate: line("rate", [ds("samples/s", 4)]),
-  noise: line("noise", [ds("B_simple", 6)]),
+  noise: line("noise", [ds("B_simple", 6), Object.assign(ds("global batch", 0), { stepped: true })]),
   traffic: line("traffic", [ds("MB/s", 1)]),
   memory: line("memory", []),
   members: line("members", [Object.assign(ds("workers", 0), { stepped: true }),
@@ -52,6 +52,7 @@ function draw(h) {
   count("loss", loss.length + acc.length);
   const noise = series(pts, t0, p => p.noise_scale);
   charts.noise.data.datasets[0].data = noise;
+  charts.noise.data.datasets[1].data = series(pts, t0, p => p.global_batch);
   count("noise", noise.length);
   const rate = series(pts, t0, p => p.samples_per_sec);
   charts.rate.data.datasets[0].data = rate;
