@@ -178,11 +178,20 @@ void check_before_spawning(const TrainArgs& args, const core::Config& config, co
   // model (train/memory_plan.h, train/preflight.h).
   train::preflight(config, plan.world_size, [&](const data::DataSplits& d) {
     const train::MemoryPlan memory = train::plan_memory(config, d, plan.world_size);
-    cli::check_job_memory(
-        plan.nproc_per_node + servers,
-        {memory.model, memory.inputs, memory.activations_plain, memory.activations_checkpointed,
-         memory.activations_predicted, memory.data_bytes},
-        cli::read_memory_budget(), workers_key);
+    try {
+      cli::check_job_memory(
+          plan.nproc_per_node + servers,
+          {memory.model, memory.inputs, memory.activations_plain, memory.activations_checkpointed,
+           memory.activations_predicted, memory.data_bytes},
+          cli::read_memory_budget(), workers_key);
+    } catch (const InvalidArgument& e) {
+      // The activations were sized for an adaptive batch's largest step (memory_plan.cpp).
+      const int64_t max = config.get_int("train.adaptive_batch.max");
+      if (max == 0) throw;
+      throw InvalidArgument(
+          str_cat("train.adaptive_batch.max ", max, " (", max / plan.world_size,
+                  " examples per worker in one forward) does not fit: ", e.what()));
+    }
   });
   // Only rank 0, on node 0, writes the outputs.
   if (plan.node_rank == 0) {

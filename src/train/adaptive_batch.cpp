@@ -111,10 +111,52 @@ void AdaptiveBatch::observe_gradients(double small_sq, int64_t small_batch, doub
 
 void AdaptiveBatch::observe_time(int64_t step, int64_t first_step, double compute_s, double step_s,
                                  int64_t micro_batches) {
-  if (step < first_step + kSettleSteps || micro_batches <= 0) return;
+  if (step < first_step + kSettleSteps || micro_batches <= 0 || micro_batches > o_.max_micro)
+    return;
+  if (compute_sum_.empty()) {
+    compute_sum_.assign(static_cast<size_t>(o_.max_micro + 1), 0.0);
+    compute_steps_.assign(static_cast<size_t>(o_.max_micro + 1), 0.0);
+  }
   window_overhead_ += std::max(0.0, step_s - compute_s);
-  window_compute_per_example_ += compute_s / static_cast<double>(micro_batches * o_.micro);
   ++window_steps_;
+  compute_sum_[static_cast<size_t>(micro_batches)] += compute_s;
+  compute_steps_[static_cast<size_t>(micro_batches)] += 1;
+}
+
+std::optional<double> fitted_overhead(int64_t micro, const std::vector<double>& compute_sums,
+                                      const std::vector<double>& steps, double outside) {
+  // Least squares of the mean compute time of a step against its examples, each count
+  // weighted by its steps.
+  double w = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  int counts = 0;
+  for (size_t k = 1; k < steps.size() && k < compute_sums.size(); ++k) {
+    if (steps[k] <= 0) continue;
+    const double x = static_cast<double>(static_cast<int64_t>(k) * micro);
+    const double y = compute_sums[k] / steps[k];
+    w += steps[k];
+    sx += steps[k] * x;
+    sy += steps[k] * y;
+    sxx += steps[k] * x * x;
+    sxy += steps[k] * x * y;
+    ++counts;
+  }
+  if (counts == 0) return std::nullopt;
+  double alpha = 0, beta = sy / sx;  // one count: a line through 0
+  if (counts >= 2) {
+    beta = (w * sxy - sx * sy) / (w * sxx - sx * sx);
+    alpha = (sy - beta * sx) / w;
+    if (alpha < 0 || beta <= 0) alpha = 0, beta = sy / sx;  // noise: back to the line through 0
+  }
+  if (!(beta > 0)) return std::nullopt;
+  return (outside + alpha) / beta;
+}
+
+std::optional<double> AdaptiveBatch::measured_overhead(const std::vector<double>& v) const {
+  // v: window overhead, window steps, then per count k = 0..max: compute sums, then steps.
+  const auto n = static_cast<std::ptrdiff_t>(o_.max_micro + 1);
+  if (v[1] <= 0) return std::nullopt;
+  return fitted_overhead(o_.micro, {v.begin() + 2, v.begin() + 2 + n},
+                         {v.begin() + 2 + n, v.begin() + 2 + 2 * n}, v[0] / v[1]);
 }
 
 void AdaptiveBatch::maybe_decide(int64_t step, comm::Communicator& group) {
@@ -122,30 +164,47 @@ void AdaptiveBatch::maybe_decide(int64_t step, comm::Communicator& group) {
   // batch the uninterrupted run chose (its checkpoint holds the segment).
   if ((step + 1) % kDecideEvery != 0) return;
   const NoiseScale::State n = noise_.state();
-  // The smoothed estimates of |G|² and tr(Σ) (bias-corrected), and the timing window, averaged
-  // over ranks: every rank then decides on the same numbers.
-  auto sums = torch::tensor(
-      {n.weight > 0 ? n.g_sq / n.weight : 0.0, n.weight > 0 ? n.trace / n.weight : 0.0,
-       window_overhead_, window_compute_per_example_, static_cast<double>(window_steps_)},
-      torch::kFloat64);
-  group.allreduce(sums, comm::ReduceOp::kAvg)->wait();
-  window_overhead_ = window_compute_per_example_ = 0;
-  window_steps_ = 0;
-  const auto v = sums.accessor<double, 1>();
-  const double g_sq = v[0], trace = v[1];
-  double ratio = o_.overhead_examples;
-  if (ratio <= 0) {
-    if (v[4] <= 0 || v[3] <= 0) return;  // nothing timed yet
-    ratio = v[2] / v[3];                 // both are per-step means times the same count
+  const bool timed = o_.overhead_examples <= 0;
+  // The smoothed estimates of |G|² and tr(Σ) (bias-corrected) and the timings, averaged over
+  // ranks: every rank then decides on the same numbers.
+  std::vector<double> v{n.weight > 0 ? n.g_sq / n.weight : 0.0,
+                        n.weight > 0 ? n.trace / n.weight : 0.0, window_overhead_,
+                        static_cast<double>(window_steps_)};
+  if (timed) {
+    const size_t slots = static_cast<size_t>(o_.max_micro + 1);
+    const std::vector<double> none(slots, 0.0);
+    const std::vector<double>& sums = compute_sum_.empty() ? none : compute_sum_;
+    const std::vector<double>& steps = compute_steps_.empty() ? none : compute_steps_;
+    v.insert(v.end(), sums.begin(), sums.end());
+    v.insert(v.end(), steps.begin(), steps.end());
   }
+  auto all = torch::tensor(at::ArrayRef<double>(v), torch::kFloat64);
+  group.allreduce(all, comm::ReduceOp::kAvg)->wait();
+  std::copy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel(), v.begin());
+  window_overhead_ = 0;
+  window_steps_ = 0;
+  const double g_sq = v[0], trace = v[1];
   if (g_sq <= 0 || trace <= 0 || noise_.steps() < kDecideEvery) return;
   const double noise_scale = trace / g_sq;
   const int64_t current = schedule_.segment(step).micro_batches;
-  const int64_t next = choose_micro_batches(o_, noise_scale, ratio, current);
+  std::optional<double> ratio = o_.overhead_examples;
+  bool explore = false;
+  if (timed) {
+    ratio = measured_overhead({v.begin() + 2, v.end()});
+    if (!ratio) return;  // nothing timed yet
+    // One count measured: a window at the next one gives the fit its second point.
+    int counts = 0;
+    for (int64_t k = 1; k <= o_.max_micro; ++k) counts += v[4 + o_.max_micro + 1 + k] > 0;
+    explore = counts < 2 && !explored_ && current < o_.max_micro;
+  }
+  const int64_t next =
+      explore ? current + 1 : choose_micro_batches(o_, noise_scale, *ratio, current);
+  explored_ = explored_ || explore;
   decisions_.push_back({{"step", step + 1},
                         {"noise_scale", noise_scale},
-                        {"overhead_examples", ratio},
-                        {"batch", next * o_.micro}});
+                        {"overhead_examples", *ratio},
+                        {"batch", next * o_.micro},
+                        {"explore", explore}});
   if (next != current) schedule_.append({step + 1, 0, next, noise_scale});
 }
 

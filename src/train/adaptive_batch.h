@@ -12,15 +12,19 @@
 // (AdaScale, for SGD), or its square root for Adam and AdamW (the square-root scaling rule of
 // adaptive methods, Malladi et al. 2022).
 //
-// How krab runs it: the per-worker micro-batch stays data.batch_size (memory does not grow);
-// a step of k global micro-batches accumulates k of them before its one reduction
-// (train/batch_schedule.h), k between the bounds' counts. B_noise comes from the per-worker
+// How krab runs it: a step of k global micro-batches (train/batch_schedule.h), k between the
+// bounds' counts, is one forward and backward of this rank's part of all k (k x
+// data.batch_size examples per worker; the launcher refuses a max whose per-worker batch the
+// memory cannot hold) and one reduction. B_noise comes from the per-worker
 // and averaged gradients data parallelism already has (train/noise_scale.h); `a` and `c` from
 // each step's measured compute and step time, or from train.adaptive_batch.overhead_examples
 // (a/c fixed, which makes the choices a pure function of the gradients: reproducible, and
-// what the tests use). Every `kDecideEvery` steps the ranks average their estimates in one
-// all-reduce of five numbers and all take the same decision for the steps to come; the
-// decisions are the schedule's segments, in the report and in every checkpoint, so a resumed
+// what the tests use). Measured, the compute of a step is fitted as α + β·B over the counts
+// run so far (a forward of more examples costs less per example on most hardware: α joins
+// `a`); while only one count was run, the first decision tries the next larger one for a
+// window, so that the line has two points. Every `kDecideEvery` steps the ranks average their
+// estimates in one all-reduce of five numbers and all take the same decision for the steps to come;
+// the decisions are the schedule's segments, in the report and in every checkpoint, so a resumed
 // run continues the same sequence of batches and rates.
 #pragma once
 
@@ -73,6 +77,14 @@ double adascale_gain(double noise_scale, int64_t min_batch, int64_t batch);
 int64_t choose_micro_batches(const AdaptiveBatchOptions& o, double noise_scale,
                              double overhead_examples, int64_t current);
 
+// a/c in examples from timings: the mean compute seconds of a step of k micro-batches
+// (compute_sums[k] / steps[k], k >= 1, counts never run have 0 steps) fitted as α + β·k·micro,
+// and `outside` the mean seconds a step spends outside its compute: (outside + α) / β. With one
+// count run, α = 0 (a line through the origin), as also when the fit gives α < 0 or β <= 0.
+// None when nothing was timed.
+std::optional<double> fitted_overhead(int64_t micro, const std::vector<double>& compute_sums,
+                                      const std::vector<double>& steps, double outside);
+
 class AdaptiveBatch {
  public:
   static constexpr int64_t kDecideEvery = 25;  // steps between decisions
@@ -102,9 +114,18 @@ class AdaptiveBatch {
  private:
   AdaptiveBatchOptions o_;
   BatchSchedule& schedule_;
+  // The overhead a/c in examples from the ranks' averaged timings: `a` the mean time a step
+  // spent outside its forward and backward plus the fixed part of a forward, `c` the time per
+  // example, fitted over the counts measured (time = α + β · examples per step); none before
+  // anything was timed.
+  std::optional<double> measured_overhead(const std::vector<double>& averaged) const;
+
   NoiseScale noise_;
-  double window_overhead_ = 0, window_compute_per_example_ = 0;  // sums over timed steps
+  double window_overhead_ = 0;  // seconds outside compute, summed over the window's timed steps
   int64_t window_steps_ = 0;
+  // Per count k of micro-batches (index k): compute seconds summed, and steps, over the run.
+  std::vector<double> compute_sum_, compute_steps_;
+  bool explored_ = false;  // one window was spent on a larger count to fit the line
   nlohmann::json decisions_ = nlohmann::json::array();
 };
 

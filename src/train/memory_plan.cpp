@@ -150,7 +150,11 @@ MemoryPlan plan_memory(const core::Config& job, const data::DataSplits& d, int w
       if (p.trainable) params.push_back({p.name, p.shape});
     candidates = table.unit_candidates;
     count = table.numel();
-    const int64_t batch = c.get_int("data.batch_size");
+    // An adaptive batch's largest step is one forward of max / world examples per worker.
+    const int64_t adaptive_max = int_key_or(c, "train.adaptive_batch.max", 0);
+    const int64_t batch = adaptive_max > 0 ? std::max<int64_t>(c.get_int("data.batch_size"),
+                                                               adaptive_max / std::max(world, 1))
+                                           : c.get_int("data.batch_size");
     plan.activations_plain = models::activation_bytes(spec, batch, false);
     plan.activations_checkpointed = models::activation_bytes(spec, batch, true);
   }

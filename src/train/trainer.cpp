@@ -106,6 +106,7 @@ struct Trainer::Loop {
   bool recover(const std::string& cause);
   double compute(const engine::StepPlan& plan);
   std::pair<at::Tensor, at::Tensor> batch(int64_t sampler_step, data::BatchSlice part);
+  std::pair<at::Tensor, at::Tensor> fused(int64_t first, int64_t count, data::BatchSlice part);
   void end_of_step(int64_t step, double loss, int64_t examples, bool again = false);
   bool loss_is_shared(int64_t step) const;
   double share_loss(double loss, int64_t examples);
@@ -529,10 +530,15 @@ bool Trainer::Loop::recover(const std::string& cause) {
 }
 
 // Forward and backward of the step's micro-batches on this rank's slice; the mean loss.
+// train.grad_accum's micro-batches are one forward and backward each (the point is the memory
+// of one); an adaptive batch's are one forward of them all (the launcher checked that memory
+// holds the largest, cli/main.cpp), the per-worker batch a larger step is meant to have. The
+// loss is the mean over the step's examples either way.
 double Trainer::Loop::compute(const engine::StepPlan& plan) {
   models::Model& model = engine->model();
-  const int64_t accum = schedule->micro_batches(plan.step);
+  const int64_t micro = schedule->micro_batches(plan.step);
   const int64_t first = schedule->first_micro(plan.step);
+  const int64_t accum = adaptive ? 1 : micro;  // forward passes
   double step_loss = 0;
   compute_seconds = 0;
   Clock::time_point t_backward;  // backward and train.slow_rank's delay: one span
@@ -540,7 +546,7 @@ double Trainer::Loop::compute(const engine::StepPlan& plan) {
     engine->before_backward(m, m == accum - 1);
     const auto t_compute = Clock::now();
     auto data_span = events.time(phase::kData);
-    const auto xy = batch(first + m, plan.slice);
+    const auto xy = accum == micro ? batch(first + m, plan.slice) : fused(first, micro, plan.slice);
     data_span.stop();
     // A run's first step turns LibTorch's error into one naming train.precision when bf16
     // autocast cannot run this model (precision.h). Only the forward and the loss are autocast.
@@ -582,6 +588,18 @@ std::pair<at::Tensor, at::Tensor> Trainer::Loop::batch(int64_t sampler_step,
                                                        data::BatchSlice part) {
   if (batches) return batches->get(sampler_step, part);
   return data::gather(d.training(), sampler->slice(sampler_step, part));
+}
+
+// This rank's part of micro-batches first..first+count-1, as one batch.
+std::pair<at::Tensor, at::Tensor> Trainer::Loop::fused(int64_t first, int64_t count,
+                                                       data::BatchSlice part) {
+  std::vector<at::Tensor> xs, ys;
+  for (int64_t m = 0; m < count; ++m) {
+    auto xy = batch(first + m, part);
+    xs.push_back(std::move(xy.first));
+    ys.push_back(std::move(xy.second));
+  }
+  return {torch::cat(xs), torch::cat(ys)};
 }
 
 // `again`: this rank ran this step's end before a change cut it short elsewhere; it takes part

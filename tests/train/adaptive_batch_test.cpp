@@ -83,6 +83,24 @@ TEST(AdaptiveBatch, ChoosesTheGoodputOptimalCount) {
   EXPECT_EQ(choose_micro_batches(o, 1024, 256, 1), 4);
 }
 
+TEST(AdaptiveBatch, TheOverheadIsFittedFromTheCountsRun) {
+  // A step of k micro-batches of 64 computes in 0.01 + 1e-4 · 64k s (3 and 1 steps measured),
+  // and spends 0.005 s outside: a/c = (0.005 + 0.01) / 1e-4 = 150 examples.
+  const auto t = [](int k) { return 0.01 + 1e-4 * 64 * k; };
+  const auto both = fitted_overhead(64, {0, 3 * t(1), t(2)}, {0, 3, 1}, 0.005);
+  ASSERT_TRUE(both);
+  EXPECT_NEAR(*both, 150, 1e-6);
+  // One count: the line through 0, so a/c = outside / (t / examples).
+  const auto one = fitted_overhead(64, {0, 2 * t(1)}, {0, 2}, 0.005);
+  ASSERT_TRUE(one);
+  EXPECT_NEAR(*one, 0.005 / (t(1) / 64), 1e-9);
+  // A fit whose intercept comes out negative (noise) falls back to the line through 0.
+  const auto noisy = fitted_overhead(64, {0, 0.001, 0.1}, {0, 1, 1}, 0.005);
+  ASSERT_TRUE(noisy);
+  EXPECT_NEAR(*noisy, 0.005 / (0.101 / 192), 1e-9);
+  EXPECT_FALSE(fitted_overhead(64, {0, 0}, {0, 0}, 0.005));
+}
+
 TEST(AdaptiveBatch, TheLearningRateFollowsTheGainOrItsRoot) {
   AdaptiveBatchOptions o;
   o.micro = 100;
