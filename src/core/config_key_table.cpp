@@ -208,6 +208,14 @@ std::vector<KeySpec> train_keys() {
               0),
       int_key("train.eval_every", "0",
               "Evaluate on the test split every N steps; 0 evaluates only at the end.", 0),
+      int_key("train.eval_examples", "0",
+              "Evaluate on the first N examples of the test split only (every evaluation: "
+              "`train.eval_every`'s, the final one, the parameter server's and federated "
+              "learning's held-out score); 0, or N past the split's end, uses the whole split. "
+              "The same N examples whatever the number of workers, split among them as the "
+              "whole split would be. For quick runs and tests: the report then says "
+              "`eval_examples`, the number evaluated.",
+              0),
       string_key("train.precision", "fp32",
                  "Arithmetic of the training forward: `fp32`, or `bf16` (LibTorch's CPU "
                  "autocast: matrix products and convolutions in bfloat16, losses in fp32; "

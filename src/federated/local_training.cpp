@@ -81,21 +81,24 @@ LocalResult LocalTrainer::train(const at::Tensor& global, const data::TensorData
   return r;
 }
 
-double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data) {
+double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data,
+                int64_t examples) {
   if (data.size() == 0) return 0;
   model.eval();
-  const double value = train::evaluate_range(model, metric, data, 0, data.size()).value();
+  const double value =
+      train::evaluate_range(model, metric, data, 0, train::evaluation_size(data.size(), examples))
+          .value();
   model.train();
   return value;
 }
 
 RoundRunner::Evaluator held_out_evaluator(models::Model& model, const data::DataSplits& splits,
-                                          train::Metric metric) {
+                                          train::Metric metric, int64_t eval_examples) {
   if (!splits.test || splits.test->size() == 0) return {};
-  return [&model, &splits, metric](const at::Tensor& global) {
+  return [&model, &splits, metric, eval_examples](const at::Tensor& global) {
     load_flat_parameters(model, global);
     return RoundRunner::Score{metric == train::Metric::kLoss,
-                              evaluate(model, metric, *splits.test)};
+                              evaluate(model, metric, *splits.test, eval_examples)};
   };
 }
 

@@ -81,14 +81,18 @@ class LocalTrainer {
   int64_t num_parameters_ = 0;
 };
 
-// `metric` of `model` on `data` in eval mode: accuracy (correct / total) or the example-weighted
-// mean training loss (train/job.h, evaluate_range); 0 for an empty set. Leaves it in train mode.
-double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data);
+// `metric` of `model` on the first `examples` of `data` (all of them when `examples` is 0 or
+// larger: train::evaluation_size) in eval mode: accuracy (correct / total) or the
+// example-weighted mean training loss (train/job.h, evaluate_range); 0 for an empty set. Leaves
+// it in train mode.
+double evaluate(models::Model& model, train::Metric metric, const data::TensorDataset& data,
+                int64_t examples = 0);
 
 // A server's evaluator (RoundRunner::Evaluator): loads a flat parameter vector into `model` and
-// returns `metric` on `splits.test`; empty (nothing to evaluate) when there is no test data.
-// `model` and `splits` must outlive it.
+// returns `metric` on the first `eval_examples` of `splits.test` (train.eval_examples; 0: all of
+// it); empty (nothing to evaluate) when there is no test data. `model` and `splits` must outlive
+// it.
 RoundRunner::Evaluator held_out_evaluator(models::Model& model, const data::DataSplits& splits,
-                                          train::Metric metric);
+                                          train::Metric metric, int64_t eval_examples);
 
 }  // namespace krab::federated

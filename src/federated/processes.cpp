@@ -156,7 +156,8 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
                             core::FileAccess::kShared);
 
   RoundRunner runner(fo, flatten_parameters(*model), /*parallel_calls=*/true,
-                     held_out_evaluator(*model, d, train::resolve_metric(config, *model, d)));
+                     held_out_evaluator(*model, d, train::resolve_metric(config, *model, d),
+                                        config.get_int("train.eval_examples")));
   const std::string run_dir = train::run_directory(config);
   const ServerCheckpoint checkpoint(config, run_dir, signature);
   checkpoint.resume(runner);
@@ -185,6 +186,9 @@ nlohmann::json run_fl_server(const core::Config& config, const ServerRunOptions&
   report["dp"] = dp_mode_name(fo.dp);
   report["clients_joined"] = joined;
   add_history(report, runner);
+  if (config.get_int("train.eval_examples") > 0 && d.test)
+    report["eval_examples"] =
+        train::evaluation_size(d.test->size(), config.get_int("train.eval_examples"));
   report["wire_bytes_in"] = st.bytes_in;
   report["wire_bytes_out"] = st.bytes_out;
   report["refused_calls"] = st.refused_calls;

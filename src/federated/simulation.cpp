@@ -182,8 +182,9 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
 
   const train::Metric metric = train::resolve_metric(config, *eval_model, d);
   train::dry_run(*eval_model, d, config);  // before any round; changes no state (train/dry_run.h)
-  RoundRunner runner(fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false,
-                     held_out_evaluator(*eval_model, d, metric));
+  RoundRunner runner(
+      fo, flatten_parameters(trainer.model()), /*parallel_calls=*/false,
+      held_out_evaluator(*eval_model, d, metric, config.get_int("train.eval_examples")));
   const std::string run_dir = train::run_directory(config);
   const ServerCheckpoint checkpoint(config, run_dir, signature);
   checkpoint.resume(runner);
@@ -220,6 +221,9 @@ nlohmann::json run_simulation(const core::Config& config, const SimulationOption
   report["model"] = spec.name;
   report["parameters"] = trainer.num_parameters();
   add_history(report, runner);
+  if (config.get_int("train.eval_examples") > 0 && d.test)
+    report["eval_examples"] =
+        train::evaluation_size(d.test->size(), config.get_int("train.eval_examples"));
   report["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!options.report_path.empty())
     core::write_file_atomic(options.report_path, core::dump_json(report),

@@ -238,7 +238,9 @@ nlohmann::json chief_report(ServerJob& job, const sync::ShardOptions& so,
   RunOutcome out;
   if (const data::Dataset* test = job.d.testing()) {
     job.model->eval();
-    const double value = evaluate_range(*job.model, job.metric, *test, 0, test->size()).value();
+    const int64_t n = evaluation_size(test->size(), job.o.eval_examples);
+    const double value = evaluate_range(*job.model, job.metric, *test, 0, n).value();
+    if (job.o.eval_examples > 0) out.eval_examples = n;
     if (job.metric == Metric::kLoss)
       out.test_loss = value;
     else

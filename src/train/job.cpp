@@ -324,6 +324,10 @@ EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset
   return s;
 }
 
+int64_t evaluation_size(int64_t size, int64_t eval_examples) {
+  return eval_examples > 0 ? std::min(size, eval_examples) : size;
+}
+
 void print_model_warnings(const models::Model& model) {
   if (const auto* ts = dynamic_cast<const models::TorchScriptModel*>(&model))
     for (const std::string& w : ts->warnings())

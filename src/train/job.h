@@ -132,4 +132,9 @@ struct EvalSums {
 EvalSums evaluate_range(models::Model& model, Metric metric, const data::Dataset& test, int64_t lo,
                         int64_t hi);
 
+// How many examples of a test split of `size` evaluation reads: the first `eval_examples`
+// (train.eval_examples), all `size` when that is 0 or larger. Every evaluation of a job takes
+// examples 0..evaluation_size() of its split, so the subset is the same on any number of ranks.
+int64_t evaluation_size(int64_t size, int64_t eval_examples);
+
 }  // namespace krab::train

@@ -69,7 +69,7 @@ std::string string_key_or(const core::Config& c, const std::string& key,
 }
 
 int64_t evaluation_activation_bytes(const models::ModelSpec& spec, int64_t test_size, int world) {
-  // Each rank evaluates its contiguous share (trainer.cpp's evaluate): the largest is the ceiling.
+  // Each rank evaluates its contiguous share (train/evaluation.h): the largest is the ceiling.
   const int64_t share = (test_size + world - 1) / std::max(world, 1);
   return models::evaluation_activation_bytes(spec, std::min(share, kEvaluationBatch));
 }
@@ -161,8 +161,10 @@ MemoryPlan plan_memory(const core::Config& job, const data::DataSplits& d, int w
   plan.model = str_cat("a ", spec.name, " of ", billions(count), " parameters");
   plan.inputs = memory_inputs(c, world, params, candidates);
   if (spec.name != "torchscript")
-    plan.inputs.evaluation_activation_bytes =
-        evaluation_activation_bytes(spec, d.testing() ? d.testing()->size() : 0, world);
+    plan.inputs.evaluation_activation_bytes = evaluation_activation_bytes(
+        spec,
+        d.testing() ? evaluation_size(d.testing()->size(), c.get_int("train.eval_examples")) : 0,
+        world);
   plan.inputs.activation_bytes =
       plan.inputs.activation_checkpointing && plan.activations_checkpointed >= 0
           ? plan.activations_checkpointed

@@ -57,8 +57,9 @@ parallel::zero::MemoryInputs memory_inputs(const core::Config& config, int world
 int64_t archive_values(const std::string& path);
 
 // The activation bytes evaluation's forward pass peaks at on one rank of a `world`-rank group:
-// no gradients, over the rank's share of a test split of `test_size` examples, at most
-// kEvaluationBatch at a time (models/describe.h); 0 without a test split. Pure.
+// no gradients, over the rank's share of the `test_size` examples it evaluates (the split, or
+// train.eval_examples of it: evaluation_size, train/job.h), at most kEvaluationBatch at a time
+// (models/describe.h); 0 without a test split. Pure.
 int64_t evaluation_activation_bytes(const models::ModelSpec& spec, int64_t test_size, int world);
 
 // The value of an int / bool / string key when the registry has it, else `fallback`.

@@ -43,6 +43,7 @@ TrainOptions TrainOptions::from_config(const core::Config& c) {
   o.checkpoint_keep = static_cast<int>(c.get_int("checkpoint.keep"));
   o.resume = c.get_bool("checkpoint.resume");
   o.eval_every = c.get_int("train.eval_every");
+  o.eval_examples = c.get_int("train.eval_examples");
   o.log_every = c.get_int("train.log_every");
   o.local_sgd_period = c.get_int("sync.period");
   o.local_sgd_warmup = c.get_int("sync.warmup_steps");

@@ -27,6 +27,7 @@ struct TrainOptions {
   int checkpoint_keep = 0;
   bool resume = false;
   int64_t eval_every = 0;
+  int64_t eval_examples = 0;  // train.eval_examples: 0 = the whole test split
   int64_t log_every = 0;
   int64_t local_sgd_period = 1;            // sync.period
   int64_t local_sgd_warmup = 0;            // sync.warmup_steps

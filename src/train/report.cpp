@@ -29,6 +29,7 @@ nlohmann::json make_report(const RunOutcome& o, const nlohmann::json& engine_fie
     evals.push_back(
         {{"step", o.steps}, {"seconds", o.train_seconds}, {"test_accuracy", o.test_accuracy}});
   }
+  if (o.eval_examples > 0) report["eval_examples"] = o.eval_examples;
   report["train_seconds"] = o.train_seconds;
   report["evals"] = evals;
   report["bytes_sent"] = o.bytes_sent;

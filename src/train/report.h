@@ -30,6 +30,9 @@ struct RunOutcome {
   // instead of accuracy; the report then says "metric": "loss").
   double test_accuracy = -1;
   std::optional<double> test_loss;
+  // The test examples evaluated when train.eval_examples limits them (the report's
+  // eval_examples: accuracy or loss on a subset); 0: the whole split, left out.
+  int64_t eval_examples = 0;
   double train_seconds = 0;
   nlohmann::json evals = nlohmann::json::array();  // [{step, seconds, test_accuracy|test_loss}]
   uint64_t bytes_sent = 0, bytes_sent_steps = 0;

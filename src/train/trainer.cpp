@@ -30,6 +30,7 @@
 #include "train/checkpoint.h"
 #include "train/dry_run.h"
 #include "train/engines.h"
+#include "train/evaluation.h"
 #include "train/manifest.h"
 #include "train/memory_plan.h"
 #include "train/memory_report.h"
@@ -54,23 +55,6 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 double unix_seconds_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// The metric on the whole test split: each rank evaluates its share, the sums add up over the
-// group.
-double evaluate(models::Model& model, Metric metric, const data::Dataset& test,
-                comm::Communicator& comm) {
-  const int64_t n = test.size();
-  const int64_t lo = n * comm.rank() / comm.size(), hi = n * (comm.rank() + 1) / comm.size();
-  const EvalSums part = evaluate_range(model, metric, test, lo, hi);
-  auto sums = torch::tensor({part.sum, part.count}, torch::kFloat64);
-  comm.allreduce(sums)->wait();
-  return EvalSums{sums[0].item<double>(), sums[1].item<double>()}.value();
-}
-
-// The metric of `model` on the whole test split, on this rank alone.
-double evaluate_alone(models::Model& model, Metric metric, const data::Dataset& test) {
-  return evaluate_range(model, metric, test, 0, test.size()).value();
 }
 
 // A copy of the parameters to evaluate after training (EvaluationMode::kDeferred).
@@ -734,7 +718,7 @@ void Trainer::Loop::maybe_evaluate(int64_t step, bool again) {
   engine->settle();
   models::Model& model = engine->model();
   model.eval();
-  const double value = evaluate(model, metric, *d.testing(), *group);
+  const double value = evaluate(model, metric, *d.testing(), o.eval_examples, *group);
   model.train();
   eval_secs += seconds_between(t_eval, Clock::now());
   if (again) return;
@@ -786,7 +770,9 @@ nlohmann::json Trainer::Loop::finish_group() {
   models::Model& model = engine->model();
   if (d.testing() != nullptr) {
     model.eval();
-    const double value = evaluate(model, metric, *d.testing(), *group);
+    const double value = evaluate(model, metric, *d.testing(), o.eval_examples, *group);
+    if (o.eval_examples > 0)
+      out.eval_examples = evaluation_size(d.testing()->size(), o.eval_examples);
     if (metric == Metric::kLoss)
       out.test_loss = value;
     else
@@ -829,8 +815,9 @@ nlohmann::json Trainer::Loop::finish_group() {
       c, model, memory,
       models::activation_bytes(model_spec(c, d), o.batch,
                                bool_key_or(c, "model.activation_checkpointing", false)),
-      evaluation_activation_bytes(model_spec(c, d), d.testing() ? d.testing()->size() : 0,
-                                  workers()),
+      evaluation_activation_bytes(
+          model_spec(c, d), d.testing() ? evaluation_size(d.testing()->size(), o.eval_examples) : 0,
+          workers()),
       d.training().resident_bytes() + (d.testing() ? d.testing()->resident_bytes() : 0));
   if (progress) {
     events.gauge("samples_per_sec", out.samples_per_sec, steps);
@@ -930,7 +917,7 @@ nlohmann::json Trainer::Loop::finish_alone() {
     for (const Snapshot& snap : snapshots) {
       engine->keep_alive();  // one evaluation must take less than sync.worker_timeout_s
       core::unflatten_into(snap.values, params);
-      const double value = evaluate_alone(model, metric, *d.testing());
+      const double value = evaluate_alone(model, metric, *d.testing(), o.eval_examples);
       engine::Evaluation e{snap.step, snap.trained_seconds};
       (metric == Metric::kLoss ? e.test_loss : e.test_accuracy) = value;
       summary.evals.push_back(e);

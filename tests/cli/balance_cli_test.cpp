@@ -23,7 +23,7 @@ TEST_F(Cli, BalancedSlicesEndWhereEqualSlicesEnd) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16, normalize: false}
-train: {steps: 10, slow_rank: 3, slow_delay_ms: 120,
+train: {steps: 10, slow_rank: 3, slow_delay_ms: 120, eval_examples: 500,
         optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 4, balance_every: 3}
 )");

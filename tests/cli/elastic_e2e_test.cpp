@@ -243,12 +243,12 @@ TEST_F(Elastic, AFrozenWorkerIsDroppedAfterDeadAfterMs) {
 // RUN_DIR/autoscale.json must follow from the rates it records (add: no addition measured yet,
 // or efficiency >= up; remove: efficiency < down), every change is a join or a leave that lost
 // no step, and on a 2-core machine the run cannot settle above 2 workers: a third CNN worker
-// only shares the cores.
+// only shares the cores. (The final evaluation is no part of it: 500 test images, not 10,000.)
 TEST_F(Elastic, AutoscaleFromOneWorkerSettlesWhereTheLastAdditionStillPaid) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 128}
-train: {steps: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+train: {steps: 500, eval_examples: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 1}
 elastic: {enabled: true, max_workers: 4,
           autoscale: {provider: local, window_steps: 8, cooldown_steps: 30}}

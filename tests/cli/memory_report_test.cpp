@@ -17,7 +17,7 @@ TEST_F(Cli, ReportMemoryIsTheClosedFormForACnnWithAdam) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16}
-train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+train: {steps: 3, eval_examples: 500, optimizer: {name: adam, lr: 0.001}}
 parallel: {workers: 2}
 )");
   const Result r = run(krab("train job.yaml --report r.json"));
@@ -70,7 +70,7 @@ TEST_F(Cli, ReportMemoryAtStagesOneToThreeIsTheIssuesForms) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16}
-train: {steps: 3, optimizer: {name: adam, lr: 0.001}}
+train: {steps: 3, eval_examples: 500, optimizer: {name: adam, lr: 0.001}}
 parallel: {workers: 2}
 )");
   const double psi = 421642, n = 2, padded_max = psi + 4 * n * 16;  // 4 units (conv1 .. fc2)

@@ -32,7 +32,7 @@ def command(krab, workdir, *extra):
            "--set", f"train.steps={STEPS}", "--set", "parallel.workers=2",
            "--set", f"train.eval_every={EVERY}", "--set", f"checkpoint.every_steps={EVERY}",
            "--set", "data.batch_size=32", "--set", f"checkpoint.dir={workdir}/run",
-           "--set", "comm.timeout_s=60", *extra]
+           "--set", "comm.timeout_s=60", "--set", "train.eval_examples=500", *extra]
 
 
 def environment(workdir):

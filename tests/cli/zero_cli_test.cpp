@@ -27,7 +27,7 @@ TEST_F(Cli, ZeroStagesOneToThreeEndWhereStageZeroEnds) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16}
-train: {steps: 6, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+train: {steps: 6, eval_examples: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 4, bucket_mb: 0.5}
 )");
   auto base = run(krab("train job.yaml --report r0.json --set checkpoint.dir=s0"));
@@ -107,7 +107,7 @@ TEST_F(Cli, ZeroOffloadToDiskEndsWhereStageTwoEnds) {
   write("job.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16}
-train: {steps: 4, optimizer: {name: adam, lr: 0.002}}
+train: {steps: 4, eval_examples: 500, optimizer: {name: adam, lr: 0.002}}
 parallel: {workers: 2, zero_stage: 2}
 )");
   auto base = run(krab("train job.yaml --set checkpoint.dir=s0"));

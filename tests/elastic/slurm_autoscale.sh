@@ -52,7 +52,7 @@ trap cleanup EXIT
 cat >"$RUN/job.yaml" <<'EOF'
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 128}
-train: {steps: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+train: {steps: 500, eval_examples: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 1}
 elastic: {enabled: true, max_workers: 4, wait_s: 30,
           autoscale: {provider: slurm, window_steps: 8, cooldown_steps: 30}}

@@ -56,7 +56,7 @@ echo "port in use: exit 2 after $("$PY" -c "print(f'{$T1 - $T0:.1f}')") s: $(gre
 # 2. The run, scraped. A copy of /metrics midway is kept for the checks of step 3.
 START=$(date +%s)
 "$KRAB" train "$JOB" --set parallel.workers=2 --set train.steps="$STEPS" \
-  --set train.slow_rank=1 --set train.slow_delay_ms=60 \
+  --set train.slow_rank=1 --set train.slow_delay_ms=60 --set train.eval_examples=500 \
   --set monitor.port="$KPORT" --set checkpoint.dir="$WORK/run" --report "$WORK/report.json" \
   >"$WORK/train.log" 2>&1 &
 KRAB_PID=$!

@@ -44,11 +44,12 @@ parallel: {workers: 2}
 comm: {timeout_s: 20}
 )";
 
+// (train.eval_examples: the check is on the parameters; 500 test images evaluate, not 10,000.)
 TEST_F(MemoryOptions, CheckpointingChangesNoBitOfTheTrainedModel) {
   write("cnn.yaml", R"(
 model: {name: cnn}
 data: {name: fashion-mnist, batch_size: 16}
-train: {steps: 6, grad_accum: 2, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
+train: {steps: 6, grad_accum: 2, eval_examples: 500, optimizer: {name: sgd, lr: 0.05, momentum: 0.9}}
 parallel: {workers: 2}
 comm: {timeout_s: 20}
 )");

@@ -40,12 +40,13 @@ torch.save(cls(256), os.path.join(d, "cls_train.pt"))
 torch.save(cls(128), os.path.join(d, "cls_test.pt"))
 )PY";
 
-// The mean squared error on reg_test.pt, in float64, of the initial module (reg.ts) and of each
-// model.pt named: one number a line.
+// The mean squared error on reg_test.pt (on its first N rows when N is set), in float64, of
+// the initial module (reg.ts) and of each model.pt named: one number a line.
 const char* kExpect = R"PY(
-import sys, torch
+import os, sys, torch
 d = torch.load(sys.argv[1])
-x, y = d["x"].double(), d["y"].double()
+n = int(os.environ.get("N", "0")) or len(d["y"])
+x, y = d["x"][:n].double(), d["y"][:n].double()
 def mse(w, b):
     return float(((x @ w.double().T + b.double()).squeeze(1) - y).pow(2).mean())
 m = torch.jit.load(sys.argv[2])
@@ -81,11 +82,13 @@ class Metric : public Cli {
   nlohmann::json report(const std::string& name) {
     return nlohmann::json::parse(krab::core::read_file((dir_ / name).string()));
   }
-  // PyTorch's mean squared error on the test file: of the initial module, then of `model_pt`.
-  std::vector<double> expected_mse(const std::string& model_pt) {
+  // PyTorch's mean squared error on the test file (its first `n` rows; 0: all): of the initial
+  // module, then of `model_pt`.
+  std::vector<double> expected_mse(const std::string& model_pt, int n = 0) {
     write("expect.py", kExpect);
-    const Result r = run(python("expect.py") + " " + (dir_ / "reg_test.pt").string() + " " +
-                         (dir_ / "reg.ts").string() + " " + (dir_ / model_pt).string());
+    const Result r = run("N=" + std::to_string(n) + " " + python("expect.py") + " " +
+                         (dir_ / "reg_test.pt").string() + " " + (dir_ / "reg.ts").string() + " " +
+                         (dir_ / model_pt).string());
     EXPECT_EQ(r.code, 0) << r.output;
     std::istringstream in(r.output);
     std::vector<double> v;
@@ -93,12 +96,13 @@ class Metric : public Cli {
     EXPECT_EQ(v.size(), 2u) << r.output;
     return v;
   }
-  // The report's metric is the test loss, equal to PyTorch's MSE of model.pt within 1e-5
-  // relative, below the initial model's (training happened), and every evaluation is a loss.
-  void expect_test_loss(const nlohmann::json& r, const std::string& model_pt) {
+  // The report's metric is the test loss, equal to PyTorch's MSE of model.pt (on the first `n`
+  // test rows; 0: all) within 1e-5 relative, below the initial model's (training happened),
+  // and every evaluation is a loss.
+  void expect_test_loss(const nlohmann::json& r, const std::string& model_pt, int n = 0) {
     ASSERT_EQ(r.value("metric", ""), "loss") << r.dump();
     EXPECT_FALSE(r.contains("test_accuracy"));
-    const std::vector<double> mse = expected_mse(model_pt);
+    const std::vector<double> mse = expected_mse(model_pt, n);
     ASSERT_EQ(mse.size(), 2u);
     const double got = r["test_loss"].get<double>();
     EXPECT_LE(std::abs(got - mse[1]), 1e-5 * mse[1]) << got << " vs " << mse[1];
@@ -118,6 +122,27 @@ TEST_F(Metric, SynchronousRunReportsTheTestMseOfItsModel) {
   }
   EXPECT_EQ(rep["evals"][1]["test_loss"], rep["test_loss"]);
   EXPECT_NE(r.output.find("krab: test loss "), std::string::npos) << r.output;
+}
+
+// train.eval_examples 100 of the 300 test rows, in every mode that evaluates: the reported loss
+// is PyTorch's MSE of model.pt on those 100 rows (not on all 300, which differs), and the
+// report says how many it evaluated. The synchronous run's 2 workers take 50 rows each.
+TEST_F(Metric, EvalExamplesScoresTheFirstNTestRowsInEveryMode) {
+  int k = 0;
+  for (const std::string how :
+       {"train reg.yaml", "train reg.yaml --set sync.mode=async", "fl-sim reg.yaml"}) {
+    SCOPED_TRACE(how);
+    const std::string run_dir = "e" + std::to_string(k++);
+    const Result r = run(krab(how + " --set train.eval_examples=100 --report r.json " +
+                              "--set checkpoint.dir=" + run_dir));
+    ASSERT_EQ(r.code, 0) << r.output;
+    const auto rep = report("r.json");
+    expect_test_loss(rep, run_dir + "/model.pt", 100);
+    EXPECT_EQ(rep.value("eval_examples", 0), 100) << rep.dump();
+    const std::vector<double> all = expected_mse(run_dir + "/model.pt");
+    ASSERT_EQ(all.size(), 2u);
+    EXPECT_GT(std::abs(rep["test_loss"].get<double>() - all[1]), 1e-4 * all[1]);
+  }
 }
 
 TEST_F(Metric, ParameterServerReportsTheTestMseOfItsModel) {

@@ -58,6 +58,17 @@ TEST(MakeReport, AppendsTheFinalEvaluationAndMergesTheEngineFields) {
   EXPECT_TRUE(r["samples_per_sec"].is_null());
   EXPECT_EQ(describe_samples_per_sec(r), "samples/s not measured");
   EXPECT_EQ(r["config"]["name"], "x");
+  EXPECT_FALSE(r.contains("eval_examples"));  // the whole test split: nothing to say
+}
+
+// train.eval_examples: a reader of the report learns that accuracy is a subset's.
+TEST(MakeReport, SaysHowManyExamplesWereEvaluatedWhenLimited) {
+  RunOutcome o;
+  o.test_accuracy = 0.75;
+  o.eval_examples = 500;
+  const auto r = make_report(o, {}, {});
+  EXPECT_EQ(r["eval_examples"], 500);
+  EXPECT_EQ(r["test_accuracy"], 0.75);
 }
 
 // train.metric loss: the report says so, carries test_loss where accuracy would be, and the
