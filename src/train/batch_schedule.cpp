@@ -29,7 +29,8 @@ int64_t BatchSchedule::first_micro(int64_t step) const {
 
 int64_t BatchSchedule::micro_batches(int64_t step) const {
   const int64_t first = first_micro(step);
-  return std::max<int64_t>(0, std::min(segment(step).micro_batches, total_micro_ - first));
+  const int64_t count = segment(step).micro_batches;
+  return first < total_micro_ ? std::min(count, total_micro_ - first) : count;
 }
 
 bool BatchSchedule::crosses(int64_t step, int64_t every) const {

@@ -38,10 +38,12 @@ class BatchSchedule {
   // The run's length in units (the progress bar's total; what train.steps asked for).
   int64_t total_units() const { return total_micro_ / unit_; }
 
-  // Step `step` (>= 0, inside the schedule's segments): its first global micro-batch and how
-  // many it takes (cut at total_micro).
+  // Step `step` (>= 0): its first global micro-batch and how many it takes (the last step's
+  // cut at total_micro). A step past the end (past_end: a parameter server hands out a dead
+  // worker's share as steps beyond the run's) takes its segment's count, as every step did.
   int64_t first_micro(int64_t step) const;
   int64_t micro_batches(int64_t step) const;
+  bool past_end(int64_t step) const { return first_micro(step) >= total_micro_; }
   int64_t micro_after(int64_t step) const { return first_micro(step) + micro_batches(step); }
   // Whole units done before `step` starts: what the learning-rate schedule reads.
   int64_t units_before(int64_t step) const { return first_micro(step) / unit_; }

@@ -401,7 +401,7 @@ void Trainer::Loop::train_steps() {
   while (const auto plan = engine->next_step()) {
     // An adaptive batch that grew reaches the end of the data in fewer steps than the engine
     // was given (every rank stops at the same step: the schedule is the same everywhere).
-    if (schedule->micro_batches(plan->step) == 0) break;
+    if (adaptive && schedule->past_end(plan->step)) break;
     maybe_snapshot(*plan);
     if (plan->step == start_step + warmup) {
       t_warm = Clock::now();

@@ -41,7 +41,9 @@ TEST(BatchSchedule, SegmentsStartWhereTheOnesBeforeEndAndTheLastStepIsCut) {
   EXPECT_FALSE(s.last(7));
   EXPECT_EQ(s.micro_batches(8), 3);  // 17..20: what is left
   EXPECT_TRUE(s.last(8));
-  EXPECT_EQ(s.micro_batches(9), 0);
+  EXPECT_TRUE(s.past_end(9));
+  EXPECT_FALSE(s.past_end(8));
+  EXPECT_EQ(s.micro_batches(9), 4);  // past the end: the segment's count, uncut
   // Evaluation every 10 units: crossed by the step holding micro-batch 10 (step 6: 9..13).
   for (int64_t step = 0; step <= 8; ++step) EXPECT_EQ(s.crosses(step, 10), step == 6 || step == 8);
   EXPECT_THROW(s.append({5, 0, 2, 0}), InvalidArgument);  // not after the last segment
