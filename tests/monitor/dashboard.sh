@@ -16,18 +16,11 @@ set -u
 KRAB=$(realpath "${1:?usage: dashboard.sh KRAB [PYTHON] [ARTIFACTS]}")
 PY=${2:-python3}
 ARTIFACTS=${3:-$PWD}
-command -v chromium >/dev/null || { echo "SKIPPED: no chromium (scripts/setup.sh installs it)"; exit 77; }
-[ -f /usr/share/javascript/chart.js/chart.min.js ] ||
-  { echo "SKIPPED: no Chart.js (libjs-chart.js; scripts/setup.sh installs it)"; exit 77; }
 
 # shellcheck source=lib.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh" krab-dash
+need_browser
 FAIL_LOG=$WORK/krab.log
-# Chromium as root needs --no-sandbox; its profile and crash files stay in WORK.
-browse() {
-  timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --no-first-run --user-data-dir="$WORK/profile" --hide-scrollbars "$@" 2>>"$WORK/chromium.log"
-}
 
 PORT=$(free_port)
 URL=http://127.0.0.1:$PORT

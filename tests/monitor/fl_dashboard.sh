@@ -27,21 +27,15 @@ KRAB=$(realpath "${1:?usage: fl_dashboard.sh KRAB [PYTHON] [ARTIFACTS]}")
 PY=${2:-python3}
 ARTIFACTS=$(realpath -m "${3:-$PWD}")
 FMNIST=/usr/share/datasets/fashion-mnist
-command -v chromium >/dev/null || { echo "SKIPPED: no chromium (scripts/setup.sh installs it)"; exit 77; }
-[ -f /usr/share/javascript/chart.js/chart.min.js ] ||
-  { echo "SKIPPED: no Chart.js (libjs-chart.js; scripts/setup.sh installs it)"; exit 77; }
 command -v openssl >/dev/null || { echo "SKIPPED: no openssl"; exit 77; }
 [ -f $FMNIST/train-images-idx3-ubyte.gz ] || [ -f $FMNIST/train-images-idx3-ubyte ] ||
   { echo "SKIPPED: no Fashion-MNIST in $FMNIST"; exit 77; }
 
 # shellcheck source=lib.sh
 . "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh" krab-fldash
+need_browser
 # shellcheck disable=SC2034  # read by lib.sh's fail
 FAIL_LOG=$WORK/server.log
-browse() {
-  timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --no-first-run --user-data-dir="$WORK/profile" --hide-scrollbars "$@" 2>>"$WORK/chromium.log"
-}
 
 # 1. The federation: a CA and the server's certificate for 127.0.0.1, a token per client.
 cd "$WORK" || exit 1

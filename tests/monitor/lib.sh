@@ -1,6 +1,7 @@
 # What the monitoring end-to-end scripts share (sourced, after they set PY): a temporary
 # directory WORK removed on exit with every process in PIDS stopped, fail, a free loopback port,
-# and a GET on loopback. Sets WORK from its first argument, the directory's name prefix.
+# a GET on loopback, and the dashboard tests' browser (need_browser, browse). Sets WORK from its
+# first argument, the directory's name prefix.
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/${1:?lib.sh: a name prefix}-XXXXXX")
 PIDS=()
 cleanup() {
@@ -22,3 +23,15 @@ free_port() {
 }
 # GET on loopback only; prints the body.
 get() { "$PY" -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
+# The dashboard tests' browser: exit 77 (skipped) without chromium or Debian's Chart.js, which
+# the page draws with.
+need_browser() {
+  command -v chromium >/dev/null || { echo "SKIPPED: no chromium (scripts/setup.sh installs it)"; exit 77; }
+  [ -f /usr/share/javascript/chart.js/chart.min.js ] ||
+    { echo "SKIPPED: no Chart.js (libjs-chart.js; scripts/setup.sh installs it)"; exit 77; }
+}
+# Headless Chromium (as root it needs --no-sandbox); its profile and crash files stay in WORK.
+browse() {
+  timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+    --no-first-run --user-data-dir="$WORK/profile" --hide-scrollbars "$@" 2>>"$WORK/chromium.log"
+}
