@@ -216,6 +216,13 @@ std::vector<KeySpec> train_keys() {
               "whole split would be. For quick runs and tests: the report then says "
               "`eval_examples`, the number evaluated.",
               0),
+  };
+}
+
+// The `train.*` keys of how a step runs: precision, batch (accumulated or adaptive), threads,
+// the artificial straggler, logging.
+std::vector<KeySpec> train_step_keys() {
+  return {
       string_key("train.precision", "fp32",
                  "Arithmetic of the training forward: `fp32`, or `bf16` (LibTorch's CPU "
                  "autocast: matrix products and convolutions in bfloat16, losses in fp32; "
@@ -603,10 +610,10 @@ std::vector<KeySpec> checkpoint_keys() {
 // Every key, section by section in the order docs/config.md lists them.
 std::vector<KeySpec> build_registry() {
   std::vector<KeySpec> keys;
-  for (auto section :
-       {top_level_keys, model_keys, data_source_keys, data_batch_keys, train_keys, parallel_keys,
-        comm_keys, sync_keys, elastic_keys, federated_cohort_keys, federated_aggregation_keys,
-        federated_privacy_keys, federated_server_keys, monitor_keys, checkpoint_keys}) {
+  for (auto section : {top_level_keys, model_keys, data_source_keys, data_batch_keys, train_keys,
+                       train_step_keys, parallel_keys, comm_keys, sync_keys, elastic_keys,
+                       federated_cohort_keys, federated_aggregation_keys, federated_privacy_keys,
+                       federated_server_keys, monitor_keys, checkpoint_keys}) {
     std::vector<KeySpec> part = section();
     keys.insert(keys.end(), std::make_move_iterator(part.begin()),
                 std::make_move_iterator(part.end()));
