@@ -35,3 +35,17 @@ browse() {
   timeout -k 5 60 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
     --no-first-run --user-data-dir="$WORK/profile" --hide-scrollbars "$@" 2>>"$WORK/chromium.log"
 }
+# screenshot URL FILE SIZE: a screenshot of the page at URL (SIZE as W,H) into FILE, which must be
+# a PNG larger than a blank page (a few KB): the charts were drawn.
+screenshot() {
+  mkdir -p "$(dirname "$2")"
+  rm -f "$2"
+  browse --virtual-time-budget=5000 --window-size="$3" --screenshot="$2" "$1" >/dev/null ||
+    fail "chromium could not take the screenshot"
+  [ -f "$2" ] || fail "no screenshot at $2"
+  head -c 8 "$2" | od -An -tx1 | grep -q "89 50 4e 47 0d 0a 1a 0a" || fail "$2 is not a PNG"
+  local size
+  size=$(stat -c %s "$2")
+  [ "$size" -gt 40000 ] || fail "the screenshot is only $size bytes: the charts were not drawn"
+  echo "screenshot: $2 ($size bytes)"
+}
